@@ -1,0 +1,46 @@
+"""The builder plug-in interface and its registry."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A completed build: the directory runners use, and how it came to be."""
+
+    key: str
+    path: Path
+    cached: bool
+    log: str
+    duration_s: float
+
+
+class BuildFailed(Exception):
+    """The build command failed; ``log`` holds what it printed."""
+
+    def __init__(self, message: str, log: str, duration_s: float) -> None:
+        super().__init__(message)
+        self.log = log
+        self.duration_s = duration_s
+
+
+class Builder(abc.ABC):
+    """Turns a commit into an :class:`Artifact`, building each cache key at most once."""
+
+    kind: ClassVar[str]
+
+    @abc.abstractmethod
+    def config_hash(self) -> str:
+        """Hash of the build configuration (part of every cache key)."""
+
+    @abc.abstractmethod
+    def cache_key(self, sha: str) -> str:
+        """The artifact cache key of ``sha`` under this builder's configuration."""
+
+    @abc.abstractmethod
+    def build(self, sha: str) -> Artifact:
+        """Return the artifact of ``sha``, from the cache or built now; raise BuildFailed."""

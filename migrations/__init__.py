@@ -1,0 +1,1 @@
+"""Alembic migrations: the only way abwatch's schema is created or changed."""

@@ -1,0 +1,43 @@
+"""Alembic environment: runs migrations on the URL or connection abwatch hands it."""
+
+from alembic import context
+from sqlalchemy import engine_from_config, pool
+
+from service.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _configure(connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        # SQLite cannot ALTER most things; batch mode rebuilds tables instead.
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+
+
+def run_migrations_online() -> None:
+    """Migrate over a live connection (the only mode abwatch uses)."""
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _configure(connection)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    engine = engine_from_config(
+        config.get_section(config.config_ini_section, {}),
+        prefix="sqlalchemy.",
+        poolclass=pool.NullPool,
+    )
+    with engine.connect() as connection:
+        _configure(connection)
+        with context.begin_transaction():
+            context.run_migrations()
+
+
+if context.is_offline_mode():  # pragma: no cover - offline SQL generation is not used
+    raise SystemExit("abwatch migrations run online only")
+run_migrations_online()

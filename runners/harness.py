@@ -1,0 +1,84 @@
+"""The benchmark harness: interleaved, balanced, seeded order; output parsing.
+
+Control (A) and treatment (B) alternate in blocks of two pairs whose order is drawn at
+random between ABBA and BAAB, so drift over time and position effects (first-runner
+disadvantage) fall on both sides equally, unlike running all of A then all of B.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+
+CONTROL = "control"
+TREATMENT = "treatment"
+
+
+class OutputError(Exception):
+    """A workload printed something that is not the promised JSON lines."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One planned invocation: which side, its place in the order, whether it is warm-up."""
+
+    side: str
+    position: int
+    warmup: bool
+
+
+def interleaved_schedule(repetitions: int, warmup: int, rng: random.Random) -> list[Slot]:
+    """Warm-up pairs first, then measured pairs, each block of two pairs ABBA or BAAB."""
+    sides: list[tuple[str, bool]] = []
+    for count, is_warmup in ((warmup, True), (repetitions, False)):
+        pairs: list[tuple[str, str]] = []
+        while len(pairs) < count:
+            first, second = (CONTROL, TREATMENT) if rng.random() < 0.5 else (TREATMENT, CONTROL)
+            pairs.extend([(first, second), (second, first)])
+        for pair in pairs[:count]:
+            sides.extend((side, is_warmup) for side in pair)
+    return [Slot(side, index, is_warmup) for index, (side, is_warmup) in enumerate(sides)]
+
+
+def _number(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise OutputError(f"{where}: runtime_ms must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise OutputError(f"{where}: runtime_ms must be finite and >= 0, got {value!r}")
+    return value
+
+
+def parse_output(stdout: str) -> tuple[tuple[float, ...], tuple[dict, ...]]:
+    """Samples (ms) and whole records from a workload's stdout.
+
+    Each non-empty line is a JSON object with ``runtime_ms``, or a TVM v0.1 record
+    whose ``runtime_raw`` is a list of ``{"runtime_ms": ...}``.
+    """
+    samples: list[float] = []
+    records: list[dict] = []
+    for number, line in enumerate(stdout.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"output line {number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            raise OutputError(f"{where} is not JSON: {line[:120]!r}") from None
+        if not isinstance(obj, dict):
+            raise OutputError(f"{where} is not a JSON object")
+        if "runtime_raw" in obj:
+            raw = obj["runtime_raw"]
+            if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
+                raise OutputError(f"{where}: runtime_raw must be a list of objects")
+            samples.extend(_number(x.get("runtime_ms"), f"{where} runtime_raw") for x in raw)
+            records.append(obj)
+        elif "runtime_ms" in obj:
+            samples.append(_number(obj["runtime_ms"], where))
+        else:
+            raise OutputError(f"{where} has neither runtime_ms nor runtime_raw")
+    if not samples:
+        raise OutputError("workload printed no samples")
+    return tuple(samples), tuple(records)

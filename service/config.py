@@ -1,0 +1,178 @@
+"""The one typed, validated configuration object of abwatch.
+
+A config is a TOML file (see ``config/example.toml``). :func:`load_config` parses
+and validates it into :class:`Config`; every error names the file and the key at
+fault, e.g. ``abwatch.toml: build.command: field required``. The object is passed
+explicitly to the layers that need it; nothing reads global state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abwatch"
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be read or does not validate."""
+
+
+class _Strict(BaseModel):
+    """Base for config sections: unknown keys are errors (they are usually typos)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RepoConfig(_Strict):
+    """The git repository under watch."""
+
+    url: str = Field(min_length=1)
+    branch: str = "main"
+
+
+class CommandBuildConfig(_Strict):
+    """Build by running a command in a clean checkout of the commit."""
+
+    kind: Literal["command"] = "command"
+    command: list[str] = Field(min_length=1)
+    artifacts: str = "."
+    timeout_s: float = Field(default=1800.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("artifacts")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if Path(value).is_absolute() or ".." in Path(value).parts:
+            raise ValueError("must be a path inside the checkout")
+        return value
+
+    def config_hash(self) -> str:
+        """Hash of everything that changes what a build produces (the cache key part)."""
+        payload = self.model_dump(exclude={"timeout_s"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class CommandWorkloadConfig(_Strict):
+    """A workload run as a command inside the build's artifact directory.
+
+    Each invocation prints one JSON object per line with ``runtime_ms`` (or a whole
+    TVM v0.1 record whose ``runtime_raw`` holds the samples).
+    """
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:\-]+$")
+    kind: Literal["command"] = "command"
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+class RunConfig(_Strict):
+    """How many invocations, in which order, with which limits."""
+
+    repetitions: int = Field(default=10, ge=2, description="measured invocations per side")
+    warmup: int = Field(default=1, ge=0, description="invocations per side discarded first")
+    timeout_s: float = Field(default=60.0, gt=0, description="per invocation")
+    seed: int | None = None
+    verify_factor: float = Field(default=2.0, ge=1.0, description="repetition multiplier for verify")
+
+
+class StatsConfig(_Strict):
+    """Decision parameters handed to :func:`service.stats.compare`."""
+
+    threshold_pct: float = Field(default=1.0, gt=0)
+    alpha: float = Field(default=0.01, gt=0, lt=0.5)
+    confidence: float = Field(default=0.99, gt=0.5, lt=1)
+    bootstrap_resamples: int = Field(default=2000, ge=200)
+
+
+class RunnerConfig(_Strict):
+    """Where the workloads run."""
+
+    kind: Literal["cpu"] = "cpu"
+    device: str | None = Field(default=None, description="device name; default: host name")
+
+
+class Config(_Strict):
+    """The whole validated configuration."""
+
+    repo: RepoConfig
+    build: CommandBuildConfig
+    workloads: list[CommandWorkloadConfig] = Field(min_length=1)
+    run: RunConfig = RunConfig()
+    stats: StatsConfig = StatsConfig()
+    runner: RunnerConfig = RunnerConfig()
+    cache_dir: Path = DEFAULT_CACHE_DIR
+
+    @model_validator(mode="after")
+    def _unique_workloads(self) -> "Config":
+        seen: set[str] = set()
+        for workload in self.workloads:
+            if workload.name in seen:
+                raise ValueError(f"workload name {workload.name!r} appears twice")
+            seen.add(workload.name)
+        return self
+
+    def workload(self, name: str) -> CommandWorkloadConfig:
+        """The workload called ``name`` (KeyError if absent)."""
+        for workload in self.workloads:
+            if workload.name == name:
+                return workload
+        raise KeyError(name)
+
+
+def _is_local_path(url: str) -> bool:
+    return "://" not in url and not (":" in url and "@" in url.split(":", 1)[0])
+
+
+def _format_loc(loc: tuple) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def format_validation_error(source: str, error: ValidationError) -> str:
+    """Render pydantic's errors as ``file: key: message`` lines."""
+    lines = []
+    for item in error.errors():
+        message = item["msg"]
+        message = message[:1].lower() + message[1:]
+        where = _format_loc(item["loc"]) or "(top level)"
+        lines.append(f"{source}: {where}: {message}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict, source: str, base_dir: Path) -> Config:
+    """Validate a config mapping; relative local paths resolve against ``base_dir``."""
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+    updates: dict = {}
+    if _is_local_path(config.repo.url):
+        url = config.repo.url.removeprefix("file://")
+        updates["repo"] = config.repo.model_copy(update={"url": str((base_dir / url).resolve())})
+    if not config.cache_dir.is_absolute():
+        updates["cache_dir"] = (base_dir / config.cache_dir).resolve()
+    return config.model_copy(update=updates)
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    """Read and validate a TOML config file; raise :class:`ConfigError` naming file and key."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    return parse_config(data, str(path), path.resolve().parent)

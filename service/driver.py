@@ -1,0 +1,401 @@
+"""The A/B driver: resolve two refs, build both, run them interleaved, judge, store.
+
+:func:`run_compare` is the whole path of one run; :func:`run_verify` re-runs the pair of
+a benchmark run's suspected regressions and moves them to ``regress`` or ``cleared``.
+Both take an explicit :class:`~service.config.Config` and a SQLAlchemy session, and
+commit at the points where a reader should see progress (run started, builds done,
+run finished).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics as pystats
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from builders import BUILDERS, BuildFailed
+from builders.cache import ArtifactCache
+from runners import RUNNERS
+from runners.base import Runner
+from runners.harness import interleaved_schedule
+from service import lifecycle, stats
+from service.config import CommandWorkloadConfig, Config
+from service.models import (
+    Build, BuildStatus, Comparison, Invocation, InvocationStatus, RegressionState, Run,
+    RunStatus, RunType, Sample, Side, VerdictKind, utcnow,
+)
+from service.records import BenchmarkRecord, to_row
+from service.repo import CommitInfo, RepoMirror
+from service.store import get_commit, get_device, get_repository, get_workload
+
+EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_BUILD_FAILED = 0, 1, 2, 3
+
+
+class Progress(Protocol):
+    """Where long work reports what it is doing (the CLI draws it; tests may ignore it)."""
+
+    def message(self, text: str) -> None: ...
+
+    def invocation(self, workload: str, done: int, total: int) -> None: ...
+
+
+class NullProgress:
+    """Progress that shows nothing."""
+
+    def message(self, text: str) -> None:
+        """Ignore the message."""
+
+    def invocation(self, workload: str, done: int, total: int) -> None:
+        """Ignore the tick."""
+
+
+class DriverError(Exception):
+    """A request the driver cannot carry out (bad run id, nothing to verify, ...)."""
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """How one side's build went."""
+
+    side: str
+    ref: str
+    sha: str
+    status: str
+    cached: bool
+    build_id: int
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    """One workload's verdict in a run."""
+
+    workload: str
+    verdict: stats.Verdict
+    comparison_id: int
+    regression_id: int | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class CompareOutcome:
+    """Everything a caller needs to report a run."""
+
+    run_id: int
+    run_type: str
+    status: str
+    builds: list[BuildOutcome]
+    results: list[WorkloadResult] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """3 if a build failed, 1 if any regression, else 0."""
+        if self.status == RunStatus.BUILD_FAILED.value:
+            return EXIT_BUILD_FAILED
+        if any(r.verdict.verdict == stats.Outcome.REGRESSION for r in self.results):
+            return EXIT_REGRESSION
+        return EXIT_OK
+
+    def to_json(self) -> dict:
+        """The ``--json`` object of ``abwatch compare``."""
+        return {
+            "run_id": self.run_id,
+            "run_type": self.run_type,
+            "status": self.status,
+            "results": [_result_json(r) for r in self.results],
+            "builds": [
+                {"ref": b.ref, "sha": b.sha, "status": b.status, "cached": b.cached, "side": b.side}
+                for b in self.builds
+            ],
+        }
+
+
+def _result_json(result: WorkloadResult) -> dict:
+    v = result.verdict
+    return {
+        "workload": result.workload,
+        "verdict": v.verdict.value,
+        "change_pct": v.change_pct,
+        "ci_pct": list(v.ci_pct) if v.ci_pct else None,
+        "p_value": v.p_value,
+        "control": {"median_ms": v.control_median_ms, "n": v.control_n},
+        "treatment": {"median_ms": v.treatment_median_ms, "n": v.treatment_n},
+        "regression_id": result.regression_id,
+        "reason": v.reason,
+        "error": result.error,
+    }
+
+
+def resolve_refs(config: Config, control_ref: str, treatment_ref: str) -> tuple[RepoMirror, CommitInfo, CommitInfo]:
+    """Update the mirror and resolve both refs (RepoError naming the ref if unknown)."""
+    mirror = RepoMirror(config.repo.url, config.cache_dir)
+    mirror.fetch()
+    return mirror, mirror.resolve(control_ref), mirror.resolve(treatment_ref)
+
+
+def run_compare(
+    session: Session,
+    config: Config,
+    control_ref: str,
+    treatment_ref: str,
+    *,
+    run_type: RunType = RunType.BENCHMARK,
+    parent_run_id: int | None = None,
+    progress: Progress | None = None,
+) -> CompareOutcome:
+    """One A/B run of ``treatment_ref`` against ``control_ref``, stored in full."""
+    progress = progress or NullProgress()
+    # Everything that can fail on bad input happens before the first row is written.
+    mirror, control, treatment = resolve_refs(config, control_ref, treatment_ref)
+    runner: Runner = RUNNERS[config.runner.kind](config.runner.device)
+    device_info = runner.prepare()
+    try:
+        seed = config.run.seed if config.run.seed is not None else random.SystemRandom().randrange(2**31)
+        repository = get_repository(session, config.repo.url)
+        run = Run(
+            run_type=run_type, status=RunStatus.RUNNING, repository_id=repository.id,
+            control_ref=control_ref, treatment_ref=treatment_ref,
+            control_commit_id=get_commit(session, repository, control).id,
+            treatment_commit_id=get_commit(session, repository, treatment).id,
+            device_id=get_device(session, device_info).id, parent_run_id=parent_run_id,
+            seed=seed, config=config.model_dump(mode="json"),
+        )
+        session.add(run)
+        session.commit()
+        progress.message(f"run {run.id} ({run_type.value}): {control_ref} -> {treatment_ref}")
+
+        builds, artifacts = _build_pair(session, config, mirror, run,
+                                        {Side.CONTROL: (control_ref, control),
+                                         Side.TREATMENT: (treatment_ref, treatment)}, progress)
+        if any(b.status != BuildStatus.SUCCESS.value for b in builds):
+            run.status = RunStatus.BUILD_FAILED
+            run.error = "; ".join(b.message for b in builds if b.message)
+            run.finished_at = utcnow()
+            session.commit()
+            return CompareOutcome(run.id, run_type.value, run.status.value, builds)
+
+        results = []
+        rng = random.Random(seed)
+        for workload in config.workloads:
+            results.append(_run_workload(session, config, run, runner, workload, artifacts,
+                                         device_info, rng, progress))
+            session.commit()
+        run.status = RunStatus.COMPLETED
+        run.finished_at = utcnow()
+        session.commit()
+        return CompareOutcome(run.id, run_type.value, run.status.value, builds, results)
+    finally:
+        runner.teardown()
+
+
+def _build_pair(session: Session, config: Config, mirror: RepoMirror, run: Run,
+                sides: dict[Side, tuple[str, CommitInfo]], progress: Progress) -> tuple[list[BuildOutcome], dict]:
+    """Build (or fetch from the cache) both sides; store a build row for each."""
+    builder = BUILDERS[config.build.kind](config.build, mirror, ArtifactCache(config.cache_dir / "artifacts"))
+    outcomes, paths = [], {}
+    for side, (ref, info) in sides.items():
+        commit_id = run.control_commit_id if side is Side.CONTROL else run.treatment_commit_id
+        progress.message(f"building {side.value} {ref} ({info.sha[:12]}) ...")
+        try:
+            artifact = builder.build(info.sha)
+        except BuildFailed as exc:
+            build = Build(commit_id=commit_id, builder=builder.kind, config_hash=builder.config_hash(),
+                          status=BuildStatus.BUILD_FAILED, log=exc.log, duration_s=exc.duration_s)
+            session.add(build)
+            session.flush()
+            progress.message(f"  {side.value} build FAILED: {exc}")
+            outcomes.append(BuildOutcome(side.value, ref, info.sha, build.status.value, False, build.id, str(exc)))
+        else:
+            build = _success_row(session, commit_id, builder, artifact)
+            paths[side] = artifact.path
+            progress.message(
+                f"  {side.value}: reused cached build {artifact.key}" if artifact.cached
+                else f"  {side.value}: built in {artifact.duration_s:.1f}s"
+            )
+            outcomes.append(BuildOutcome(side.value, ref, info.sha, build.status.value, artifact.cached, build.id))
+        setattr(run, f"{side.value}_build_id", build.id)
+        session.commit()
+    return outcomes, paths
+
+
+def _success_row(session: Session, commit_id: int, builder, artifact) -> Build:
+    """The build row of a successful artifact: the original one when it came from the cache."""
+    if artifact.cached:
+        row = session.scalar(
+            select(Build).where(Build.artifact_key == artifact.key, Build.status == BuildStatus.SUCCESS)
+            .order_by(Build.id).limit(1)
+        )
+        if row is not None:
+            return row
+    row = Build(commit_id=commit_id, builder=builder.kind, config_hash=builder.config_hash(),
+                status=BuildStatus.SUCCESS, artifact_key=artifact.key, cached=artifact.cached,
+                log=artifact.log, duration_s=artifact.duration_s)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def _run_workload(session, config, run, runner, workload: CommandWorkloadConfig, artifacts,
+                  device_info, rng, progress) -> WorkloadResult:
+    row = get_workload(session, workload.name, workload.kind, workload.model_dump(mode="json"))
+    schedule = interleaved_schedule(config.run.repetitions, config.run.warmup, rng)
+    timeout = workload.timeout_s or config.run.timeout_s
+    measured: dict[Side, list[float]] = {Side.CONTROL: [], Side.TREATMENT: []}
+    raw: dict[Side, list[dict]] = {Side.CONTROL: [], Side.TREATMENT: []}
+    workload_records: dict[Side, list[dict]] = {Side.CONTROL: [], Side.TREATMENT: []}
+    failure = None
+    order_index = 0
+    for done, slot in enumerate(schedule, start=1):
+        side = Side(slot.side)
+        result = runner.run(artifacts[side], workload, timeout)
+        invocation = Invocation(
+            run_id=run.id, workload_id=row.id, side=side, position=slot.position, warmup=slot.warmup,
+            status=InvocationStatus(result.status), wall_s=result.wall_s, message=result.message,
+        )
+        session.add(invocation)
+        session.flush()
+        for value in result.samples:
+            session.add(Sample(invocation_id=invocation.id, run_id=run.id, workload_id=row.id, side=side,
+                               order_index=order_index, runtime_ms=value, warmup=slot.warmup))
+            if not slot.warmup:
+                measured[side].append(value)
+                raw[side].append({"runtime_ms": value, "invocation": slot.position})
+            order_index += 1
+        workload_records[side].extend(result.records)
+        progress.invocation(workload.name, done, len(schedule))
+        if result.status != InvocationStatus.OK.value:
+            # A hung or crashing build is that build's failure, never a slowdown: stop here.
+            failure = f"{side.value} invocation {slot.position} {result.status}: {result.message}"
+            progress.message(f"  {workload.name}: {failure}")
+            break
+    verdict = stats.compare(
+        measured[Side.CONTROL] if failure is None else [],
+        measured[Side.TREATMENT] if failure is None else [],
+        threshold_pct=config.stats.threshold_pct, alpha=config.stats.alpha,
+        confidence=config.stats.confidence, resamples=config.stats.bootstrap_resamples, seed=run.seed,
+    )
+    if failure is not None:
+        verdict = _replace_reason(verdict, f"not judged: {failure}")
+    comparison = Comparison(
+        run_id=run.id, workload_id=row.id, verdict=VerdictKind(verdict.verdict.value),
+        change_pct=verdict.change_pct,
+        ci_low_pct=verdict.ci_pct[0] if verdict.ci_pct else None,
+        ci_high_pct=verdict.ci_pct[1] if verdict.ci_pct else None,
+        p_value=verdict.p_value, control_median_ms=verdict.control_median_ms,
+        treatment_median_ms=verdict.treatment_median_ms,
+        control_n=len(measured[Side.CONTROL]), treatment_n=len(measured[Side.TREATMENT]),
+        error=failure,
+        details={"reason": verdict.reason, "threshold_pct": verdict.threshold_pct,
+                 "alpha": verdict.alpha, "confidence": verdict.confidence,
+                 "method": "ratio of medians, percentile bootstrap; Mann-Whitney U"},
+    )
+    session.add(comparison)
+    session.flush()
+    regression_id = None
+    if verdict.verdict == stats.Outcome.REGRESSION and run.run_type == RunType.BENCHMARK:
+        regression_id = lifecycle.open_regression(session, run, comparison).id
+    for side in (Side.CONTROL, Side.TREATMENT):
+        if measured[side]:
+            session.add(to_row(_record(config, run, side, workload, measured[side], raw[side],
+                                       workload_records[side], device_info, session), run.id, side))
+    progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
+    return WorkloadResult(workload.name, verdict, comparison.id, regression_id, failure)
+
+
+def _replace_reason(verdict: stats.Verdict, reason: str) -> stats.Verdict:
+    from dataclasses import replace
+    return replace(verdict, reason=reason)
+
+
+def _record(config, run, side, workload, samples, raw, given, device_info, session) -> BenchmarkRecord:
+    """The v0.1 record of one side of one workload in ``run``."""
+    build = session.get(Build, run.control_build_id if side is Side.CONTROL else run.treatment_build_id)
+    commit = run.control_commit if side is Side.CONTROL else run.treatment_commit
+    extra: dict = {}
+    for record in given:  # fields the workload reported itself fill in what we do not know
+        for key, value in record.items():
+            if isinstance(value, dict):
+                extra.setdefault(key, {}).update(value)
+    return BenchmarkRecord(
+        workload=workload.name,
+        engine=config.repo.url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "unknown",
+        engine_version=commit.sha,
+        hardware=device_info["name"],
+        runtime_ms_mean=pystats.fmean(samples),
+        runtime_ms_std=pystats.stdev(samples) if len(samples) > 1 else 0.0,
+        timestamp=time.time(),
+        schema_version="0.1",
+        metadata={**extra.get("metadata", {}), "run_id": run.id, "run_type": run.run_type.value,
+                  "side": side.value, "ref": run.control_ref if side is Side.CONTROL else run.treatment_ref,
+                  "commit_summary": commit.summary},
+        workload_args={**extra.get("workload_args", {}), "command": workload.command},
+        workload_metadata={**extra.get("workload_metadata", {}), "kind": workload.kind},
+        engine_config={**extra.get("engine_config", {}), "builder": build.builder, "build_config_hash": build.config_hash},
+        compilation_config={**extra.get("compilation_config", {}), "build_id": build.id,
+                            "build_duration_s": build.duration_s, "artifact_key": build.artifact_key},
+        software_config=device_info["software_config"],
+        runtime_config={**extra.get("runtime_config", {}), "env": workload.env},
+        hardware_config=device_info["hardware_config"],
+        execution_config={"repetitions": config.run.repetitions, "warmup": config.run.warmup,
+                          "timeout_s": workload.timeout_s or config.run.timeout_s,
+                          "order": "interleaved ABBA/BAAB blocks", "seed": run.seed},
+        metrics={**extra.get("metrics", {}), "runtime_ms_median": pystats.median(samples), "n": len(samples)},
+        runtime_raw=raw,
+    )
+
+
+def run_verify(session: Session, run_id: int, *, progress: Progress | None = None) -> tuple[CompareOutcome, list]:
+    """Re-run the pair of ``run_id`` with more repetitions; confirm or clear its regressions."""
+    progress = progress or NullProgress()
+    original = session.get(Run, run_id)
+    if original is None:
+        raise DriverError(f"run {run_id} does not exist")
+    pending = lifecycle.pending_for_run(session, run_id)
+    if not pending:
+        raise DriverError(f"run {run_id} has no suspected regressions (state 'benchmark') to verify")
+    config = Config.model_validate(original.config)
+    names = {r.workload.name for r in pending}
+    config = config.model_copy(update={
+        "workloads": [w for w in config.workloads if w.name in names],
+        "run": config.run.model_copy(update={
+            "repetitions": max(config.run.repetitions + 1, round(config.run.repetitions * config.run.verify_factor)),
+            "seed": None,
+        }),
+    })
+    for regression in pending:
+        lifecycle.transition(session, regression, RegressionState.VERIFY, original,
+                             f"verification of run {run_id} started")
+    session.commit()
+    # The exact commits of the original run, even if its refs have moved since.
+    try:
+        outcome = run_compare(session, config, original.control_commit.sha, original.treatment_commit.sha,
+                              run_type=RunType.VERIFY, parent_run_id=run_id, progress=progress)
+    except Exception:
+        for regression in pending:
+            lifecycle.transition(session, regression, RegressionState.BENCHMARK, None,
+                                 "verification could not run; back to suspected")
+        session.commit()
+        raise
+    verify_run = session.get(Run, outcome.run_id)
+    by_name = {r.workload: r for r in outcome.results}
+    for regression in pending:
+        result = by_name.get(regression.workload.name)
+        first = f"benchmark run {run_id}: {regression.change_pct:+.2f}%"
+        if result is None or result.error:
+            why = "verify run's build failed" if result is None else result.error
+            lifecycle.transition(session, regression, RegressionState.BENCHMARK, verify_run,
+                                 f"{first}; verify run {outcome.run_id} could not judge it ({why})")
+            continue
+        v = result.verdict
+        second = f"verify run {outcome.run_id}: {v.verdict.value} {v.change_pct:+.2f}%" if v.change_pct is not None \
+            else f"verify run {outcome.run_id}: {v.verdict.value}"
+        state = RegressionState.REGRESS if v.verdict == stats.Outcome.REGRESSION else RegressionState.CLEARED
+        word = "reproduced" if state is RegressionState.REGRESS else "not reproduced"
+        lifecycle.transition(session, regression, state, verify_run, f"{word}; {first}; {second}")
+    session.commit()
+    return outcome, pending

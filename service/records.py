@@ -1,0 +1,168 @@
+"""TVM benchmark records, schema v0.1: validation, import (all or nothing) and export.
+
+Field names follow TVM's benchmark record schema v0.1. The queryable core (workload,
+engine, engine_version, hardware, mean, std, timestamp, schema version) has columns of
+its own; every other field, including ones this schema version does not name, is kept
+verbatim in ``records.fields`` so that an imported record exports back unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.config import format_validation_error
+from service.models import Record
+
+SCHEMA_VERSION = "0.1"
+CORE_FIELDS = (
+    "workload", "engine", "hardware", "runtime_ms_mean", "runtime_ms_std",
+    "timestamp", "schema_version",
+)
+DICT_FIELDS = (
+    "metadata", "workload_args", "workload_metadata", "engine_config", "compilation_config",
+    "software_config", "runtime_config", "hardware_config", "execution_config", "metrics",
+)
+
+
+class RecordError(Exception):
+    """A record file that does not parse or whose records do not validate."""
+
+
+class BenchmarkRecord(BaseModel):
+    """One record of the v0.1 schema; types are strict (a string is not a number)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    workload: str = Field(min_length=1)
+    engine: str = Field(min_length=1)
+    hardware: str = Field(min_length=1)
+    runtime_ms_mean: float
+    runtime_ms_std: float
+    timestamp: float | str
+    schema_version: str
+    engine_version: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    workload_args: dict[str, Any] = Field(default_factory=dict)
+    workload_metadata: dict[str, Any] = Field(default_factory=dict)
+    engine_config: dict[str, Any] = Field(default_factory=dict)
+    compilation_config: dict[str, Any] = Field(default_factory=dict)
+    software_config: dict[str, Any] = Field(default_factory=dict)
+    runtime_config: dict[str, Any] = Field(default_factory=dict)
+    hardware_config: dict[str, Any] = Field(default_factory=dict)
+    execution_config: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    runtime_raw: list[dict[str, Any]] | None = None
+
+    @field_validator("runtime_ms_mean", "runtime_ms_std")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value) or value < 0:
+            raise ValueError("must be a finite number >= 0")
+        return value
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: str) -> str:
+        if value != SCHEMA_VERSION:
+            raise ValueError(f"unsupported schema version {value!r} (this abwatch reads {SCHEMA_VERSION!r})")
+        return value
+
+
+def to_row(record: BenchmarkRecord, run_id: int | None = None, side=None) -> Record:
+    """The database row of a validated record; fields given in the input are kept verbatim."""
+    given = record.model_dump(exclude_unset=True)
+    fields = {key: value for key, value in given.items() if key not in CORE_FIELDS}
+    return Record(
+        run_id=run_id,
+        side=side,
+        workload=record.workload,
+        engine=record.engine,
+        engine_version=record.engine_version,
+        hardware=record.hardware,
+        runtime_ms_mean=record.runtime_ms_mean,
+        runtime_ms_std=record.runtime_ms_std,
+        timestamp=record.timestamp,
+        schema_version=record.schema_version,
+        fields=fields,
+    )
+
+
+def to_dict(row: Record) -> dict[str, Any]:
+    """A stored record as a v0.1 JSON object (core fields first, then the rest)."""
+    out: dict[str, Any] = {key: getattr(row, key) for key in CORE_FIELDS}
+    out.update(row.fields)
+    return out
+
+
+def _load_objects(path: Path) -> list[tuple[str, Any]]:
+    """(where, object) pairs from a JSON array, a single object, or JSON lines."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecordError(f"{path}: cannot read: {exc}") from None
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, list):
+        return [(f"{path}: record {i + 1}", obj) for i, obj in enumerate(whole)]
+    if isinstance(whole, dict):
+        return [(f"{path}: record 1", whole)]
+    objects = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            objects.append((f"{path}: line {number}", json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"{path}: line {number}: invalid JSON: {exc.msg}") from None
+    return objects
+
+
+def validate_objects(objects: Iterable[tuple[str, Any]]) -> list[BenchmarkRecord]:
+    """Validate every object; one bad record rejects all, naming its place and field."""
+    records, errors = [], []
+    for where, obj in objects:
+        if not isinstance(obj, dict):
+            errors.append(f"{where}: (top level): expected a JSON object")
+            continue
+        try:
+            records.append(BenchmarkRecord.model_validate(obj))
+        except ValidationError as exc:
+            errors.append(format_validation_error(where, exc))
+    if errors:
+        raise RecordError("\n".join(errors))
+    return records
+
+
+def import_records(session: Session, path: Path) -> list[Record]:
+    """Validate all records in ``path`` and store them; on any error store none."""
+    objects = _load_objects(Path(path))
+    if not objects:
+        raise RecordError(f"{path}: no records found")
+    rows = [to_row(record) for record in validate_objects(objects)]
+    session.add_all(rows)
+    session.flush()
+    return rows
+
+
+def export_records(session: Session, out: TextIO, run_id: int | None = None,
+                   workload: str | None = None) -> int:
+    """Write stored records as JSON lines; return how many."""
+    query = select(Record).order_by(Record.id)
+    if run_id is not None:
+        query = query.where(Record.run_id == run_id)
+    if workload is not None:
+        query = query.where(Record.workload == workload)
+    count = 0
+    for row in session.scalars(query):
+        out.write(json.dumps(to_dict(row), sort_keys=False) + "\n")
+        count += 1
+    return count

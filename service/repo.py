@@ -1,0 +1,100 @@
+"""The repository driver's git side: a local mirror, ref resolution, clean checkouts.
+
+Every git call goes through GitPython with an argument list; refs, branch names and
+commit messages are never put into a shell string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+import git
+
+
+class RepoError(Exception):
+    """The repository cannot be reached, or a ref does not name a commit in it."""
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """What abwatch records about one commit."""
+
+    sha: str
+    summary: str
+    author: str
+    committed_at: datetime
+
+
+class RepoMirror:
+    """A bare mirror of the watched repository under the cache directory."""
+
+    def __init__(self, url: str, cache_dir: Path) -> None:
+        self.url = url
+        digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+        self.path = Path(cache_dir) / "repos" / f"{digest}.git"
+        self._repo: git.Repo | None = None
+
+    @property
+    def repo(self) -> git.Repo:
+        """The mirror, cloned on first use."""
+        if self._repo is None:
+            self._repo = self._open_or_clone()
+        return self._repo
+
+    def _open_or_clone(self) -> git.Repo:
+        if (self.path / "HEAD").exists():
+            return git.Repo(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            git.Repo.clone_from(self.url, tmp, mirror=True)
+        except git.GitCommandError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RepoError(f"cannot clone repository {self.url}: {_stderr(exc)}") from None
+        tmp.rename(self.path)
+        return git.Repo(self.path)
+
+    def fetch(self) -> None:
+        """Bring the mirror up to date with the repository (all branches and tags)."""
+        try:
+            self.repo.git.fetch("--prune", "origin")  # a mirror fetches refs/*
+        except git.GitCommandError as exc:
+            raise RepoError(f"cannot fetch repository {self.url}: {_stderr(exc)}") from None
+
+    def resolve(self, ref: str) -> CommitInfo:
+        """The commit ``ref`` (branch, tag or sha) names; RepoError naming the ref if none."""
+        if not ref or ref.startswith("-") or "\0" in ref:
+            raise RepoError(f"invalid ref {ref!r}")
+        try:
+            sha = self.repo.git.rev_parse("--verify", "--quiet", f"{ref}^{{commit}}")
+        except git.GitCommandError:
+            raise RepoError(f"unknown ref {ref!r} in repository {self.url}") from None
+        commit = self.repo.commit(sha)
+        return CommitInfo(
+            sha=commit.hexsha,
+            summary=commit.summary if isinstance(commit.summary, str) else commit.summary.decode(),
+            author=f"{commit.author.name} <{commit.author.email}>",
+            committed_at=commit.committed_datetime,
+        )
+
+    @contextmanager
+    def worktree(self, sha: str, dest: Path) -> Iterator[Path]:
+        """A clean, detached checkout of ``sha`` at ``dest``, removed afterwards."""
+        self.repo.git.worktree("add", "--detach", "--force", str(dest), sha)
+        try:
+            yield dest
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
+            self.repo.git.worktree("prune")
+
+
+def _stderr(exc: git.GitCommandError) -> str:
+    text = (exc.stderr or "").strip().removeprefix("stderr:").strip().strip("'").strip()
+    return text or str(exc)

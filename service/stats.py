@@ -1,0 +1,139 @@
+"""Statistics: is the treatment slower, faster, the same, or is it too early to say?
+
+Pure functions over plain sequences of milliseconds; no database, no I/O. The effect is
+the ratio of medians (robust to the pre-empted, ~2x slower samples a busy machine
+produces), with a bootstrap confidence interval; the p-value is Mann-Whitney U's.
+
+Decision rule, with ``t`` the threshold (the smallest change worth reporting):
+
+* ``regression``  – the CI lies above 0, p < alpha, and the estimate is at least +t %;
+* ``improvement`` – the mirror image;
+* ``same``        – the whole CI lies within (-t %, +t %): any change is smaller than t,
+  with confidence (an equivalence statement, not merely "nothing found");
+* ``unknown``     – anything else: not enough evidence either way.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+DEFAULT_THRESHOLD_PCT = 1.0
+DEFAULT_ALPHA = 0.01
+DEFAULT_CONFIDENCE = 0.99
+DEFAULT_RESAMPLES = 2000
+MIN_SAMPLES = 5
+
+
+class Outcome(str, enum.Enum):
+    """The four answers; values are the strings stored and printed."""
+
+    REGRESSION = "regression"
+    IMPROVEMENT = "improvement"
+    SAME = "same"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The result of :func:`compare` (percentages are of the control's median)."""
+
+    verdict: Outcome
+    change_pct: float | None
+    ci_pct: tuple[float, float] | None
+    p_value: float | None
+    control_n: int
+    treatment_n: int
+    control_median_ms: float | None
+    treatment_median_ms: float | None
+    threshold_pct: float
+    alpha: float
+    confidence: float
+    reason: str
+
+
+def _as_samples(values: Sequence[float], name: str) -> np.ndarray:
+    array = np.asarray(list(values), dtype=float)
+    if array.ndim != 1:
+        raise ValueError(f"{name}: expected a flat sequence of milliseconds")
+    bad = ~np.isfinite(array)
+    if bad.any():
+        raise ValueError(f"{name}: sample {int(np.argmax(bad))} is {array[bad][0]!r}; samples must be finite")
+    if (array < 0).any():
+        raise ValueError(f"{name}: sample {int(np.argmax(array < 0))} is negative")
+    return array
+
+
+def _ratio_of_medians(control: np.ndarray, treatment: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(treatment, axis=axis) / np.median(control, axis=axis)
+
+
+def compare(
+    control: Sequence[float],
+    treatment: Sequence[float],
+    *,
+    threshold_pct: float = DEFAULT_THRESHOLD_PCT,
+    alpha: float = DEFAULT_ALPHA,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    min_samples: int = MIN_SAMPLES,
+    seed: int = 0,
+) -> Verdict:
+    """Judge ``treatment`` against ``control`` (both sequences of milliseconds)."""
+    if threshold_pct <= 0:
+        raise ValueError("threshold_pct must be > 0")
+    if not 0 < alpha < 1 or not 0 < confidence < 1:
+        raise ValueError("alpha and confidence must lie in (0, 1)")
+    a = _as_samples(control, "control")
+    b = _as_samples(treatment, "treatment")
+    params = dict(threshold_pct=threshold_pct, alpha=alpha, confidence=confidence)
+    base = dict(control_n=len(a), treatment_n=len(b), **params)
+    if len(a) < min_samples or len(b) < min_samples:
+        return Verdict(
+            Outcome.UNKNOWN, None, None, None,
+            control_median_ms=float(np.median(a)) if len(a) else None,
+            treatment_median_ms=float(np.median(b)) if len(b) else None,
+            reason=f"too few samples (need {min_samples} a side, have {len(a)} and {len(b)})",
+            **base,
+        )
+    med_a, med_b = float(np.median(a)), float(np.median(b))
+    base.update(control_median_ms=med_a, treatment_median_ms=med_b)
+    if med_a <= 0:
+        return Verdict(Outcome.UNKNOWN, None, None, None,
+                       reason="control median is 0 ms; a relative change is undefined", **base)
+
+    change = (med_b / med_a - 1.0) * 100.0
+    if np.ptp(a) == 0 and np.ptp(b) == 0:
+        # No spread at all: the bootstrap and the rank test have nothing to resample.
+        ci = (change, change)
+        p_value = 1.0 if med_a == med_b else 0.0
+    else:
+        boot = sps.bootstrap(
+            (a, b), _ratio_of_medians, n_resamples=resamples, confidence_level=confidence,
+            method="percentile", vectorized=True, rng=np.random.default_rng(seed),
+        )
+        low, high = boot.confidence_interval
+        ci = ((float(low) - 1.0) * 100.0, (float(high) - 1.0) * 100.0)
+        p_value = float(sps.mannwhitneyu(b, a, alternative="two-sided").pvalue)
+        if math.isnan(p_value):
+            p_value = 1.0
+    return _decide(change, ci, p_value, base)
+
+
+def _decide(change: float, ci: tuple[float, float], p_value: float, base: dict) -> Verdict:
+    t, alpha = base["threshold_pct"], base["alpha"]
+    low, high = ci
+    if low > 0 and p_value < alpha and change >= t:
+        outcome, reason = Outcome.REGRESSION, f"slower by {change:.2f}% (CI above 0, p={p_value:.2g})"
+    elif high < 0 and p_value < alpha and change <= -t:
+        outcome, reason = Outcome.IMPROVEMENT, f"faster by {-change:.2f}% (CI below 0, p={p_value:.2g})"
+    elif -t < low and high < t:
+        outcome, reason = Outcome.SAME, f"any change is within ±{t:g}% (CI {low:.2f}..{high:.2f}%)"
+    else:
+        outcome, reason = Outcome.UNKNOWN, f"inconclusive (CI {low:.2f}..{high:.2f}%, p={p_value:.2g})"
+    return Verdict(outcome, change, (low, high), p_value, reason=reason, **base)

@@ -1,0 +1,188 @@
+"""`abwatch compare` end to end: real git history, real builds, real processes, real databases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import func, select
+
+from service import db
+from service.cli import main
+from service.models import (
+    Build, BuildStatus, Comparison, Invocation, InvocationStatus, Record, Regression, Run,
+    RunStatus, Sample,
+)
+
+
+def run_cli(capsys, *argv) -> tuple[int, dict | None, str]:
+    """Run the CLI in-process; return (exit status, parsed JSON stdout or None, stderr)."""
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    payload = json.loads(captured.out) if captured.out.strip().startswith("{") else None
+    return code, payload, captured.err
+
+
+def compare(capsys, config, db_url, control, treatment):
+    return run_cli(capsys, "compare", "--config", config, "--control", control,
+                   "--treatment", treatment, "--json", "--db", db_url)
+
+
+def counts(url: str) -> dict[str, int]:
+    engine = db.make_engine(url)
+    with engine.connect() as connection:
+        return {model.__tablename__: connection.scalar(select(func.count()).select_from(model))
+                for model in (Run, Build, Invocation, Sample, Comparison, Regression, Record)}
+
+
+def test_verdicts_on_a_known_history(capsys, write_config, db_url):
+    """No-op -> same, +20 % -> regression near +20 %, -20 % -> improvement; on SQLite and PostgreSQL."""
+    config = write_config()
+
+    code, noop, _ = compare(capsys, config, db_url, "base", "noop")
+    assert code == 0
+    assert noop["results"][0]["verdict"] == "same"
+    assert noop["results"][0]["regression_id"] is None
+
+    code, slower, err = compare(capsys, config, db_url, "base", "slower")
+    assert code == 1
+    result = slower["results"][0]
+    assert result["verdict"] == "regression"
+    assert 14.0 < result["change_pct"] < 26.0, result
+    assert result["ci_pct"][0] > 0 and result["p_value"] < 0.01
+    assert result["control"]["n"] == result["treatment"]["n"] == 100
+    assert result["regression_id"] is not None
+    # base was built by the first run: this one takes it from the cache and says so.
+    assert [b["cached"] for b in slower["builds"]] == [True, False]
+    assert "reused cached build" in err
+
+    code, faster, _ = compare(capsys, config, db_url, "base", "faster")
+    assert code == 0
+    assert faster["results"][0]["verdict"] == "improvement"
+    assert -26.0 < faster["results"][0]["change_pct"] < -14.0
+
+    engine = db.make_engine(db_url)
+    with db.session_scope(engine) as session:
+        run = session.get(Run, slower["run_id"])
+        assert run.status == RunStatus.COMPLETED and run.run_type.value == "benchmark"
+        regression = session.get(Regression, result["regression_id"])
+        assert regression.state.value == "benchmark"
+        assert [e.to_state.value for e in regression.events] == ["benchmark"]
+        # every raw sample is stored, warm-up ones flagged, and the order is interleaved
+        samples = session.scalars(select(Sample).where(Sample.run_id == run.id)).all()
+        assert len(samples) == 2 * 11 * 10
+        assert sum(s.warmup for s in samples) == 2 * 10
+        sides = [i.side.value for i in session.scalars(
+            select(Invocation).where(Invocation.run_id == run.id).order_by(Invocation.position))]
+        assert sides.count("control") == sides.count("treatment") == 11
+        assert sides != sorted(sides)  # not back-to-back blocks
+        # one record per side, with the commit as engine_version
+        records = session.scalars(select(Record).where(Record.run_id == run.id)).all()
+        assert {r.side.value for r in records} == {"control", "treatment"}
+        assert {r.engine_version for r in records} == {run.control_commit.sha, run.treatment_commit.sha}
+        assert all(len(r.fields["runtime_raw"]) == 100 for r in records)
+        assert all(r.fields["hardware_config"]["cpu_count"] for r in records)
+        assert all("pip" in r.fields["software_config"] for r in records)
+
+
+def test_broken_build_exits_3_and_is_never_a_regression(capsys, write_config, sqlite_url):
+    code, payload, err = compare(capsys, write_config(), sqlite_url, "base", "broken")
+    assert code == 3
+    assert payload["status"] == "build_failed"
+    assert payload["results"] == []
+    assert [b["status"] for b in payload["builds"]] == ["success", "build_failed"]
+    engine = db.make_engine(sqlite_url)
+    with db.session_scope(engine) as session:
+        failed = session.scalars(select(Build).where(Build.status == BuildStatus.BUILD_FAILED)).one()
+        assert "this is not C" in failed.log or "error" in failed.log
+        assert session.scalar(select(func.count()).select_from(Regression)) == 0
+        assert session.scalar(select(func.count()).select_from(Comparison)) == 0
+        assert session.get(Run, payload["run_id"]).status == RunStatus.BUILD_FAILED
+
+
+def test_hung_workload_is_killed_and_recorded_not_a_regression(capsys, write_config, sqlite_url):
+    config = write_config(timeout_s=1.5, repetitions=2)
+    code, payload, _ = compare(capsys, config, sqlite_url, "base", "hang")
+    assert code == 0
+    result = payload["results"][0]
+    assert result["verdict"] == "unknown"
+    assert "timeout" in result["error"]
+    assert result["regression_id"] is None
+    engine = db.make_engine(sqlite_url)
+    with db.session_scope(engine) as session:
+        statuses = session.scalars(select(Invocation.status).where(Invocation.run_id == payload["run_id"])).all()
+        assert InvocationStatus.TIMEOUT in statuses
+        assert session.scalar(select(func.count()).select_from(Regression)) == 0
+
+
+def test_verify_confirms_a_reproduced_regression(capsys, write_config, db_url, monkeypatch):
+    monkeypatch.setenv("FLAKY_SLOWDOWN", "1.3")
+    config = write_config()
+    code, first, _ = compare(capsys, config, db_url, "base", "flaky")
+    assert code == 1 and first["results"][0]["verdict"] == "regression"
+
+    code, verified, _ = run_cli(capsys, "verify", first["run_id"], "--json", "--db", db_url)
+    assert code == 1
+    assert verified["run_type"] == "verify"
+    assert verified["results"][0]["control"]["n"] == 200  # twice the repetitions
+    [regression] = verified["regressions"]
+    assert regression["state"] == "regress"
+    assert [e["to"] for e in regression["events"]] == ["benchmark", "verify", "regress"]
+    assert regression["events"][-1]["run_id"] == verified["run_id"]
+    assert "reproduced" in regression["events"][-1]["reason"]
+
+
+def test_verify_clears_a_regression_that_does_not_reproduce(capsys, write_config, sqlite_url, monkeypatch):
+    monkeypatch.setenv("FLAKY_SLOWDOWN", "1.3")
+    config = write_config()
+    code, first, _ = compare(capsys, config, sqlite_url, "base", "flaky")
+    assert code == 1
+    monkeypatch.delenv("FLAKY_SLOWDOWN")  # the slowdown was transient
+    code, verified, _ = run_cli(capsys, "verify", first["run_id"], "--json", "--db", sqlite_url)
+    assert code == 0
+    [regression] = verified["regressions"]
+    assert regression["state"] == "cleared"
+    assert [e["to"] for e in regression["events"]] == ["benchmark", "verify", "cleared"]
+    # a cleared regression cannot be verified again
+    code, _, err = run_cli(capsys, "verify", first["run_id"], "--db", sqlite_url)
+    assert code == 2 and "no suspected regressions" in err
+
+    code, _, _ = run_cli(capsys, "regressions", "--db", sqlite_url)
+    assert code == 0
+
+
+def test_bad_config_and_unknown_refs_change_nothing(capsys, write_config, fresh_pg_url, tmp_path):
+    config = write_config()
+    code, _, _ = compare(capsys, config, fresh_pg_url, "base", "noop")
+    assert code in (0, 1)
+    before = counts(fresh_pg_url)
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(config.read_text().replace('command = ["sh", "build.sh"]', ""))
+    code, _, err = compare(capsys, bad, fresh_pg_url, "base", "noop")
+    assert code == 2
+    assert "bad.toml: build.command: field required" in err
+
+    code, _, err = compare(capsys, config, fresh_pg_url, "base", "no-such-tag")
+    assert code == 2
+    assert "unknown ref 'no-such-tag'" in err
+
+    code, _, err = run_cli(capsys, "compare", "--config", config, "--control=--oops",
+                           "--treatment", "base", "--db", fresh_pg_url)
+    assert code == 2 and "invalid ref" in err
+
+    assert counts(fresh_pg_url) == before
+
+
+def test_missing_config_file_is_a_usage_error(capsys, sqlite_url, tmp_path):
+    code, _, err = compare(capsys, tmp_path / "nope.toml", sqlite_url, "a", "b")
+    assert code == 2 and "nope.toml: cannot read config" in err
+
+
+@pytest.mark.parametrize("state", ["benchmark", "regress"])
+def test_regressions_listing_filters_by_state(capsys, write_config, sqlite_url, state):
+    code, first, _ = compare(capsys, write_config(), sqlite_url, "base", "slower")
+    assert code == 1
+    assert main(["regressions", "--state", state, "--json", "--db", sqlite_url]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["state"] for r in listed] == ([state] if state == "benchmark" else [])
