@@ -113,8 +113,9 @@ def _load_objects(path: Path) -> list[tuple[str, Any]]:
         whole = None
     if isinstance(whole, list):
         return [(f"{path}: record {i + 1}", obj) for i, obj in enumerate(whole)]
-    if isinstance(whole, dict):
-        return [(f"{path}: record 1", whole)]
+    if isinstance(whole, dict):  # one object: a pretty-printed file, or a one-line JSONL file
+        label = "record" if "\n" in text.strip() else "line"
+        return [(f"{path}: {label} 1", whole)]
     objects = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

@@ -1,0 +1,76 @@
+"""Config loading: the contract's keys, defaults, and errors that name file and key."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.config import ConfigError, load_config
+
+VALID = """
+[repo]
+url = "repo"
+branch = "main"
+
+[build]
+kind = "command"
+command = ["sh", "build.sh"]
+artifacts = "out"
+
+[[workloads]]
+name = "loop"
+kind = "command"
+command = ["./bench"]
+"""
+
+
+def write(tmp_path, text, name="abwatch.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_contract_keys_load_with_defaults(tmp_path):
+    config = load_config(write(tmp_path, VALID))
+    assert config.repo.url == str((tmp_path / "repo").resolve())  # relative to the config file
+    assert config.build.command == ["sh", "build.sh"]
+    assert config.build.artifacts == "out"
+    assert config.workloads[0].command == ["./bench"]
+    assert config.runner.kind == "cpu"
+    assert config.stats.threshold_pct < 2.0  # the minimum effect of interest is below 2 %
+    assert config.run.repetitions >= 2
+
+
+def test_remote_urls_are_kept_verbatim(tmp_path):
+    text = VALID.replace('url = "repo"', 'url = "https://example.invalid/tvm.git"')
+    assert load_config(write(tmp_path, text)).repo.url == "https://example.invalid/tvm.git"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace('command = ["sh", "build.sh"]\n', ""), "abwatch.toml: build.command: field required"),
+        (lambda t: t.replace('[repo]\nurl = "repo"', "[repo]"), "abwatch.toml: repo.url: field required"),
+        (lambda t: t.replace('artifacts = "out"', 'artifacts = "../out"'), "abwatch.toml: build.artifacts: value error"),
+        (lambda t: t.replace('kind = "command"\ncommand = ["sh"', 'kind = "cmake"\ncommand = ["sh"'), "abwatch.toml: build.kind: input should be 'command'"),
+        (lambda t: t + '\n[run]\nrepetitions = "ten"\n', "abwatch.toml: run.repetitions: input should be a valid integer"),
+        (lambda t: t + '\n[run]\nrepetitons = 3\n', "abwatch.toml: run.repetitons: extra inputs are not permitted"),
+        (lambda t: t.replace('command = ["./bench"]', "command = []"), "abwatch.toml: workloads[0].command: list should have at least 1 item"),
+        (lambda t: t + t[t.index("[[workloads]]"):], "workload name 'loop' appears twice"),
+        (lambda t: t + "\n[stats\n", "abwatch.toml: invalid TOML"),
+    ],
+)
+def test_errors_name_file_and_key(tmp_path, edit, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, edit(VALID)))
+    assert message in str(info.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="missing.toml: cannot read config"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_config_hash_ignores_timeout_but_not_command(tmp_path):
+    base = load_config(write(tmp_path, VALID)).build
+    assert base.config_hash() == base.model_copy(update={"timeout_s": 5.0}).config_hash()
+    assert base.config_hash() != base.model_copy(update={"command": ["make"]}).config_hash()

@@ -1,0 +1,85 @@
+"""Schema through Alembic only: upgrade/downgrade on both databases, models match migrations."""
+
+from __future__ import annotations
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+from sqlalchemy.exc import IntegrityError, StatementError
+
+from service import db
+from service.models import Base, Device, Workload
+
+TABLES = {
+    "repositories", "commits", "builds", "devices", "workloads", "runs", "invocations",
+    "samples", "comparisons", "regressions", "regression_events", "records",
+}
+
+
+def test_upgrade_to_head_and_downgrade_to_empty(db_url):
+    engine = db.make_engine(db_url)
+    assert db.current_revision(engine) is None
+    db.upgrade(db_url)
+    assert db.current_revision(engine) == db.head_revision(db_url)
+    assert TABLES <= set(inspect(engine).get_table_names())
+    with engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    assert diff == [], f"models and migrations disagree: {diff}"
+    db.downgrade(db_url)
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    engine.dispose()
+
+
+def test_ensure_schema_migrates_empty_and_refuses_foreign(db_url):
+    engine = db.make_engine(db_url)
+    db.ensure_schema(engine)
+    assert db.current_revision(engine) == db.head_revision(db_url)
+    db.ensure_schema(engine)  # idempotent at head
+    engine.dispose()
+
+
+def test_ensure_schema_refuses_an_unrelated_database(sqlite_url):
+    engine = db.make_engine(sqlite_url)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE something_else (id INTEGER)"))
+    with pytest.raises(db.SchemaError, match="no abwatch schema version"):
+        db.ensure_schema(engine)
+
+
+def test_ensure_schema_refuses_an_old_revision(sqlite_url):
+    engine = db.make_engine(sqlite_url)
+    db.upgrade(sqlite_url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = '0000'"))
+    with pytest.raises(db.SchemaError, match="run `abwatch db upgrade`"):
+        db.ensure_schema(engine)
+
+
+def test_enums_are_stored_by_value_and_checked(session):
+    session.add(Workload(name="w", kind="command", spec={}))
+    session.flush()
+    from service.models import Build, BuildStatus, Commit, Repository
+
+    repo = Repository(url="/r")
+    session.add(repo)
+    session.flush()
+    commit = Commit(repository_id=repo.id, sha="a" * 40)
+    session.add(commit)
+    session.flush()
+    session.add(Build(commit_id=commit.id, builder="command", config_hash="h", status=BuildStatus.BUILD_FAILED))
+    session.flush()
+    stored = session.execute(text("SELECT status FROM builds")).scalar_one()
+    assert stored == "build_failed"
+    with pytest.raises((IntegrityError, StatementError)):
+        with session.begin_nested():
+            session.execute(text("UPDATE builds SET status = 'bogus'"))
+
+
+def test_unique_device_names(session):
+    session.add(Device(name="board-1", kind="rpc", hardware_config={}))
+    session.flush()
+    with pytest.raises(IntegrityError):
+        with session.begin_nested():
+            session.add(Device(name="board-1", kind="rpc", hardware_config={}))
+            session.flush()

@@ -1,0 +1,114 @@
+"""service.stats.compare: known distributions, edge cases, and the A/A false-positive bound."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from service.stats import Outcome, compare
+
+
+def noisy(rng, n, median, cv=0.01):
+    return median * rng.lognormal(0.0, cv, n)
+
+
+def test_detects_a_two_percent_slowdown_with_one_percent_noise():
+    rng = np.random.default_rng(0)
+    v = compare(noisy(rng, 60, 10.0), noisy(rng, 60, 10.2))
+    assert v.verdict == Outcome.REGRESSION
+    assert 1.3 < v.change_pct < 2.7
+    assert v.ci_pct[0] > 0 and v.p_value < 0.01
+    assert (v.control_n, v.treatment_n) == (60, 60)
+
+
+def test_improvement_is_the_mirror_image():
+    rng = np.random.default_rng(1)
+    v = compare(noisy(rng, 60, 10.0), noisy(rng, 60, 9.0))
+    assert v.verdict == Outcome.IMPROVEMENT and v.ci_pct[1] < 0
+    assert -11.5 < v.change_pct < -8.5
+
+
+def test_same_means_the_whole_interval_is_inside_the_threshold():
+    rng = np.random.default_rng(2)
+    v = compare(noisy(rng, 80, 10.0, 0.005), noisy(rng, 80, 10.0, 0.005))
+    assert v.verdict == Outcome.SAME
+    assert -1.0 < v.ci_pct[0] <= v.change_pct <= v.ci_pct[1] < 1.0
+
+
+def test_a_real_but_tiny_change_is_same_not_regression():
+    rng = np.random.default_rng(3)
+    v = compare(noisy(rng, 200, 10.0, 0.002), noisy(rng, 200, 10.03, 0.002))  # +0.3 %
+    assert v.verdict == Outcome.SAME
+
+
+def test_too_noisy_to_tell_is_unknown():
+    rng = np.random.default_rng(4)
+    v = compare(noisy(rng, 8, 10.0, 0.2), noisy(rng, 8, 10.3, 0.2))
+    assert v.verdict == Outcome.UNKNOWN
+    assert "inconclusive" in v.reason
+
+
+def test_preempted_outliers_do_not_move_the_median_much():
+    rng = np.random.default_rng(5)
+    a, b = noisy(rng, 60, 10.0), noisy(rng, 60, 10.0)
+    b[:6] *= 2.3  # 10 % of samples pre-empted on the treatment side only
+    v = compare(a, b)
+    assert v.verdict != Outcome.REGRESSION
+
+
+def test_too_few_samples():
+    v = compare([1.0, 1.1], [1.0, 1.2, 1.3, 1.4, 1.5])
+    assert v.verdict == Outcome.UNKNOWN and v.change_pct is None
+    assert "too few samples" in v.reason
+
+
+def test_identical_values():
+    assert compare([2.0] * 10, [2.0] * 10).verdict == Outcome.SAME
+    v = compare([2.0] * 10, [3.0] * 10)
+    assert v.verdict == Outcome.REGRESSION and v.change_pct == pytest.approx(50.0)
+
+
+def test_zero_control_median_is_unknown():
+    v = compare([0.0] * 10, [1.0] * 10)
+    assert v.verdict == Outcome.UNKNOWN and "undefined" in v.reason
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_samples_are_rejected(bad):
+    with pytest.raises(ValueError, match="treatment: sample 2 is .* must be finite"):
+        compare([1.0] * 10, [1.0, 1.0, bad] + [1.0] * 7)
+
+
+def test_negative_samples_are_rejected():
+    with pytest.raises(ValueError, match="control: sample 0 is negative"):
+        compare([-1.0] + [1.0] * 9, [1.0] * 10)
+
+
+def test_deterministic_for_a_seed():
+    rng = np.random.default_rng(6)
+    a, b = noisy(rng, 40, 5.0), noisy(rng, 40, 5.1)
+    assert compare(a, b, seed=3) == compare(a, b, seed=3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), cv=st.sampled_from([0.005, 0.01, 0.03]))
+def test_aa_on_iid_noise_is_never_called_a_regression(seed, cv):
+    """Property: identical distributions are not flagged (the per-comparison bound is 1 %)."""
+    rng = np.random.default_rng(seed)
+    v = compare(noisy(rng, 50, 10.0, cv), noisy(rng, 50, 10.0, cv))
+    assert v.verdict not in (Outcome.REGRESSION, Outcome.IMPROVEMENT)
+
+
+def test_aa_false_positive_rate_is_within_bound():
+    """Over 300 simulated A/A pairs (lognormal noise plus 8 % pre-empted samples) at most 1 % flag."""
+    rng = np.random.default_rng(7)
+    flagged = 0
+    for _ in range(300):
+        a, b = noisy(rng, 50, 10.0, 0.015), noisy(rng, 50, 10.0, 0.015)
+        for side in (a, b):
+            side[rng.random(50) < 0.08] *= 2.3
+        flagged += compare(a, b, resamples=500).verdict in (Outcome.REGRESSION, Outcome.IMPROVEMENT)
+    assert flagged <= 3
