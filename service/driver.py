@@ -246,6 +246,7 @@ def _run_workload(session, config, run, runner, workload: CommandWorkloadConfig,
     schedule = interleaved_schedule(config.run.repetitions, config.run.warmup, rng)
     timeout = workload.timeout_s or config.run.timeout_s
     measured: dict[Side, list[float]] = {Side.CONTROL: [], Side.TREATMENT: []}
+    groups: dict[Side, list[int]] = {Side.CONTROL: [], Side.TREATMENT: []}  # invocation of each sample
     raw: dict[Side, list[dict]] = {Side.CONTROL: [], Side.TREATMENT: []}
     workload_records: dict[Side, list[dict]] = {Side.CONTROL: [], Side.TREATMENT: []}
     failure = None
@@ -264,6 +265,7 @@ def _run_workload(session, config, run, runner, workload: CommandWorkloadConfig,
                                order_index=order_index, runtime_ms=value, warmup=slot.warmup))
             if not slot.warmup:
                 measured[side].append(value)
+                groups[side].append(slot.position)
                 raw[side].append({"runtime_ms": value, "invocation": slot.position})
             order_index += 1
         workload_records[side].extend(result.records)
@@ -278,6 +280,8 @@ def _run_workload(session, config, run, runner, workload: CommandWorkloadConfig,
         measured[Side.TREATMENT] if failure is None else [],
         threshold_pct=config.stats.threshold_pct, alpha=config.stats.alpha,
         confidence=config.stats.confidence, resamples=config.stats.bootstrap_resamples, seed=run.seed,
+        control_groups=groups[Side.CONTROL] if failure is None else None,
+        treatment_groups=groups[Side.TREATMENT] if failure is None else None,
     )
     if failure is not None:
         verdict = _replace_reason(verdict, f"not judged: {failure}")
@@ -292,7 +296,7 @@ def _run_workload(session, config, run, runner, workload: CommandWorkloadConfig,
         error=failure,
         details={"reason": verdict.reason, "threshold_pct": verdict.threshold_pct,
                  "alpha": verdict.alpha, "confidence": verdict.confidence,
-                 "method": "ratio of medians, percentile bootstrap; Mann-Whitney U"},
+                 "method": "ratio of medians, process-level bootstrap; Mann-Whitney U on process medians"},
     )
     session.add(comparison)
     session.flush()

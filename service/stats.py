@@ -4,6 +4,12 @@ Pure functions over plain sequences of milliseconds; no database, no I/O. The ef
 the ratio of medians (robust to the pre-empted, ~2x slower samples a busy machine
 produces), with a bootstrap confidence interval; the p-value is Mann-Whitney U's.
 
+Samples from one process are not independent: on a busy machine whole processes run a
+few percent fast or slow. When the caller says which process (invocation) each sample
+came from (``control_groups``/``treatment_groups``), both the interval and the test treat
+the process as the unit: the bootstrap resamples whole processes, and Mann-Whitney
+compares per-process medians. Without groups every sample is its own unit.
+
 Decision rule, with ``t`` the threshold (the smallest change worth reporting):
 
 * ``regression``  – the CI lies above 0, p < alpha, and the estimate is at least +t %;
@@ -73,6 +79,37 @@ def _ratio_of_medians(control: np.ndarray, treatment: np.ndarray, axis: int = -1
     return np.median(treatment, axis=axis) / np.median(control, axis=axis)
 
 
+def _clusters(samples: np.ndarray, groups: Sequence | None, name: str) -> np.ndarray:
+    """Samples as a (clusters, max size) array padded with NaN; one cluster per sample if no groups."""
+    if groups is None:
+        return samples.reshape(-1, 1)
+    groups = list(groups)
+    if len(groups) != len(samples):
+        raise ValueError(f"{name}_groups: {len(groups)} labels for {len(samples)} samples")
+    order: dict = {}
+    for label in groups:
+        order.setdefault(label, len(order))
+    rows = [[] for _ in order]
+    for value, label in zip(samples, groups):
+        rows[order[label]].append(value)
+    out = np.full((len(rows), max(map(len, rows))), np.nan)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+def _cluster_bootstrap(a: np.ndarray, b: np.ndarray, resamples: int, confidence: float,
+                       rng: np.random.Generator) -> tuple[float, float]:
+    """Percentile interval of the ratio of medians, resampling whole clusters (rows)."""
+    ia = rng.integers(0, len(a), size=(resamples, len(a)))
+    ib = rng.integers(0, len(b), size=(resamples, len(b)))
+    ratio = (np.nanmedian(b[ib].reshape(resamples, -1), axis=1)
+             / np.nanmedian(a[ia].reshape(resamples, -1), axis=1))
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    low, high = np.percentile(ratio, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
 def compare(
     control: Sequence[float],
     treatment: Sequence[float],
@@ -83,8 +120,15 @@ def compare(
     resamples: int = DEFAULT_RESAMPLES,
     min_samples: int = MIN_SAMPLES,
     seed: int = 0,
+    control_groups: Sequence | None = None,
+    treatment_groups: Sequence | None = None,
 ) -> Verdict:
-    """Judge ``treatment`` against ``control`` (both sequences of milliseconds)."""
+    """Judge ``treatment`` against ``control`` (both sequences of milliseconds).
+
+    ``*_groups`` optionally label each sample with the process it came from (see the
+    module docstring); with them, at least ``min_samples`` samples and 3 processes a side
+    are needed for a verdict.
+    """
     if threshold_pct <= 0:
         raise ValueError("threshold_pct must be > 0")
     if not 0 < alpha < 1 or not 0 < confidence < 1:
@@ -93,12 +137,15 @@ def compare(
     b = _as_samples(treatment, "treatment")
     params = dict(threshold_pct=threshold_pct, alpha=alpha, confidence=confidence)
     base = dict(control_n=len(a), treatment_n=len(b), **params)
-    if len(a) < min_samples or len(b) < min_samples:
+    ca, cb = _clusters(a, control_groups, "control"), _clusters(b, treatment_groups, "treatment")
+    min_clusters = 3 if control_groups is not None or treatment_groups is not None else min_samples
+    if len(a) < min_samples or len(b) < min_samples or min(len(ca), len(cb)) < min_clusters:
         return Verdict(
             Outcome.UNKNOWN, None, None, None,
             control_median_ms=float(np.median(a)) if len(a) else None,
             treatment_median_ms=float(np.median(b)) if len(b) else None,
-            reason=f"too few samples (need {min_samples} a side, have {len(a)} and {len(b)})",
+            reason=(f"too few samples (need {min_samples} a side in {min_clusters} processes, have "
+                    f"{len(a)} in {len(ca)} and {len(b)} in {len(cb)})"),
             **base,
         )
     med_a, med_b = float(np.median(a)), float(np.median(b))
@@ -112,7 +159,7 @@ def compare(
         # No spread at all: the bootstrap and the rank test have nothing to resample.
         ci = (change, change)
         p_value = 1.0 if med_a == med_b else 0.0
-    else:
+    elif ca.shape[1] == 1 and cb.shape[1] == 1:  # one sample per unit: scipy's bootstrap
         boot = sps.bootstrap(
             (a, b), _ratio_of_medians, n_resamples=resamples, confidence_level=confidence,
             method="percentile", vectorized=True, rng=np.random.default_rng(seed),
@@ -120,6 +167,11 @@ def compare(
         low, high = boot.confidence_interval
         ci = ((float(low) - 1.0) * 100.0, (float(high) - 1.0) * 100.0)
         p_value = float(sps.mannwhitneyu(b, a, alternative="two-sided").pvalue)
+    else:
+        low, high = _cluster_bootstrap(ca, cb, resamples, confidence, np.random.default_rng(seed))
+        ci = ((low - 1.0) * 100.0, (high - 1.0) * 100.0)
+        p_value = float(sps.mannwhitneyu(np.nanmedian(cb, axis=1), np.nanmedian(ca, axis=1),
+                                         alternative="two-sided").pvalue)
         if math.isnan(p_value):
             p_value = 1.0
     return _decide(change, ci, p_value, base)

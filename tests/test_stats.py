@@ -112,3 +112,41 @@ def test_aa_false_positive_rate_is_within_bound():
             side[rng.random(50) < 0.08] *= 2.3
         flagged += compare(a, b, resamples=500).verdict in (Outcome.REGRESSION, Outcome.IMPROVEMENT)
     assert flagged <= 3
+
+
+def _processes(rng, k, m, median, process_cv=0.02, sample_cv=0.015):
+    """k processes of m samples; each process runs a little fast or slow as a whole."""
+    values = np.concatenate([median * rng.lognormal(rng.normal(0, process_cv), sample_cv, m) for _ in range(k)])
+    return values, np.repeat(np.arange(k), m)
+
+
+def test_process_level_analysis_keeps_aa_false_positives_down():
+    """Pooling samples of correlated processes cries wolf; treating the process as unit does not."""
+    rng = np.random.default_rng(8)
+    pooled = grouped = 0
+    for i in range(150):
+        a, ga = _processes(rng, 12, 5, 10.0)
+        b, gb = _processes(rng, 12, 5, 10.0)
+        pooled += compare(a, b, resamples=500, seed=i).verdict in (Outcome.REGRESSION, Outcome.IMPROVEMENT)
+        grouped += compare(a, b, control_groups=ga, treatment_groups=gb, resamples=500,
+                           seed=i).verdict in (Outcome.REGRESSION, Outcome.IMPROVEMENT)
+    assert grouped <= 2
+    assert pooled > grouped  # the reason the driver passes groups
+
+
+def test_grouped_detects_a_real_slowdown():
+    rng = np.random.default_rng(9)
+    a, ga = _processes(rng, 12, 5, 10.0)
+    b, gb = _processes(rng, 12, 5, 10.6)
+    v = compare(a, b, control_groups=ga, treatment_groups=gb)
+    assert v.verdict == Outcome.REGRESSION and 3.0 < v.change_pct < 9.0
+
+
+def test_groups_must_label_every_sample():
+    with pytest.raises(ValueError, match="control_groups: 3 labels for 10 samples"):
+        compare([1.0] * 10, [1.0] * 10, control_groups=[1, 2, 3])
+
+
+def test_too_few_processes_is_unknown():
+    v = compare([1.0, 1.1] * 5, [1.2, 1.3] * 5, control_groups=[0, 1] * 5, treatment_groups=[0, 1] * 5)
+    assert v.verdict == Outcome.UNKNOWN and "2 processes" not in v.reason and "in 3 processes" in v.reason
