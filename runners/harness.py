@@ -82,3 +82,36 @@ def parse_output(stdout: str) -> tuple[tuple[float, ...], tuple[dict, ...]]:
     if not samples:
         raise OutputError("workload printed no samples")
     return tuple(samples), tuple(records)
+
+
+@dataclass
+class Measurement:
+    """What the interleaved invocations of one workload produced (warm-up excluded)."""
+
+    samples: dict[str, list[float]]
+    groups: dict[str, list[int]]  # the invocation (process) each sample came from
+    records: dict[str, list[dict]]
+    failure: str | None = None
+
+
+def measure(runner, artifacts: dict[str, object], workload, schedule: list[Slot], timeout_s: float,
+            on_invocation) -> Measurement:
+    """Run ``schedule`` for ``workload``; stop at the first failed or hung invocation.
+
+    ``artifacts`` maps side -> artifact directory; ``on_invocation(slot, result)`` is called
+    after each invocation (the driver stores it there, so nothing is lost if we stop).
+    """
+    result_of = Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []},
+                            {CONTROL: [], TREATMENT: []})
+    for slot in schedule:
+        result = runner.run(artifacts[slot.side], workload, timeout_s)
+        on_invocation(slot, result)
+        if result.status != "ok":
+            # A hung or crashing build is that build's failure, never a slowdown: stop here.
+            result_of.failure = f"{slot.side} invocation {slot.position} {result.status}: {result.message}"
+            break
+        if not slot.warmup:
+            result_of.samples[slot.side].extend(result.samples)
+            result_of.groups[slot.side].extend([slot.position] * len(result.samples))
+            result_of.records[slot.side].extend(result.records)
+    return result_of

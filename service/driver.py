@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import statistics as pystats
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from sqlalchemy import select
@@ -22,7 +22,7 @@ from builders import BUILDERS, BuildFailed
 from builders.cache import ArtifactCache
 from runners import RUNNERS
 from runners.base import Runner
-from runners.harness import interleaved_schedule
+from runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from service import lifecycle, stats
 from service.config import CommandWorkloadConfig, Config
 from service.models import (
@@ -123,6 +123,8 @@ def _result_json(result: WorkloadResult) -> dict:
         "change_pct": v.change_pct,
         "ci_pct": list(v.ci_pct) if v.ci_pct else None,
         "p_value": v.p_value,
+        "p_adjusted": v.p_adjusted,
+        "correction": v.correction,
         "control": {"median_ms": v.control_median_ms, "n": v.control_n},
         "treatment": {"median_ms": v.treatment_median_ms, "n": v.treatment_n},
         "regression_id": result.regression_id,
@@ -179,12 +181,16 @@ def run_compare(
             session.commit()
             return CompareOutcome(run.id, run_type.value, run.status.value, builds)
 
-        results = []
         rng = random.Random(seed)
-        for workload in config.workloads:
-            results.append(_run_workload(session, config, run, runner, workload, artifacts,
-                                         device_info, rng, progress))
-            session.commit()
+        measured = [
+            (workload, _measure_workload(session, config, run, runner, workload, artifacts, rng, progress))
+            for workload in config.workloads
+        ]
+        verdicts = stats.adjust_fdr([_judge(config, run, m) for _, m in measured])
+        results = [
+            _store_result(session, config, run, workload, m, verdict, device_info, progress)
+            for (workload, m), verdict in zip(measured, verdicts)
+        ]
         run.status = RunStatus.COMPLETED
         run.finished_at = utcnow()
         session.commit()
@@ -240,51 +246,55 @@ def _success_row(session: Session, commit_id: int, builder, artifact) -> Build:
     return row
 
 
-def _run_workload(session, config, run, runner, workload: CommandWorkloadConfig, artifacts,
-                  device_info, rng, progress) -> WorkloadResult:
+def _measure_workload(session: Session, config: Config, run: Run, runner: Runner,
+                      workload: CommandWorkloadConfig, artifacts: dict, rng: random.Random,
+                      progress: Progress) -> Measurement:
+    """Run one workload's interleaved schedule, storing every invocation and raw sample."""
     row = get_workload(session, workload.name, workload.kind, workload.model_dump(mode="json"))
     schedule = interleaved_schedule(config.run.repetitions, config.run.warmup, rng)
-    timeout = workload.timeout_s or config.run.timeout_s
-    measured: dict[Side, list[float]] = {Side.CONTROL: [], Side.TREATMENT: []}
-    groups: dict[Side, list[int]] = {Side.CONTROL: [], Side.TREATMENT: []}  # invocation of each sample
-    raw: dict[Side, list[dict]] = {Side.CONTROL: [], Side.TREATMENT: []}
-    workload_records: dict[Side, list[dict]] = {Side.CONTROL: [], Side.TREATMENT: []}
-    failure = None
-    order_index = 0
-    for done, slot in enumerate(schedule, start=1):
+    order = iter(range(10**9))  # order_index: the sample's place in the whole run of this workload
+    done = iter(range(1, len(schedule) + 1))
+
+    def store(slot, result) -> None:
         side = Side(slot.side)
-        result = runner.run(artifacts[side], workload, timeout)
         invocation = Invocation(
             run_id=run.id, workload_id=row.id, side=side, position=slot.position, warmup=slot.warmup,
             status=InvocationStatus(result.status), wall_s=result.wall_s, message=result.message,
         )
         session.add(invocation)
         session.flush()
-        for value in result.samples:
-            session.add(Sample(invocation_id=invocation.id, run_id=run.id, workload_id=row.id, side=side,
-                               order_index=order_index, runtime_ms=value, warmup=slot.warmup))
-            if not slot.warmup:
-                measured[side].append(value)
-                groups[side].append(slot.position)
-                raw[side].append({"runtime_ms": value, "invocation": slot.position})
-            order_index += 1
-        workload_records[side].extend(result.records)
-        progress.invocation(workload.name, done, len(schedule))
-        if result.status != InvocationStatus.OK.value:
-            # A hung or crashing build is that build's failure, never a slowdown: stop here.
-            failure = f"{side.value} invocation {slot.position} {result.status}: {result.message}"
-            progress.message(f"  {workload.name}: {failure}")
-            break
-    verdict = stats.compare(
-        measured[Side.CONTROL] if failure is None else [],
-        measured[Side.TREATMENT] if failure is None else [],
+        session.add_all([
+            Sample(invocation_id=invocation.id, run_id=run.id, workload_id=row.id, side=side,
+                   order_index=next(order), runtime_ms=value, warmup=slot.warmup)
+            for value in result.samples
+        ])
+        progress.invocation(workload.name, next(done), len(schedule))
+
+    paths = {side.value: path for side, path in artifacts.items()}
+    measurement = measure(runner, paths, workload, schedule, workload.timeout_s or config.run.timeout_s, store)
+    if measurement.failure:
+        progress.message(f"  {workload.name}: {measurement.failure}")
+    session.commit()
+    return measurement
+
+
+def _judge(config: Config, run: Run, m: Measurement) -> stats.Verdict:
+    """The statistics' verdict on one measurement; a failed one is never judged."""
+    if m.failure is not None:
+        return replace(stats.compare([], [], threshold_pct=config.stats.threshold_pct),
+                       reason=f"not judged: {m.failure}")
+    return stats.compare(
+        m.samples[CONTROL], m.samples[TREATMENT],
         threshold_pct=config.stats.threshold_pct, alpha=config.stats.alpha,
         confidence=config.stats.confidence, resamples=config.stats.bootstrap_resamples, seed=run.seed,
-        control_groups=groups[Side.CONTROL] if failure is None else None,
-        treatment_groups=groups[Side.TREATMENT] if failure is None else None,
+        control_groups=m.groups[CONTROL], treatment_groups=m.groups[TREATMENT],
     )
-    if failure is not None:
-        verdict = _replace_reason(verdict, f"not judged: {failure}")
+
+
+def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig,
+                  m: Measurement, verdict: stats.Verdict, device_info: dict, progress: Progress) -> WorkloadResult:
+    """Store the comparison, open a regression if one was found, and write the records."""
+    row = get_workload(session, workload.name, workload.kind, workload.model_dump(mode="json"))
     comparison = Comparison(
         run_id=run.id, workload_id=row.id, verdict=VerdictKind(verdict.verdict.value),
         change_pct=verdict.change_pct,
@@ -292,10 +302,11 @@ def _run_workload(session, config, run, runner, workload: CommandWorkloadConfig,
         ci_high_pct=verdict.ci_pct[1] if verdict.ci_pct else None,
         p_value=verdict.p_value, control_median_ms=verdict.control_median_ms,
         treatment_median_ms=verdict.treatment_median_ms,
-        control_n=len(measured[Side.CONTROL]), treatment_n=len(measured[Side.TREATMENT]),
-        error=failure,
+        control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
+        error=m.failure,
         details={"reason": verdict.reason, "threshold_pct": verdict.threshold_pct,
                  "alpha": verdict.alpha, "confidence": verdict.confidence,
+                 "p_adjusted": verdict.p_adjusted, "correction": verdict.correction,
                  "method": "ratio of medians, process-level bootstrap; Mann-Whitney U on process medians"},
     )
     session.add(comparison)
@@ -304,16 +315,14 @@ def _run_workload(session, config, run, runner, workload: CommandWorkloadConfig,
     if verdict.verdict == stats.Outcome.REGRESSION and run.run_type == RunType.BENCHMARK:
         regression_id = lifecycle.open_regression(session, run, comparison).id
     for side in (Side.CONTROL, Side.TREATMENT):
-        if measured[side]:
-            session.add(to_row(_record(config, run, side, workload, measured[side], raw[side],
-                                       workload_records[side], device_info, session), run.id, side))
+        samples = m.samples[side.value]
+        if samples:
+            raw = [{"runtime_ms": v, "invocation": g} for v, g in zip(samples, m.groups[side.value])]
+            session.add(to_row(_record(config, run, side, workload, samples, raw, m.records[side.value],
+                                       device_info, session), run.id, side))
+    session.commit()
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
-    return WorkloadResult(workload.name, verdict, comparison.id, regression_id, failure)
-
-
-def _replace_reason(verdict: stats.Verdict, reason: str) -> stats.Verdict:
-    from dataclasses import replace
-    return replace(verdict, reason=reason)
+    return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure)
 
 
 def _record(config, run, side, workload, samples, raw, given, device_info, session) -> BenchmarkRecord:

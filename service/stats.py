@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -61,6 +61,8 @@ class Verdict:
     alpha: float
     confidence: float
     reason: str
+    p_adjusted: float | None = None  # after a multiple-comparison correction, if one was applied
+    correction: str = "none"
 
 
 def _as_samples(values: Sequence[float], name: str) -> np.ndarray:
@@ -177,15 +179,40 @@ def compare(
     return _decide(change, ci, p_value, base)
 
 
-def _decide(change: float, ci: tuple[float, float], p_value: float, base: dict) -> Verdict:
+def _decide(change: float, ci: tuple[float, float], p_value: float, base: dict,
+            p_decide: float | None = None) -> Verdict:
+    """Apply the decision rule; ``p_decide`` (an adjusted p-value) replaces ``p_value`` if given."""
     t, alpha = base["threshold_pct"], base["alpha"]
+    p = p_value if p_decide is None else p_decide
     low, high = ci
-    if low > 0 and p_value < alpha and change >= t:
-        outcome, reason = Outcome.REGRESSION, f"slower by {change:.2f}% (CI above 0, p={p_value:.2g})"
-    elif high < 0 and p_value < alpha and change <= -t:
-        outcome, reason = Outcome.IMPROVEMENT, f"faster by {-change:.2f}% (CI below 0, p={p_value:.2g})"
+    if low > 0 and p < alpha and change >= t:
+        outcome, reason = Outcome.REGRESSION, f"slower by {change:.2f}% (CI above 0, p={p:.2g})"
+    elif high < 0 and p < alpha and change <= -t:
+        outcome, reason = Outcome.IMPROVEMENT, f"faster by {-change:.2f}% (CI below 0, p={p:.2g})"
     elif -t < low and high < t:
         outcome, reason = Outcome.SAME, f"any change is within ±{t:g}% (CI {low:.2f}..{high:.2f}%)"
     else:
-        outcome, reason = Outcome.UNKNOWN, f"inconclusive (CI {low:.2f}..{high:.2f}%, p={p_value:.2g})"
+        outcome, reason = Outcome.UNKNOWN, f"inconclusive (CI {low:.2f}..{high:.2f}%, p={p:.2g})"
     return Verdict(outcome, change, (low, high), p_value, reason=reason, **base)
+
+
+def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """Control the false discovery rate across one run's comparisons (Benjamini-Hochberg).
+
+    Every verdict that has a p-value is decided again with its BH-adjusted p-value, so a
+    run of many workloads does not flag more of them by chance than one workload would.
+    Verdicts without a p-value (too few samples, failures) pass through unchanged.
+    """
+    tested = [i for i, v in enumerate(verdicts) if v.p_value is not None]
+    out = list(verdicts)
+    if not tested:
+        return out
+    adjusted = sps.false_discovery_control([verdicts[i].p_value for i in tested], method="bh")
+    for i, p_adj in zip(tested, adjusted):
+        v = verdicts[i]
+        base = dict(control_n=v.control_n, treatment_n=v.treatment_n,
+                    control_median_ms=v.control_median_ms, treatment_median_ms=v.treatment_median_ms,
+                    threshold_pct=v.threshold_pct, alpha=v.alpha, confidence=v.confidence)
+        decided = _decide(v.change_pct, v.ci_pct, v.p_value, base, p_decide=float(p_adj))
+        out[i] = replace(decided, p_adjusted=float(p_adj), correction="benjamini-hochberg")
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -150,3 +151,31 @@ def test_groups_must_label_every_sample():
 def test_too_few_processes_is_unknown():
     v = compare([1.0, 1.1] * 5, [1.2, 1.3] * 5, control_groups=[0, 1] * 5, treatment_groups=[0, 1] * 5)
     assert v.verdict == Outcome.UNKNOWN and "2 processes" not in v.reason and "in 3 processes" in v.reason
+
+
+def test_fdr_matches_scipy_and_statsmodels_reference_values():
+    """BH-adjusted p-values for a small vector, against values worked out by hand from
+    the BH definition (p * m / rank, made monotone from the largest p down)."""
+    from service.stats import adjust_fdr
+
+    ps = [0.01, 0.04, 0.03, 0.005, 0.2]
+    expected = [0.025, 0.05, 0.05, 0.025, 0.2]
+    verdicts = [compare([10.0] * 10, [10.0] * 10)] * len(ps)
+    verdicts = [replace(v, p_value=p, change_pct=5.0, ci_pct=(2.0, 8.0)) for v, p in zip(verdicts, ps)]
+    adjusted = adjust_fdr(verdicts)
+    assert [a.p_adjusted for a in adjusted] == pytest.approx(expected)
+    assert all(a.correction == "benjamini-hochberg" for a in adjusted)
+    # alpha 0.01: raw p 0.005 and 0.01 are not both significant after correction
+    assert [a.verdict for a in adjusted] == [Outcome.UNKNOWN] * 5
+    assert [v.p_value for v in adjusted] == ps  # the raw p-values are kept
+
+
+def test_fdr_keeps_a_strong_signal_and_passes_untested_through():
+    from service.stats import adjust_fdr
+
+    rng = np.random.default_rng(10)
+    strong = compare(noisy(rng, 60, 10.0), noisy(rng, 60, 11.0))
+    untested = compare([1.0], [1.0])
+    out = adjust_fdr([strong, untested, compare(noisy(rng, 60, 10.0), noisy(rng, 60, 10.0))])
+    assert out[0].verdict == Outcome.REGRESSION and out[0].p_adjusted >= out[0].p_value
+    assert out[1] == untested
