@@ -29,8 +29,11 @@ class Slot:
     warmup: bool
 
 
-def interleaved_schedule(repetitions: int, warmup: int, rng: random.Random) -> list[Slot]:
-    """Warm-up pairs first, then measured pairs, each block of two pairs ABBA or BAAB."""
+def interleaved_schedule(repetitions: int, warmup: int, rng: random.Random, start: int = 0) -> list[Slot]:
+    """Warm-up pairs first, then measured pairs, each block of two pairs ABBA or BAAB.
+
+    ``start`` is the position of the first slot, so later batches continue the numbering.
+    """
     sides: list[tuple[str, bool]] = []
     for count, is_warmup in ((warmup, True), (repetitions, False)):
         pairs: list[tuple[str, str]] = []
@@ -39,7 +42,7 @@ def interleaved_schedule(repetitions: int, warmup: int, rng: random.Random) -> l
             pairs.extend([(first, second), (second, first)])
         for pair in pairs[:count]:
             sides.extend((side, is_warmup) for side in pair)
-    return [Slot(side, index, is_warmup) for index, (side, is_warmup) in enumerate(sides)]
+    return [Slot(side, start + index, is_warmup) for index, (side, is_warmup) in enumerate(sides)]
 
 
 def _number(value: object, where: str) -> float:
@@ -95,14 +98,15 @@ class Measurement:
 
 
 def measure(runner, artifacts: dict[str, object], workload, schedule: list[Slot], timeout_s: float,
-            on_invocation) -> Measurement:
+            on_invocation, into: Measurement | None = None) -> Measurement:
     """Run ``schedule`` for ``workload``; stop at the first failed or hung invocation.
 
     ``artifacts`` maps side -> artifact directory; ``on_invocation(slot, result)`` is called
     after each invocation (the driver stores it there, so nothing is lost if we stop).
+    ``into`` continues an earlier measurement (adaptive repetitions add batches).
     """
-    result_of = Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []},
-                            {CONTROL: [], TREATMENT: []})
+    result_of = into or Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []},
+                                    {CONTROL: [], TREATMENT: []})
     for slot in schedule:
         result = runner.run(artifacts[slot.side], workload, timeout_s)
         on_invocation(slot, result)

@@ -76,11 +76,37 @@ class CommandWorkloadConfig(_Strict):
 class RunConfig(_Strict):
     """How many invocations, in which order, with which limits."""
 
-    repetitions: int = Field(default=10, ge=2, description="measured invocations per side")
+    repetitions: int = Field(default=10, ge=2, description="measured invocations per side, first look")
+    max_repetitions: int | None = Field(
+        default=None, ge=2, description="adaptive budget per side (default 3x repetitions)")
+    batch: int | None = Field(default=None, ge=2, description="invocations per side added per look")
+    max_seconds: float = Field(default=900.0, gt=0, description="time budget per workload")
     warmup: int = Field(default=1, ge=0, description="invocations per side discarded first")
     timeout_s: float = Field(default=60.0, gt=0, description="per invocation")
     seed: int | None = None
     verify_factor: float = Field(default=2.0, ge=1.0, description="repetition multiplier for verify")
+
+    @model_validator(mode="after")
+    def _budget(self) -> "RunConfig":
+        if self.max_repetitions is not None and self.max_repetitions < self.repetitions:
+            raise ValueError("max_repetitions must be >= repetitions")
+        return self
+
+    @property
+    def budget(self) -> int:
+        """Most measured invocations per side one workload may get."""
+        return self.max_repetitions if self.max_repetitions is not None else 3 * self.repetitions
+
+    @property
+    def step(self) -> int:
+        """Invocations per side added at each further look."""
+        return self.batch or max(2, self.repetitions // 2)
+
+    @property
+    def looks(self) -> int:
+        """How many times the data may be judged (for the sequential correction)."""
+        extra = self.budget - self.repetitions
+        return 1 + -(-extra // self.step)
 
 
 class StatsConfig(_Strict):

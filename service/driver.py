@@ -125,6 +125,7 @@ def _result_json(result: WorkloadResult) -> dict:
         "p_value": v.p_value,
         "p_adjusted": v.p_adjusted,
         "correction": v.correction,
+        "stop_reason": v.stop_reason,
         "control": {"median_ms": v.control_median_ms, "n": v.control_n},
         "treatment": {"median_ms": v.treatment_median_ms, "n": v.treatment_n},
         "regression_id": result.regression_id,
@@ -183,13 +184,13 @@ def run_compare(
 
         rng = random.Random(seed)
         measured = [
-            (workload, _measure_workload(session, config, run, runner, workload, artifacts, rng, progress))
+            (workload, *_measure_workload(session, config, run, runner, workload, artifacts, rng, progress))
             for workload in config.workloads
         ]
-        verdicts = stats.adjust_fdr([_judge(config, run, m) for _, m in measured])
+        verdicts = stats.adjust_fdr([verdict for _, _, verdict in measured])
         results = [
             _store_result(session, config, run, workload, m, verdict, device_info, progress)
-            for (workload, m), verdict in zip(measured, verdicts)
+            for (workload, m, _), verdict in zip(measured, verdicts)
         ]
         run.status = RunStatus.COMPLETED
         run.finished_at = utcnow()
@@ -248,12 +249,17 @@ def _success_row(session: Session, commit_id: int, builder, artifact) -> Build:
 
 def _measure_workload(session: Session, config: Config, run: Run, runner: Runner,
                       workload: CommandWorkloadConfig, artifacts: dict, rng: random.Random,
-                      progress: Progress) -> Measurement:
-    """Run one workload's interleaved schedule, storing every invocation and raw sample."""
+                      progress: Progress) -> tuple[Measurement, stats.Verdict]:
+    """Run interleaved batches until the verdict is decided or the budget is spent.
+
+    Every invocation and raw sample is stored as it happens. Each look is judged at the
+    sequentially corrected level, so looking again does not inflate the error rate.
+    """
     row = get_workload(session, workload.name, workload.kind, workload.model_dump(mode="json"))
-    schedule = interleaved_schedule(config.run.repetitions, config.run.warmup, rng)
-    order = iter(range(10**9))  # order_index: the sample's place in the whole run of this workload
-    done = iter(range(1, len(schedule) + 1))
+    alpha, confidence = stats.sequential_levels(config.stats.alpha, config.stats.confidence, config.run.looks)
+    budget, timeout = config.run.budget, workload.timeout_s or config.run.timeout_s
+    total = 2 * (config.run.warmup + budget)
+    order, done = iter(range(10**9)), iter(range(1, 10**9))
 
     def store(slot, result) -> None:
         side = Side(slot.side)
@@ -268,27 +274,41 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
                    order_index=next(order), runtime_ms=value, warmup=slot.warmup)
             for value in result.samples
         ])
-        progress.invocation(workload.name, next(done), len(schedule))
+        progress.invocation(workload.name, next(done), total)
 
     paths = {side.value: path for side, path in artifacts.items()}
-    measurement = measure(runner, paths, workload, schedule, workload.timeout_s or config.run.timeout_s, store)
-    if measurement.failure:
-        progress.message(f"  {workload.name}: {measurement.failure}")
-    session.commit()
-    return measurement
-
-
-def _judge(config: Config, run: Run, m: Measurement) -> stats.Verdict:
-    """The statistics' verdict on one measurement; a failed one is never judged."""
-    if m.failure is not None:
-        return replace(stats.compare([], [], threshold_pct=config.stats.threshold_pct),
-                       reason=f"not judged: {m.failure}")
-    return stats.compare(
-        m.samples[CONTROL], m.samples[TREATMENT],
-        threshold_pct=config.stats.threshold_pct, alpha=config.stats.alpha,
-        confidence=config.stats.confidence, resamples=config.stats.bootstrap_resamples, seed=run.seed,
-        control_groups=m.groups[CONTROL], treatment_groups=m.groups[TREATMENT],
-    )
+    started = time.monotonic()
+    schedule = interleaved_schedule(config.run.repetitions, config.run.warmup, rng)
+    measurement, reps, look = None, 0, 0
+    while True:
+        measurement = measure(runner, paths, workload, schedule, timeout, store, into=measurement)
+        session.commit()
+        look += 1
+        reps += sum(1 for slot in schedule if not slot.warmup and slot.side == CONTROL)
+        if measurement.failure is not None:
+            progress.message(f"  {workload.name}: {measurement.failure}")
+            verdict = replace(stats.compare([], [], threshold_pct=config.stats.threshold_pct),
+                              reason=f"not judged: {measurement.failure}")
+            return measurement, replace(verdict, stop_reason="invocation failed")
+        verdict = stats.compare(
+            measurement.samples[CONTROL], measurement.samples[TREATMENT],
+            threshold_pct=config.stats.threshold_pct, alpha=alpha, confidence=confidence,
+            resamples=config.stats.bootstrap_resamples, seed=run.seed,
+            control_groups=measurement.groups[CONTROL], treatment_groups=measurement.groups[TREATMENT],
+        )
+        if verdict.verdict != stats.Outcome.UNKNOWN:
+            stop = f"decided at look {look} of {config.run.looks}"
+        elif reps >= budget:
+            stop = f"sample budget spent ({reps} invocations a side)"
+        elif time.monotonic() - started >= config.run.max_seconds:
+            stop = f"time budget spent ({config.run.max_seconds:g}s)"
+        else:
+            progress.message(f"  {workload.name}: look {look}: {verdict.reason}; adding a batch")
+            schedule = interleaved_schedule(min(config.run.step, budget - reps), 0, rng,
+                                            start=schedule[-1].position + 1)
+            continue
+        progress.invocation(workload.name, total, total)
+        return measurement, replace(verdict, stop_reason=stop)
 
 
 def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig,
@@ -307,6 +327,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         details={"reason": verdict.reason, "threshold_pct": verdict.threshold_pct,
                  "alpha": verdict.alpha, "confidence": verdict.confidence,
                  "p_adjusted": verdict.p_adjusted, "correction": verdict.correction,
+                 "stop_reason": verdict.stop_reason,
                  "method": "ratio of medians, process-level bootstrap; Mann-Whitney U on process medians"},
     )
     session.add(comparison)
@@ -354,7 +375,8 @@ def _record(config, run, side, workload, samples, raw, given, device_info, sessi
         software_config=device_info["software_config"],
         runtime_config={**extra.get("runtime_config", {}), "env": workload.env},
         hardware_config=device_info["hardware_config"],
-        execution_config={"repetitions": config.run.repetitions, "warmup": config.run.warmup,
+        execution_config={"repetitions": len(set(raw_i["invocation"] for raw_i in raw)),
+                          "warmup": config.run.warmup,
                           "timeout_s": workload.timeout_s or config.run.timeout_s,
                           "order": "interleaved ABBA/BAAB blocks", "seed": run.seed},
         metrics={**extra.get("metrics", {}), "runtime_ms_median": pystats.median(samples), "n": len(samples)},

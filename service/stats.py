@@ -63,6 +63,19 @@ class Verdict:
     reason: str
     p_adjusted: float | None = None  # after a multiple-comparison correction, if one was applied
     correction: str = "none"
+    stop_reason: str = ""  # why the runner stopped adding samples (set by adaptive callers)
+
+
+def sequential_levels(alpha: float, confidence: float, looks: int) -> tuple[float, float]:
+    """Per-look alpha and CI level when the data may be judged up to ``looks`` times.
+
+    Bonferroni alpha spending: each look gets alpha / looks (and the interval the matching
+    level), so stopping at the first decisive look keeps the overall error rate at alpha
+    however many looks are taken. Conservative, but valid without further assumptions.
+    """
+    if looks < 1:
+        raise ValueError("looks must be >= 1")
+    return alpha / looks, 1.0 - (1.0 - confidence) / looks
 
 
 def _as_samples(values: Sequence[float], name: str) -> np.ndarray:
@@ -214,5 +227,6 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
                     control_median_ms=v.control_median_ms, treatment_median_ms=v.treatment_median_ms,
                     threshold_pct=v.threshold_pct, alpha=v.alpha, confidence=v.confidence)
         decided = _decide(v.change_pct, v.ci_pct, v.p_value, base, p_decide=float(p_adj))
-        out[i] = replace(decided, p_adjusted=float(p_adj), correction="benjamini-hochberg")
+        out[i] = replace(decided, p_adjusted=float(p_adj), correction="benjamini-hochberg",
+                         stop_reason=v.stop_reason)
     return out

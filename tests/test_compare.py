@@ -186,3 +186,34 @@ def test_regressions_listing_filters_by_state(capsys, write_config, sqlite_url, 
     assert main(["regressions", "--state", state, "--json", "--db", sqlite_url]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [r["state"] for r in listed] == ([state] if state == "benchmark" else [])
+
+
+def test_adaptive_batches_until_the_budget_is_spent(capsys, write_config, sqlite_url):
+    """A workload too noisy to judge gets batches added, up to the budget, and says why it stopped."""
+    noisy = ('python3 -c "import json, random; [print(json.dumps({\'runtime_ms\': random.uniform(1, 100)}))'
+             ' for _ in range(3)]"')
+    config = write_config(repetitions=4, extra="max_repetitions = 8\nbatch = 2\n")
+    text = config.read_text().replace('command = ["./bench", "10"]', f"command = {json.dumps(['sh', '-c', noisy])}")
+    # [run] keys must sit in [run]: move the extra lines there
+    text = text.replace("max_repetitions = 8\nbatch = 2\n", "").replace("[run]\n", "[run]\nmax_repetitions = 8\nbatch = 2\n")
+    config.write_text(text)
+    code, payload, err = compare(capsys, config, sqlite_url, "base", "noop")
+    assert code == 0
+    result = payload["results"][0]
+    assert result["verdict"] == "unknown"
+    assert result["stop_reason"] == "sample budget spent (8 invocations a side)"
+    assert result["control"]["n"] == result["treatment"]["n"] == 8 * 3
+    assert err.count("adding a batch") == 2  # looks 1 and 2 added batches; look 3 stopped
+    engine = db.make_engine(sqlite_url)
+    with db.session_scope(engine) as session:
+        positions = session.scalars(select(Invocation.position).where(Invocation.run_id == payload["run_id"])
+                                    .order_by(Invocation.position)).all()
+        assert positions == list(range(2 * (1 + 8)))  # warm-up pair plus 8 pairs, numbered on
+
+
+def test_easy_verdicts_stop_at_the_first_look(capsys, write_config, sqlite_url):
+    code, payload, _ = compare(capsys, write_config(), sqlite_url, "base", "slower")
+    assert code == 1
+    result = payload["results"][0]
+    assert result["stop_reason"].startswith("decided at look 1 of ")
+    assert result["correction"] == "benjamini-hochberg" and result["p_adjusted"] is not None

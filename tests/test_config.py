@@ -74,3 +74,14 @@ def test_config_hash_ignores_timeout_but_not_command(tmp_path):
     base = load_config(write(tmp_path, VALID)).build
     assert base.config_hash() == base.model_copy(update={"timeout_s": 5.0}).config_hash()
     assert base.config_hash() != base.model_copy(update={"command": ["make"]}).config_hash()
+
+
+def test_adaptive_budget_and_looks(tmp_path):
+    run = load_config(write(tmp_path, VALID + "\n[run]\nrepetitions = 10\n")).run
+    assert (run.budget, run.step, run.looks) == (30, 5, 5)
+    run = load_config(write(tmp_path, VALID + "\n[run]\nrepetitions = 4\nmax_repetitions = 9\nbatch = 2\n")).run
+    assert (run.budget, run.step, run.looks) == (9, 2, 4)  # 4, 6, 8, 9
+    run = load_config(write(tmp_path, VALID + "\n[run]\nrepetitions = 6\nmax_repetitions = 6\n")).run
+    assert run.looks == 1
+    with pytest.raises(ConfigError, match="max_repetitions must be >= repetitions"):
+        load_config(write(tmp_path, VALID + "\n[run]\nrepetitions = 6\nmax_repetitions = 3\n"))

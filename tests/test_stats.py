@@ -179,3 +179,33 @@ def test_fdr_keeps_a_strong_signal_and_passes_untested_through():
     out = adjust_fdr([strong, untested, compare(noisy(rng, 60, 10.0), noisy(rng, 60, 10.0))])
     assert out[0].verdict == Outcome.REGRESSION and out[0].p_adjusted >= out[0].p_value
     assert out[1] == untested
+
+
+def test_sequential_levels_split_alpha_across_looks():
+    from service.stats import sequential_levels
+
+    assert sequential_levels(0.01, 0.99, 1) == (0.01, 0.99)
+    alpha, confidence = sequential_levels(0.01, 0.99, 4)
+    assert alpha == pytest.approx(0.0025) and confidence == pytest.approx(0.9975)
+    with pytest.raises(ValueError):
+        sequential_levels(0.01, 0.99, 0)
+
+
+def test_repeated_looks_at_corrected_levels_keep_aa_false_positives_down():
+    """Peeking after every batch at the corrected level: A/A flags stay within alpha."""
+    from service.stats import sequential_levels
+
+    rng = np.random.default_rng(11)
+    looks = 4
+    alpha, confidence = sequential_levels(0.05, 0.95, looks)
+    flagged = 0
+    for trial in range(200):
+        a, b = list(noisy(rng, 10, 10.0, 0.02)), list(noisy(rng, 10, 10.0, 0.02))
+        for _ in range(looks):
+            v = compare(a, b, alpha=alpha, confidence=confidence, resamples=300, seed=trial)
+            if v.verdict in (Outcome.REGRESSION, Outcome.IMPROVEMENT):
+                flagged += 1
+                break
+            a += list(noisy(rng, 10, 10.0, 0.02))
+            b += list(noisy(rng, 10, 10.0, 0.02))
+    assert flagged / 200 <= 0.05
