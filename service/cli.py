@@ -209,6 +209,7 @@ def _regression_json(r: Regression) -> dict:
     return {
         "id": r.id, "workload": r.workload.name, "state": r.state.value, "change_pct": r.change_pct,
         "run_id": r.run_id, "control_sha": r.control_commit.sha, "treatment_sha": r.treatment_commit.sha,
+        "benchmark_verdict": r.benchmark_verdict, "verify_verdict": r.verify_verdict,
         "events": [
             {"from": e.from_state.value if e.from_state else None, "to": e.to_state.value,
              "run_id": e.run_id, "reason": e.reason, "at": e.at.isoformat()}

@@ -81,6 +81,8 @@ class RunConfig(_Strict):
         default=None, ge=2, description="adaptive budget per side (default 3x repetitions)")
     batch: int | None = Field(default=None, ge=2, description="invocations per side added per look")
     max_seconds: float = Field(default=900.0, gt=0, description="time budget per workload")
+    noise_aware: bool = Field(
+        default=True, description="start with as many invocations as the workload's past noise needs")
     warmup: int = Field(default=1, ge=0, description="invocations per side discarded first")
     timeout_s: float = Field(default=60.0, gt=0, description="per invocation")
     seed: int | None = None
@@ -113,6 +115,8 @@ class StatsConfig(_Strict):
     """Decision parameters handed to :func:`service.stats.compare`."""
 
     threshold_pct: float = Field(default=1.0, gt=0)
+    target_pct: float = Field(default=2.0, gt=0, description="slowdown to catch with `power`")
+    power: float = Field(default=0.95, gt=0.5, lt=1)
     alpha: float = Field(default=0.01, gt=0, lt=0.5)
     confidence: float = Field(default=0.99, gt=0.5, lt=1)
     bootstrap_resamples: int = Field(default=2000, ge=200)

@@ -23,7 +23,7 @@ from builders.cache import ArtifactCache
 from runners import RUNNERS
 from runners.base import Runner
 from runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
-from service import lifecycle, stats
+from service import lifecycle, noise, stats
 from service.config import CommandWorkloadConfig, Config
 from service.models import (
     Build, BuildStatus, Comparison, Invocation, InvocationStatus, RegressionState, Run,
@@ -113,6 +113,13 @@ class CompareOutcome:
                 for b in self.builds
             ],
         }
+
+
+def verdict_json(v: stats.Verdict, run_id: int) -> dict:
+    """The parts of a verdict a regression keeps as evidence."""
+    return {"run_id": run_id, "verdict": v.verdict.value, "change_pct": v.change_pct,
+            "ci_pct": list(v.ci_pct) if v.ci_pct else None, "p_value": v.p_value,
+            "p_adjusted": v.p_adjusted, "n": [v.control_n, v.treatment_n], "stop_reason": v.stop_reason}
 
 
 def _result_json(result: WorkloadResult) -> dict:
@@ -278,7 +285,10 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
 
     paths = {side.value: path for side, path in artifacts.items()}
     started = time.monotonic()
-    schedule = interleaved_schedule(config.run.repetitions, config.run.warmup, rng)
+    floor = config.run.repetitions if run.run_type == RunType.VERIFY else None
+    start, why = noise.starting_repetitions(session, config, row.id, run.device_id, floor)
+    progress.message(f"  {workload.name}: {why}")
+    schedule = interleaved_schedule(start, config.run.warmup, rng)
     measurement, reps, look = None, 0, 0
     while True:
         measurement = measure(runner, paths, workload, schedule, timeout, store, into=measurement)
@@ -334,7 +344,11 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     session.flush()
     regression_id = None
     if verdict.verdict == stats.Outcome.REGRESSION and run.run_type == RunType.BENCHMARK:
-        regression_id = lifecycle.open_regression(session, run, comparison).id
+        regression = lifecycle.open_regression(session, run, comparison)
+        regression.benchmark_verdict = verdict_json(verdict, run.id)
+        regression_id = regression.id
+    if verdict.verdict == stats.Outcome.SAME:
+        noise.learn(session, row.id, run.device_id, m.samples, m.groups)
     for side in (Side.CONTROL, Side.TREATMENT):
         samples = m.samples[side.value]
         if samples:
@@ -427,6 +441,7 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
                                  f"{first}; verify run {outcome.run_id} could not judge it ({why})")
             continue
         v = result.verdict
+        regression.verify_verdict = verdict_json(v, outcome.run_id)
         second = f"verify run {outcome.run_id}: {v.verdict.value} {v.change_pct:+.2f}%" if v.change_pct is not None \
             else f"verify run {outcome.run_id}: {v.verdict.value}"
         state = RegressionState.REGRESS if v.verdict == stats.Outcome.REGRESSION else RegressionState.CLEARED

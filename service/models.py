@@ -268,6 +268,9 @@ class Regression(Base):
     change_pct: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The verdicts behind the state: the benchmark run's, then the verify run's.
+    benchmark_verdict: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    verify_verdict: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     workload: Mapped[Workload] = relationship()
     control_commit: Mapped[Commit] = relationship(foreign_keys=[control_commit_id])
     treatment_commit: Mapped[Commit] = relationship(foreign_keys=[treatment_commit_id])
@@ -290,6 +293,23 @@ class RegressionEvent(Base):
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     regression: Mapped[Regression] = relationship(back_populates="events")
+
+
+class NoiseProfile(Base):
+    """Observed run-to-run noise of one workload on one device, learnt from its `same` verdicts.
+
+    ``process_cv`` is the coefficient of variation of per-process medians (the unit the
+    statistics use); it sets how many invocations the next run starts with.
+    """
+
+    __tablename__ = "noise_profiles"
+    __table_args__ = (UniqueConstraint("workload_id", "device_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    process_cv: Mapped[float] = mapped_column(Float)
+    observations: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class Record(Base):

@@ -230,3 +230,25 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
         out[i] = replace(decided, p_adjusted=float(p_adj), correction="benjamini-hochberg",
                          stop_reason=v.stop_reason)
     return out
+
+
+def process_cv(samples: Sequence[float], groups: Sequence) -> float:
+    """Coefficient of variation of per-process medians: the noise the verdict works against."""
+    clusters = _clusters(_as_samples(samples, "samples"), groups, "samples")
+    medians = np.nanmedian(clusters, axis=1)
+    if len(medians) < 2 or np.mean(medians) <= 0:
+        raise ValueError("process_cv needs at least 2 processes with a positive mean")
+    return float(np.std(medians, ddof=1) / np.mean(medians))
+
+
+def planned_repetitions(cv: float, target_pct: float, alpha: float, power: float = 0.95) -> int:
+    """Processes per side needed to detect a ``target_pct`` change with ``power``.
+
+    The normal approximation for two groups, k = 2 (z_{1-alpha/2} + z_power)^2 (cv/target)^2,
+    divided by Mann-Whitney's asymptotic efficiency against the t-test (3/pi).
+    """
+    if cv < 0 or target_pct <= 0:
+        raise ValueError("cv must be >= 0 and target_pct > 0")
+    z = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)
+    k = 2 * z**2 * (cv / (target_pct / 100.0)) ** 2 / (3 / math.pi)
+    return max(2, math.ceil(k))

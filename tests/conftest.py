@@ -118,7 +118,7 @@ def write_config(tmp_path, bench_repo):
     """Write a config for ``bench_repo`` (with overrides) and return its path."""
 
     def write(name: str = "abwatch.toml", *, timeout_s: float = 30, threshold_pct: float = 5.0,
-              repetitions: int = 10, extra: str = "") -> Path:
+              repetitions: int = 10, run_extra: str = "", noise_aware: bool = False) -> Path:
         path = tmp_path / name
         path.write_text(f"""
 cache_dir = {json.dumps(str(tmp_path / 'cache'))}
@@ -137,9 +137,10 @@ repetitions = {repetitions}
 warmup = 1
 timeout_s = {timeout_s}
 seed = 7
+noise_aware = {str(noise_aware).lower()}
+{run_extra}
 [stats]
 threshold_pct = {threshold_pct}
-{extra}
 """)
         return path
 

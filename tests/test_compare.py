@@ -130,6 +130,12 @@ def test_verify_confirms_a_reproduced_regression(capsys, write_config, db_url, m
     assert [e["to"] for e in regression["events"]] == ["benchmark", "verify", "regress"]
     assert regression["events"][-1]["run_id"] == verified["run_id"]
     assert "reproduced" in regression["events"][-1]["reason"]
+    # the state keeps the verdicts of both runs
+    assert regression["benchmark_verdict"]["run_id"] == first["run_id"]
+    assert regression["benchmark_verdict"]["verdict"] == "regression"
+    assert regression["verify_verdict"]["run_id"] == verified["run_id"]
+    assert regression["verify_verdict"]["verdict"] == "regression"
+    assert regression["verify_verdict"]["n"] == [200, 200]
 
 
 def test_verify_clears_a_regression_that_does_not_reproduce(capsys, write_config, sqlite_url, monkeypatch):
@@ -192,11 +198,9 @@ def test_adaptive_batches_until_the_budget_is_spent(capsys, write_config, sqlite
     """A workload too noisy to judge gets batches added, up to the budget, and says why it stopped."""
     noisy = ('python3 -c "import json, random; [print(json.dumps({\'runtime_ms\': random.uniform(1, 100)}))'
              ' for _ in range(3)]"')
-    config = write_config(repetitions=4, extra="max_repetitions = 8\nbatch = 2\n")
-    text = config.read_text().replace('command = ["./bench", "10"]', f"command = {json.dumps(['sh', '-c', noisy])}")
-    # [run] keys must sit in [run]: move the extra lines there
-    text = text.replace("max_repetitions = 8\nbatch = 2\n", "").replace("[run]\n", "[run]\nmax_repetitions = 8\nbatch = 2\n")
-    config.write_text(text)
+    config = write_config(repetitions=4, run_extra="max_repetitions = 8\nbatch = 2")
+    config.write_text(config.read_text().replace('command = ["./bench", "10"]',
+                                                 f"command = {json.dumps(['sh', '-c', noisy])}"))
     code, payload, err = compare(capsys, config, sqlite_url, "base", "noop")
     assert code == 0
     result = payload["results"][0]
@@ -217,3 +221,25 @@ def test_easy_verdicts_stop_at_the_first_look(capsys, write_config, sqlite_url):
     result = payload["results"][0]
     assert result["stop_reason"].startswith("decided at look 1 of ")
     assert result["correction"] == "benjamini-hochberg" and result["p_adjusted"] is not None
+
+
+def test_noise_history_sets_the_starting_repetitions(capsys, write_config, sqlite_url):
+    from service import stats
+    from service.models import NoiseProfile
+
+    config = write_config(noise_aware=True, run_extra="max_repetitions = 40")
+    code, first, err = compare(capsys, config, sqlite_url, "base", "noop")
+    assert code == 0 and first["results"][0]["verdict"] == "same"
+    assert "no noise history" in err
+    engine = db.make_engine(sqlite_url)
+    with db.session_scope(engine) as session:
+        profile = session.scalars(select(NoiseProfile)).one()
+        assert profile.observations == 1 and 0 < profile.process_cv < 0.2
+        cv = profile.process_cv
+    looks = 1 + -(-(40 - 10) // 5)
+    planned = stats.planned_repetitions(cv, 2.0, 0.01 / looks, 0.95)
+    expected = min(40, max(planned, 4))
+
+    code, second, err = compare(capsys, config, sqlite_url, "base", "noop")
+    assert f"{expected} invocations a side (process noise" in err
+    assert second["results"][0]["control"]["n"] >= expected * 10

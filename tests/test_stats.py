@@ -209,3 +209,22 @@ def test_repeated_looks_at_corrected_levels_keep_aa_false_positives_down():
             a += list(noisy(rng, 10, 10.0, 0.02))
             b += list(noisy(rng, 10, 10.0, 0.02))
     assert flagged / 200 <= 0.05
+
+
+def test_process_cv_uses_process_medians():
+    from service.stats import process_cv
+
+    values = [10.0, 10.0, 30.0] + [11.0, 11.0, 0.5] + [12.0, 12.0, 12.0]  # outliers inside processes
+    assert process_cv(values, [0] * 3 + [1] * 3 + [2] * 3) == pytest.approx(np.std([10, 11, 12], ddof=1) / 11)
+    with pytest.raises(ValueError):
+        process_cv([1.0, 2.0], [0, 0])
+
+
+def test_planned_repetitions_grow_with_noise_and_shrink_with_the_target():
+    from service.stats import planned_repetitions
+
+    # 2 * (z_.995 + z_.95)^2 * (cv/target)^2 * pi/3: 2 * (2.5758 + 1.6449)^2 * 0.25 * 1.0472 = 9.32
+    assert planned_repetitions(0.01, 2.0, 0.01, 0.95) == 10
+    assert planned_repetitions(0.02, 2.0, 0.01) > planned_repetitions(0.01, 2.0, 0.01)
+    assert planned_repetitions(0.01, 5.0, 0.01) < planned_repetitions(0.01, 2.0, 0.01)
+    assert planned_repetitions(0.0, 2.0, 0.01) == 2
