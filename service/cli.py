@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy import select
 
-from service import db, driver
+from service import db, driver, history
 from service.config import ConfigError, load_config
 from service.driver import EXIT_USAGE, CompareOutcome
 from service.models import Regression, RegressionState
@@ -76,6 +76,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = with_db(sub.add_parser("regressions", help="list regressions and their state changes"))
     p.add_argument("--state", choices=[s.value for s in RegressionState])
+    p.add_argument("--json", action="store_true")
+
+    p = with_db(sub.add_parser("history", help="a workload's per-commit series and its step changes"))
+    p.add_argument("workload")
+    p.add_argument("--device", help="device (record 'hardware') to restrict to")
+    p.add_argument("--max-pvalue", type=float, default=0.001)
     p.add_argument("--json", action="store_true")
 
     records = sub.add_parser("records", help="TVM benchmark records (schema v0.1)")
@@ -152,6 +158,8 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
             return 0
         if args.command == "records":
             return _records_command(args, session, err)
+        if args.command == "history":
+            return _history_command(args, session, out)
     raise AssertionError(args.command)
 
 
@@ -175,6 +183,28 @@ def _records_command(args: argparse.Namespace, session, err: Console) -> int:
     else:
         count = export_records(session, sys.stdout, args.run_id, args.workload)
     err.print(f"exported {count} record(s)", markup=False)
+    return 0
+
+
+def _history_command(args: argparse.Namespace, session, out: Console) -> int:
+    points = history.series(session, args.workload, args.device)
+    if not points:
+        raise driver.DriverError(f"no history for workload {args.workload!r}"
+                                 + (f" on device {args.device!r}" if args.device else ""))
+    found = history.steps(points, max_pvalue=args.max_pvalue)
+    if args.json:
+        print(json.dumps({
+            "workload": args.workload,
+            "series": [{"sha": p.sha, "median_ms": p.median_ms, "runs": p.runs,
+                        "committed_at": p.committed_at.isoformat() if p.committed_at else None} for p in points],
+            "steps": [{"last_before": s.last_before.sha, "first_after": s.first_after.sha,
+                       "change_pct": s.change_pct, "p_value": s.p_value} for s in found],
+        }))
+        return 0
+    out.print(f"{args.workload}: {len(points)} commits, {len(found)} step change(s)", markup=False)
+    for s in found:
+        out.print(f"  {s.change_pct:+.2f}% (p={s.p_value:.2g}) starts after {s.last_before.sha[:12]} "
+                  f"at {s.first_after.sha[:12]} {s.first_after.summary}", markup=False)
     return 0
 
 

@@ -252,3 +252,27 @@ def planned_repetitions(cv: float, target_pct: float, alpha: float, power: float
     z = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)
     k = 2 * z**2 * (cv / (target_pct / 100.0)) ** 2 / (3 / math.pi)
     return max(2, math.ceil(k))
+
+
+@dataclass(frozen=True)
+class StepChange:
+    """A step in a series: values from ``index`` on differ from those before it."""
+
+    index: int
+    change_pct: float
+    p_value: float
+
+
+def change_points(values: Sequence[float], *, window: int = 30, max_pvalue: float = 0.001,
+                  min_magnitude_pct: float = 0.0) -> list[StepChange]:
+    """Step changes in a series (one value per commit), by Apache Otava's E-Divisive
+    variant (Fleming et al., "Hunter"): windowed split, then merge of weak points."""
+    from otava.analysis import compute_change_points  # heavy import, only when needed
+
+    series = [float(x) for x in _as_samples(values, "series")]
+    if len(series) < 4:
+        return []
+    found, _weak = compute_change_points(series, window_len=max(window, 4), max_pvalue=max_pvalue,
+                                         min_magnitude=min_magnitude_pct / 100.0)
+    return [StepChange(int(cp.index), float(cp.stats.forward_change_percent()), float(cp.stats.pvalue))
+            for cp in found]

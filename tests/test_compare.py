@@ -243,3 +243,15 @@ def test_noise_history_sets_the_starting_repetitions(capsys, write_config, sqlit
     code, second, err = compare(capsys, config, sqlite_url, "base", "noop")
     assert f"{expected} invocations a side (process noise" in err
     assert second["results"][0]["control"]["n"] >= expected * 10
+
+
+def test_history_command_lists_the_measured_commits(capsys, write_config, sqlite_url):
+    config = write_config(repetitions=4)
+    for treatment in ("noop", "slower"):
+        compare(capsys, config, sqlite_url, "base", treatment)
+    assert main(["history", "loop", "--json", "--db", sqlite_url]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert len(payload["series"]) == 3  # base, noop, slower, in commit order
+    assert payload["series"][-1]["median_ms"] > payload["series"][0]["median_ms"] * 1.1
+    assert main(["history", "nothing", "--db", sqlite_url]) == 2
+    assert "no history for workload 'nothing'" in capsys.readouterr().err

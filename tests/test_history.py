@@ -1,0 +1,52 @@
+"""History: per-commit series from stored records, and the commit a step starts at."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+
+from service import history
+from service.models import Commit, Record, Repository, Run, RunStatus, RunType
+from service.stats import change_points
+
+
+def test_change_points_find_a_step_and_ignore_noise():
+    rng = np.random.default_rng(0)
+    flat = list(10 * rng.lognormal(0, 0.01, 40))
+    assert change_points(flat) == []
+    stepped = flat[:25] + [v * 1.08 for v in flat[25:]]
+    [step] = change_points(stepped)
+    assert step.index == 25 and 6.0 < step.change_pct < 10.0 and step.p_value < 0.001
+
+
+def test_series_and_steps_from_stored_records(session):
+    repo = Repository(url="/history-repo")
+    session.add(repo)
+    session.flush()
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    commits = [Commit(repository_id=repo.id, sha=f"{i:040x}", summary=f"commit {i}",
+                      committed_at=t0 + timedelta(days=i)) for i in range(30)]
+    session.add_all(commits)
+    session.flush()
+    run = Run(run_type=RunType.BENCHMARK, status=RunStatus.COMPLETED, repository_id=repo.id,
+              control_ref="a", treatment_ref="b", control_commit_id=commits[0].id,
+              treatment_commit_id=commits[1].id, seed=1)
+    session.add(run)
+    session.flush()
+    rng = np.random.default_rng(1)
+    for i, commit in reversed(list(enumerate(commits))):  # stored out of order on purpose
+        median = (10.0 if i < 18 else 11.0) * rng.lognormal(0, 0.005)
+        for device in ("board-a", "board-b"):
+            session.add(Record(run_id=run.id, workload="resnet-18", engine="tvm", engine_version=commit.sha,
+                               hardware=device, runtime_ms_mean=median, runtime_ms_std=0.1, timestamp=1.0,
+                               schema_version="0.1",
+                               fields={"metrics": {"runtime_ms_median": median if device == "board-a" else 5.0}}))
+    session.flush()
+    points = history.series(session, "resnet-18", "board-a")
+    assert [p.sha for p in points] == [c.sha for c in commits]
+    [step] = history.steps(points)
+    assert step.last_before.sha == commits[17].sha and step.first_after.sha == commits[18].sha
+    assert 8.0 < step.change_pct < 12.0
+    assert history.steps(history.series(session, "resnet-18", "board-b")) == []
+    assert history.series(session, "no-such-workload") == []
