@@ -76,7 +76,7 @@ class CommandWorkloadConfig(_Strict):
 class RunConfig(_Strict):
     """How many invocations, in which order, with which limits."""
 
-    repetitions: int = Field(default=10, ge=2, description="measured invocations per side, first look")
+    repetitions: int = Field(default=12, ge=2, description="measured invocations per side, first look")
     max_repetitions: int | None = Field(
         default=None, ge=2, description="adaptive budget per side (default 3x repetitions)")
     batch: int | None = Field(default=None, ge=2, description="invocations per side added per look")

@@ -305,6 +305,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
             threshold_pct=config.stats.threshold_pct, alpha=alpha, confidence=confidence,
             resamples=config.stats.bootstrap_resamples, seed=run.seed,
             control_groups=measurement.groups[CONTROL], treatment_groups=measurement.groups[TREATMENT],
+            paired=True,  # the schedule runs the i-th control and treatment processes side by side
         )
         if verdict.verdict != stats.Outcome.UNKNOWN:
             stop = f"decided at look {look} of {config.run.looks}"
@@ -338,7 +339,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
                  "alpha": verdict.alpha, "confidence": verdict.confidence,
                  "p_adjusted": verdict.p_adjusted, "correction": verdict.correction,
                  "stop_reason": verdict.stop_reason,
-                 "method": "ratio of medians, process-level bootstrap; Mann-Whitney U on process medians"},
+                 "method": "paired process medians: trimmed mean of log ratios, pair bootstrap; Wilcoxon signed-rank"},
     )
     session.add(comparison)
     session.flush()

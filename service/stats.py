@@ -5,10 +5,14 @@ the ratio of medians (robust to the pre-empted, ~2x slower samples a busy machin
 produces), with a bootstrap confidence interval; the p-value is Mann-Whitney U's.
 
 Samples from one process are not independent: on a busy machine whole processes run a
-few percent fast or slow. When the caller says which process (invocation) each sample
-came from (``control_groups``/``treatment_groups``), both the interval and the test treat
-the process as the unit: the bootstrap resamples whole processes, and Mann-Whitney
-compares per-process medians. Without groups every sample is its own unit.
+few percent fast or slow, and slow phases last several processes. When the caller says
+which process (invocation) each sample came from (``control_groups``/``treatment_groups``),
+the process is the unit: the bootstrap resamples whole processes and Mann-Whitney compares
+per-process medians. When the processes ran in interleaved pairs (``paired=True``, what
+the runner does), each treatment process is compared with the control process that ran
+next to it, which cancels the slow phases: the effect is the trimmed mean of the pairs'
+log ratios, the interval resamples pairs, and the test is Wilcoxon's signed-rank.
+Without groups every sample is its own unit (ratio of medians, Mann-Whitney on samples).
 
 Decision rule, with ``t`` the threshold (the smallest change worth reporting):
 
@@ -137,12 +141,15 @@ def compare(
     seed: int = 0,
     control_groups: Sequence | None = None,
     treatment_groups: Sequence | None = None,
+    paired: bool = False,
 ) -> Verdict:
     """Judge ``treatment`` against ``control`` (both sequences of milliseconds).
 
     ``*_groups`` optionally label each sample with the process it came from (see the
     module docstring); with them, at least ``min_samples`` samples and 3 processes a side
-    are needed for a verdict.
+    are needed for a verdict. ``paired`` says the i-th control process ran next to the
+    i-th treatment process (one interleaved pair), so their ratio cancels what the machine
+    was doing at that moment.
     """
     if threshold_pct <= 0:
         raise ValueError("threshold_pct must be > 0")
@@ -174,6 +181,8 @@ def compare(
         # No spread at all: the bootstrap and the rank test have nothing to resample.
         ci = (change, change)
         p_value = 1.0 if med_a == med_b else 0.0
+    elif paired and control_groups is not None and treatment_groups is not None and _positive(ca, cb):
+        change, ci, p_value = _paired(ca, cb, resamples, confidence, np.random.default_rng(seed))
     elif ca.shape[1] == 1 and cb.shape[1] == 1:  # one sample per unit: scipy's bootstrap
         boot = sps.bootstrap(
             (a, b), _ratio_of_medians, n_resamples=resamples, confidence_level=confidence,
@@ -190,6 +199,29 @@ def compare(
         if math.isnan(p_value):
             p_value = 1.0
     return _decide(change, ci, p_value, base)
+
+
+def _positive(ca: np.ndarray, cb: np.ndarray) -> bool:
+    return bool((np.nanmedian(ca, axis=1) > 0).all() and (np.nanmedian(cb, axis=1) > 0).all())
+
+
+def _paired(ca: np.ndarray, cb: np.ndarray, resamples: int, confidence: float,
+            rng: np.random.Generator) -> tuple[float, tuple[float, float], float]:
+    """Change, CI and p-value from the log ratios of paired process medians.
+
+    The estimate is the 10 %-trimmed mean of the log ratios (a whole process pre-empted on
+    one side of a pair is trimmed away); its interval resamples pairs; the p-value is
+    Wilcoxon's signed-rank test on the log ratios.
+    """
+    k = min(len(ca), len(cb))
+    d = np.log(np.nanmedian(cb[:k], axis=1) / np.nanmedian(ca[:k], axis=1))
+    estimate = float(sps.trim_mean(d, 0.1))
+    boot = sps.trim_mean(d[rng.integers(0, k, size=(resamples, k))], 0.1, axis=1)
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    low, high = np.percentile(boot, [tail, 100.0 - tail])
+    p_value = float(sps.wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
+    pct = lambda x: (math.exp(x) - 1.0) * 100.0  # noqa: E731 - log ratio to percent
+    return pct(estimate), (pct(low), pct(high)), p_value if not math.isnan(p_value) else 1.0
 
 
 def _decide(change: float, ci: tuple[float, float], p_value: float, base: dict,

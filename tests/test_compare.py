@@ -41,7 +41,7 @@ def test_verdicts_on_a_known_history(capsys, write_config, db_url):
 
     code, noop, _ = compare(capsys, config, db_url, "base", "noop")
     assert code == 0
-    assert noop["results"][0]["verdict"] == "same"
+    assert noop["results"][0]["verdict"] == "same", noop["results"]
     assert noop["results"][0]["regression_id"] is None
 
     code, slower, err = compare(capsys, config, db_url, "base", "slower")

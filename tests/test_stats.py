@@ -228,3 +228,46 @@ def test_planned_repetitions_grow_with_noise_and_shrink_with_the_target():
     assert planned_repetitions(0.02, 2.0, 0.01) > planned_repetitions(0.01, 2.0, 0.01)
     assert planned_repetitions(0.01, 5.0, 0.01) < planned_repetitions(0.01, 2.0, 0.01)
     assert planned_repetitions(0.0, 2.0, 0.01) == 2
+
+
+def _phased_pairs(rng, k, m, change, phase_cv=0.03, process_cv=0.005, sample_cv=0.01):
+    """k interleaved pairs; each pair shares a machine 'phase' (both processes slow or fast)."""
+    a, b, ga, gb = [], [], [], []
+    for i in range(k):
+        phase = rng.lognormal(0, phase_cv)
+        a += list(10.0 * phase * rng.lognormal(rng.normal(0, process_cv), sample_cv, m))
+        b += list(10.0 * (1 + change) * phase * rng.lognormal(rng.normal(0, process_cv), sample_cv, m))
+        ga += [2 * i] * m
+        gb += [2 * i + 1] * m
+    return a, b, ga, gb
+
+
+def test_pairing_cancels_shared_machine_phases():
+    """With 3 % phases shared by both processes of a pair, only the paired analysis sees +2 %."""
+    rng = np.random.default_rng(12)
+    paired_hits = unpaired_hits = 0
+    for i in range(40):
+        a, b, ga, gb = _phased_pairs(rng, 12, 5, 0.02)
+        common = dict(control_groups=ga, treatment_groups=gb, resamples=500, seed=i)
+        paired_hits += compare(a, b, paired=True, **common).verdict == Outcome.REGRESSION
+        unpaired_hits += compare(a, b, **common).verdict == Outcome.REGRESSION
+    assert paired_hits >= 36  # >= 90 % power at +2 %
+    assert unpaired_hits < paired_hits
+
+
+def test_paired_aa_false_positives_within_bound():
+    rng = np.random.default_rng(13)
+    flagged = 0
+    for i in range(200):
+        a, b, ga, gb = _phased_pairs(rng, 12, 5, 0.0)
+        v = compare(a, b, control_groups=ga, treatment_groups=gb, paired=True, resamples=300, seed=i)
+        flagged += v.verdict in (Outcome.REGRESSION, Outcome.IMPROVEMENT)
+    assert flagged <= 2  # <= 1 %
+
+
+def test_paired_estimate_is_near_the_truth():
+    rng = np.random.default_rng(14)
+    a, b, ga, gb = _phased_pairs(rng, 16, 5, 0.05)
+    v = compare(a, b, control_groups=ga, treatment_groups=gb, paired=True)
+    assert v.verdict == Outcome.REGRESSION and 4.0 < v.change_pct < 6.0
+    assert v.ci_pct[0] < v.change_pct < v.ci_pct[1]
