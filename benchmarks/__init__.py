@@ -1,0 +1,1 @@
+"""Measurement suites that back abwatch's published numbers (not part of the service)."""

@@ -1,0 +1,1 @@
+"""The ground-truth suite for abwatch's regression detector: `python -m benchmarks.detector`."""
