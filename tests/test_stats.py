@@ -271,3 +271,17 @@ def test_paired_estimate_is_near_the_truth():
     v = compare(a, b, control_groups=ga, treatment_groups=gb, paired=True)
     assert v.verdict == Outcome.REGRESSION and 4.0 < v.change_pct < 6.0
     assert v.ci_pct[0] < v.change_pct < v.ci_pct[1]
+
+
+def test_fdr_agrees_with_statsmodels_on_random_p_values():
+    from statsmodels.stats.multitest import multipletests
+
+    from service.stats import adjust_fdr
+
+    rng = np.random.default_rng(15)
+    ps = list(np.concatenate([rng.uniform(0, 1, 15), rng.uniform(0, 0.001, 5)]))
+    template = replace(compare([10.0] * 10, [10.0] * 10), change_pct=5.0, ci_pct=(2.0, 8.0))
+    adjusted = adjust_fdr([replace(template, p_value=float(p)) for p in ps])
+    reference = multipletests(ps, alpha=0.01, method="fdr_bh")
+    assert [a.p_adjusted for a in adjusted] == pytest.approx(list(reference[1]))
+    assert [a.verdict == Outcome.REGRESSION for a in adjusted] == list(reference[0])

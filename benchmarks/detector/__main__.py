@@ -39,7 +39,8 @@ def judge(trials: list[Trial], seed: int) -> dict[str, list[Decision]]:
 def table(title: str, by_effect: dict[float, dict[str, list[Decision]]]) -> str:
     """Markdown: A/A false positives, power per effect, mean samples, smallest 95 %-power effect."""
     effects = [e for e in by_effect if e > 0]
-    head = ["rule", "A/A false pos."] + [f"+{e:g}%" for e in effects] + ["mean samples/side", "95% power at"]
+    head = (["rule", "A/A false pos."] + [f"+{e:g}%" for e in effects]
+            + ["mean samples/side: A/A", "slowdowns", "95% power at"])
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in by_effect[0.0]:
         cells = [name, rules.rate([d.call for d in by_effect[0.0][name]], 0)]
@@ -49,8 +50,8 @@ def table(title: str, by_effect: dict[float, dict[str, list[Decision]]]) -> str:
             cells.append(rules.rate(calls, 1))
             if smallest == "-" and sum(c == 1 for c in calls) >= 0.95 * len(calls):
                 smallest = f"+{e:g}%"
-        used = [d.samples for decisions in by_effect.values() for d in decisions[name]]
-        cells += [f"{np.mean(used):.0f}", smallest]
+        slowdowns = [d.samples for e in effects for d in by_effect[e][name]]
+        cells += [f"{np.mean([d.samples for d in by_effect[0.0][name]]):.0f}", f"{np.mean(slowdowns):.0f}", smallest]
         lines.append("| " + " | ".join(cells) + " |")
     n = {e: len(next(iter(v.values()))) for e, v in by_effect.items()}
     lines += ["", f"Trials: A/A {n[0.0]}, each slowdown {n[effects[0]] if effects else 0}.", ""]
