@@ -2,9 +2,17 @@
 
 from builders.base import Artifact, Builder, BuildFailed
 from builders.command import CommandBuilder
+from builders.tvm_wheel import TvmWheelBuilder
 
 BUILDERS: dict[str, type[Builder]] = {
     CommandBuilder.kind: CommandBuilder,
+    TvmWheelBuilder.kind: TvmWheelBuilder,
 }
 
-__all__ = ["Artifact", "Builder", "BuildFailed", "BUILDERS", "CommandBuilder"]
+
+def make_builder(config) -> Builder:
+    """The builder the config's ``build.kind`` names."""
+    return BUILDERS[config.build.kind](config)
+
+
+__all__ = ["Artifact", "Builder", "BuildFailed", "BUILDERS", "CommandBuilder", "TvmWheelBuilder", "make_builder"]

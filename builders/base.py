@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from service.repo import CommitInfo
+
 
 @dataclass(frozen=True)
 class Artifact:
@@ -29,9 +31,18 @@ class BuildFailed(Exception):
 
 
 class Builder(abc.ABC):
-    """Turns a commit into an :class:`Artifact`, building each cache key at most once."""
+    """Turns a ref into an :class:`Artifact`, building each cache key at most once.
+
+    Subclasses take the whole :class:`~service.config.Config` and set ``repository_url``
+    (what the database calls the repository: a git URL, or ``pypi:apache-tvm``).
+    """
 
     kind: ClassVar[str]
+    repository_url: str
+
+    @abc.abstractmethod
+    def resolve(self, ref: str) -> CommitInfo:
+        """What ``ref`` names (a commit, or a release); an error naming the ref if nothing."""
 
     @abc.abstractmethod
     def config_hash(self) -> str:

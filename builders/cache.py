@@ -49,6 +49,23 @@ class ArtifactCache:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
+    def staging(self, key: str) -> Path:
+        """A fresh directory inside the cache root to build ``key`` in place (same file system)."""
+        return Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
+
+    def adopt(self, key: str, staging: Path, info: dict) -> Path:
+        """Move a directory built by :meth:`staging` into place as ``key``; marker last.
+
+        For artifacts that must not be copied after they are made (a venv records its path).
+        Call with the key's lock held.
+        """
+        final = self.path(key)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(staging, final)
+        self._mark(final, info)
+        return final
+
     def put(self, key: str, source: Path, info: dict) -> Path:
         """Copy ``source`` into the cache as ``key``; the marker (with ``info``) goes last.
 
@@ -63,8 +80,12 @@ class ArtifactCache:
             os.rename(staging / "a", final)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        self._mark(final, info)
+        return final
+
+    @staticmethod
+    def _mark(final: Path, info: dict) -> None:
         stamp = dict(info, stored_at=datetime.now(timezone.utc).isoformat())
         marker_tmp = final / f"{MARKER}.tmp"
         marker_tmp.write_text(json.dumps(stamp, sort_keys=True))
         os.replace(marker_tmp, final / MARKER)
-        return final

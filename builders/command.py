@@ -12,8 +12,8 @@ from pathlib import Path
 
 from builders.base import Artifact, Builder, BuildFailed
 from builders.cache import ArtifactCache
-from service.config import CommandBuildConfig
-from service.repo import RepoMirror
+from service.config import Config
+from service.repo import CommitInfo, RepoMirror
 
 LOG_LIMIT = 200_000  # characters of build output kept in the database
 
@@ -23,10 +23,18 @@ class CommandBuilder(Builder):
 
     kind = "command"
 
-    def __init__(self, config: CommandBuildConfig, repo: RepoMirror, cache: ArtifactCache) -> None:
-        self.config = config
-        self.repo = repo
-        self.cache = cache
+    def __init__(self, config: Config) -> None:
+        self.config = config.build
+        self.repo = RepoMirror(config.repo.url, config.cache_dir)
+        self.cache = ArtifactCache(config.cache_dir / "artifacts")
+        self.repository_url = config.repo.url
+        self._fetched = False
+
+    def resolve(self, ref: str) -> CommitInfo:
+        if not self._fetched:  # bring the mirror up to date once per builder
+            self.repo.fetch()
+            self._fetched = True
+        return self.repo.resolve(ref)
 
     def config_hash(self) -> str:
         return self.config.config_hash()

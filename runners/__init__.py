@@ -7,4 +7,10 @@ RUNNERS: dict[str, type[Runner]] = {
     CpuRunner.kind: CpuRunner,
 }
 
-__all__ = ["CpuRunner", "InvocationResult", "Runner", "RUNNERS"]
+
+def make_runner(config) -> Runner:
+    """The runner the config's ``runner.kind`` names, for its ``runner`` section."""
+    return RUNNERS[config.runner.kind](config.runner)
+
+
+__all__ = ["CpuRunner", "InvocationResult", "Runner", "RUNNERS", "make_runner"]

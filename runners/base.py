@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from service.config import CommandWorkloadConfig
+from service.config import CommandWorkloadConfig, TvmWorkloadConfig
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class InvocationResult:
     wall_s: float
     message: str = ""
     records: tuple[dict, ...] = field(default_factory=tuple)
+    metrics: dict = field(default_factory=dict)  # tvm: compile_ms, per-op times, outputs
 
 
 class Runner(abc.ABC):
@@ -31,8 +32,13 @@ class Runner(abc.ABC):
         """Get the device ready; return its description (name, hardware and software config)."""
 
     @abc.abstractmethod
-    def run(self, artifact_dir: Path, workload: CommandWorkloadConfig, timeout_s: float) -> InvocationResult:
-        """Run one invocation of ``workload`` with the build in ``artifact_dir``."""
+    def run(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
+            timeout_s: float, side: str = "control") -> InvocationResult:
+        """Run one invocation of ``workload`` with the build in ``artifact_dir``.
+
+        For TVM workloads an invocation is one timing batch of a long-lived worker; ``side``
+        selects the workload's ``treatment_options`` for the treatment build.
+        """
 
     @abc.abstractmethod
     def teardown(self) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 from runners.base import InvocationResult, Runner
 from runners.harness import OutputError, parse_output
 from runners.sysinfo import hardware_config, software_config
-from service.config import CommandWorkloadConfig
+from runners.tvm import TvmSessions
+from service.config import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig
 
 STDERR_TAIL = 4000  # characters of a failed invocation's stderr kept as its message
 
@@ -22,8 +23,11 @@ class CpuRunner(Runner):
 
     kind = "cpu"
 
-    def __init__(self, device: str | None = None) -> None:
-        self.device = device or socket.gethostname()
+    def __init__(self, config: RunnerConfig | None = None) -> None:
+        self.config = config or RunnerConfig()
+        self.device = self.config.device or socket.gethostname()
+        target = self.config.target or {"kind": "llvm", "mcpu": "native"}
+        self.tvm = TvmSessions(self.config, target, "cpu")
 
     def prepare(self) -> dict:
         return {
@@ -31,9 +35,14 @@ class CpuRunner(Runner):
             "kind": self.kind,
             "hardware_config": hardware_config(),
             "software_config": software_config(),
+            "runtime_config": {"num_threads": self.config.threads or os.cpu_count()},
         }
 
-    def run(self, artifact_dir: Path, workload: CommandWorkloadConfig, timeout_s: float) -> InvocationResult:
+    def run(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
+            timeout_s: float, side: str = "control") -> InvocationResult:
+        if workload.kind == "tvm":
+            options = workload.treatment_options if side == "treatment" else {}
+            return self.tvm.run(artifact_dir, workload, timeout_s, options)
         env = dict(os.environ, **workload.env)
         start = time.monotonic()
         try:
@@ -70,7 +79,8 @@ class CpuRunner(Runner):
         return InvocationResult("ok", samples, wall, "", records)
 
     def teardown(self) -> None:
-        """Nothing to release: every invocation's process has already ended."""
+        """Stop the TVM workers; command invocations have ended already."""
+        self.tvm.close()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 CONTROL = "control"
 TREATMENT = "treatment"
@@ -95,6 +95,7 @@ class Measurement:
     groups: dict[str, list[int]]  # the invocation (process) each sample came from
     records: dict[str, list[dict]]
     failure: str | None = None
+    metrics: dict[str, list[dict]] = field(default_factory=lambda: {CONTROL: [], TREATMENT: []})
 
 
 def measure(runner, artifacts: dict[str, object], workload, schedule: list[Slot], timeout_s: float,
@@ -108,7 +109,7 @@ def measure(runner, artifacts: dict[str, object], workload, schedule: list[Slot]
     result_of = into or Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []},
                                     {CONTROL: [], TREATMENT: []})
     for slot in schedule:
-        result = runner.run(artifacts[slot.side], workload, timeout_s)
+        result = runner.run(artifacts[slot.side], workload, timeout_s, slot.side)
         on_invocation(slot, result)
         if result.status != "ok":
             # A hung or crashing build is that build's failure, never a slowdown: stop here.
@@ -118,4 +119,6 @@ def measure(runner, artifacts: dict[str, object], workload, schedule: list[Slot]
             result_of.samples[slot.side].extend(result.samples)
             result_of.groups[slot.side].extend([slot.position] * len(result.samples))
             result_of.records[slot.side].extend(result.records)
+        if result.metrics:
+            result_of.metrics[slot.side].append(result.metrics)
     return result_of

@@ -231,13 +231,36 @@ def _print_outcome(out: Console, outcome: CompareOutcome, as_json: bool) -> None
         )
     out.print(table)
     for r in outcome.results:
-        if r.error:
-            out.print(f"{r.workload}: {r.error}", markup=False)
+        if r.failure:
+            out.print(f"{r.workload}: {r.failure}", markup=False)
+        _print_tvm_details(out, r)
+
+
+def _print_tvm_details(out: Console, r) -> None:
+    """Compile times, the output error, and for a regression the operators that explain it."""
+    details = r.details
+    if not details:
+        return
+    compile_ms, error = details["compile_ms"], details["error"]
+    out.print(f"{r.workload}: compile {compile_ms['control']:.0f} ms -> {compile_ms['treatment']:.0f} ms; "
+              f"output max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g}"
+              + (" — OUTPUT MISMATCH (correctness regression)" if error["mismatch"] else ""), markup=False)
+    if r.verdict.verdict.value != "regression" or not details["ops"]:
+        return
+    table = Table(title=f"{r.workload}: operators behind the change")
+    for column in ("operator", "type", "control µs", "treatment µs", "change", "share of change"):
+        table.add_column(column)
+    fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+    for op in details["ops"][:10]:
+        table.add_row(op["name"], op["type"], fmt(op["control_us"], ".1f"), fmt(op["treatment_us"], ".1f"),
+                      fmt(op["change_pct"], "+.1f") + ("%" if op["change_pct"] is not None else ""),
+                      fmt(op["share_pct"], ".0f") + ("%" if op["share_pct"] is not None else ""))
+    out.print(table)
 
 
 def _regression_json(r: Regression) -> dict:
     return {
-        "id": r.id, "workload": r.workload.name, "state": r.state.value, "change_pct": r.change_pct,
+        "id": r.id, "workload": r.workload.name, "kind": r.kind, "state": r.state.value, "change_pct": r.change_pct,
         "run_id": r.run_id, "control_sha": r.control_commit.sha, "treatment_sha": r.treatment_commit.sha,
         "benchmark_verdict": r.benchmark_verdict, "verify_verdict": r.verify_verdict,
         "events": [

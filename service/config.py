@@ -13,9 +13,11 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator,
+)
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abwatch"
 
@@ -59,6 +61,42 @@ class CommandBuildConfig(_Strict):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+class TvmWheelBuildConfig(_Strict):
+    """Install a released apache-tvm wheel (refs are versions, e.g. ``0.27.0.post1``) into a venv."""
+
+    kind: Literal["tvm-wheel"] = "tvm-wheel"
+    packages: list[str] = Field(default_factory=list, description="more pip requirements, e.g. onnx")
+    timeout_s: float = Field(default=900.0, gt=0)
+
+    def config_hash(self) -> str:
+        """Hash of what changes the venv (the cache key part besides the version)."""
+        payload = {"kind": self.kind, "packages": sorted(self.packages)}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+BUILD_KINDS = ("command", "tvm-wheel")
+WORKLOAD_KINDS = ("command", "tvm")
+
+
+def _kind_of(default: str, kinds: tuple[str, ...]):
+    """Discriminator that treats a missing ``kind`` as ``default`` (old configs stay valid)."""
+
+    def pick(value: Any) -> str:
+        if isinstance(value, dict):
+            return value.get("kind", default)
+        return getattr(value, "kind", default)
+
+    expected = ", ".join(repr(k) for k in kinds)
+    return Discriminator(pick, custom_error_type="unknown_kind",
+                         custom_error_message=f"unknown kind; expected one of {expected}")
+
+
+BuildConfig = Annotated[
+    Union[Annotated[CommandBuildConfig, Tag("command")], Annotated[TvmWheelBuildConfig, Tag("tvm-wheel")]],
+    _kind_of("command", BUILD_KINDS),
+]
+
+
 class CommandWorkloadConfig(_Strict):
     """A workload run as a command inside the build's artifact directory.
 
@@ -71,6 +109,41 @@ class CommandWorkloadConfig(_Strict):
     command: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     timeout_s: float | None = Field(default=None, gt=0)
+
+
+class TvmWorkloadConfig(_Strict):
+    """A TVM model compiled once per build and timed by the harness worker in that build.
+
+    ``model``: ``builtin:<mlp|cnn|resnet18|transformer>``, ``te:<matmul|conv2d>`` or
+    ``onnx:<path>`` (with ``md5``). ``treatment_options`` apply to the treatment side only
+    (e.g. ``{dtype = "float16"}``), to study or provoke a difference on purpose.
+    """
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:\-]+$")
+    kind: Literal["tvm"] = "tvm"
+    model: str = Field(pattern=r"^(builtin|te|onnx):.+")
+    md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    input_shape: list[int] | None = None
+    dtype: str = "float32"
+    options: dict[str, Any] = Field(default_factory=dict)
+    treatment_options: dict[str, Any] = Field(default_factory=dict)
+    number: int = Field(default=5, ge=1, description="calls per sample (time_evaluator number)")
+    samples: int = Field(default=5, ge=1, description="samples per batch (time_evaluator repeat)")
+    rtol: float = Field(default=1e-4, ge=0)
+    atol: float = Field(default=1e-5, ge=0)
+    timeout_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _onnx_needs_md5(self) -> "TvmWorkloadConfig":
+        if self.model.startswith("onnx:") and self.md5 is None:
+            raise ValueError("an onnx: model needs its md5")
+        return self
+
+
+WorkloadConfig = Annotated[
+    Union[Annotated[CommandWorkloadConfig, Tag("command")], Annotated[TvmWorkloadConfig, Tag("tvm")]],
+    _kind_of("command", WORKLOAD_KINDS),
+]
 
 
 class RunConfig(_Strict):
@@ -125,16 +198,26 @@ class StatsConfig(_Strict):
 class RunnerConfig(_Strict):
     """Where the workloads run."""
 
-    kind: Literal["cpu"] = "cpu"
-    device: str | None = Field(default=None, description="device name; default: host name")
+    kind: Literal["cpu", "gpu", "rpc"] = "cpu"
+    device: str | None = Field(default=None, description="device name; default: host name or rpc key")
+    threads: int | None = Field(default=None, ge=1, description="TVM_NUM_THREADS; default: all cores")
+    tracker: str | None = Field(default=None, pattern=r"^[^:]+:\d+$", description="rpc: host:port")
+    key: str | None = Field(default=None, description="rpc: device key at the tracker")
+    target: dict[str, Any] | None = Field(default=None, description="TVM target; default per kind")
+
+    @model_validator(mode="after")
+    def _rpc_needs_tracker(self) -> "RunnerConfig":
+        if self.kind == "rpc" and (not self.tracker or not self.key):
+            raise ValueError("an rpc runner needs tracker and key")
+        return self
 
 
 class Config(_Strict):
     """The whole validated configuration."""
 
-    repo: RepoConfig
-    build: CommandBuildConfig
-    workloads: list[CommandWorkloadConfig] = Field(min_length=1)
+    repo: RepoConfig | None = None
+    build: BuildConfig
+    workloads: list[WorkloadConfig] = Field(min_length=1)
     run: RunConfig = RunConfig()
     stats: StatsConfig = StatsConfig()
     runner: RunnerConfig = RunnerConfig()
@@ -147,9 +230,15 @@ class Config(_Strict):
             if workload.name in seen:
                 raise ValueError(f"workload name {workload.name!r} appears twice")
             seen.add(workload.name)
+        if self.build.kind == "command" and self.repo is None:
+            raise ValueError("a command build needs [repo]")
+        if self.build.kind == "tvm-wheel" and any(w.kind == "command" for w in self.workloads):
+            raise ValueError("a tvm-wheel build runs tvm workloads only")
+        if self.runner.kind != "cpu" and any(w.kind == "command" for w in self.workloads):
+            raise ValueError(f"the {self.runner.kind} runner runs tvm workloads only")
         return self
 
-    def workload(self, name: str) -> CommandWorkloadConfig:
+    def workload(self, name: str) -> "CommandWorkloadConfig | TvmWorkloadConfig":
         """The workload called ``name`` (KeyError if absent)."""
         for workload in self.workloads:
             if workload.name == name:
@@ -162,6 +251,12 @@ def _is_local_path(url: str) -> bool:
 
 
 def _format_loc(loc: tuple) -> str:
+    loc = list(loc)
+    # pydantic puts the union member's tag into the path: build.<kind>.command -> build.command
+    if len(loc) >= 2 and loc[0] == "build" and loc[1] in BUILD_KINDS:
+        del loc[1]
+    if len(loc) >= 3 and loc[0] == "workloads" and isinstance(loc[1], int) and loc[2] in WORKLOAD_KINDS:
+        del loc[2]
     text = ""
     for part in loc:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
@@ -186,11 +281,18 @@ def parse_config(data: dict, source: str, base_dir: Path) -> Config:
     except ValidationError as exc:
         raise ConfigError(format_validation_error(source, exc)) from None
     updates: dict = {}
-    if _is_local_path(config.repo.url):
+    if config.repo is not None and _is_local_path(config.repo.url):
         url = config.repo.url.removeprefix("file://")
         updates["repo"] = config.repo.model_copy(update={"url": str((base_dir / url).resolve())})
     if not config.cache_dir.is_absolute():
         updates["cache_dir"] = (base_dir / config.cache_dir).resolve()
+    workloads = [
+        w.model_copy(update={"model": "onnx:" + str((base_dir / w.model[5:]).resolve())})
+        if w.kind == "tvm" and w.model.startswith("onnx:") and not Path(w.model[5:]).is_absolute() else w
+        for w in config.workloads
+    ]
+    if workloads != config.workloads:
+        updates["workloads"] = workloads
     return config.model_copy(update=updates)
 
 

@@ -8,6 +8,8 @@ the true change between two tags is known: work 2.2M against 2.0M is +10 %.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
 from pathlib import Path
 
 import git
@@ -106,6 +108,9 @@ def make_demo_repo(path: Path, history: tuple[Step, ...] = DEMO_HISTORY, branch:
         readme = path / "README.md"
         readme.write_text(f"# lcg-loop benchmark\n\n{step.note}\n")
         repo.index.add(["bench.c", "build.sh", "work.h", "README.md"])
-        repo.index.commit(step.message)
+        # One hour apart, so the history's order is also its commit-time order.
+        count = int(repo.git.rev_list("--count", "HEAD")) if repo.head.is_valid() else 0
+        date = format_datetime(datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(hours=count))
+        repo.index.commit(step.message, author_date=date, commit_date=date)
         repo.create_tag(step.tag)
     return [step.tag for step in history]

@@ -18,19 +18,19 @@ from typing import Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from builders import BUILDERS, BuildFailed
-from builders.cache import ArtifactCache
-from runners import RUNNERS
+from builders import Builder, BuildFailed, make_builder
+from runners import make_runner
 from runners.base import Runner
 from runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
-from service import lifecycle, noise, stats
+from service import attribution, lifecycle, noise, stats
 from service.config import CommandWorkloadConfig, Config
 from service.models import (
     Build, BuildStatus, Comparison, Invocation, InvocationStatus, RegressionState, Run,
     RunStatus, RunType, Sample, Side, VerdictKind, utcnow,
 )
-from service.records import BenchmarkRecord, to_row
-from service.repo import CommitInfo, RepoMirror
+from service.records import to_row
+from service.run_records import run_record
+from service.repo import CommitInfo
 from service.store import get_commit, get_device, get_repository, get_workload
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_BUILD_FAILED = 0, 1, 2, 3
@@ -79,7 +79,9 @@ class WorkloadResult:
     verdict: stats.Verdict
     comparison_id: int
     regression_id: int | None
-    error: str | None
+    failure: str | None
+    correctness_regression_id: int | None = None
+    details: dict = field(default_factory=dict)  # tvm: compile_ms, ops, error, workers
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,8 @@ class CompareOutcome:
         """3 if a build failed, 1 if any regression, else 0."""
         if self.status == RunStatus.BUILD_FAILED.value:
             return EXIT_BUILD_FAILED
-        if any(r.verdict.verdict == stats.Outcome.REGRESSION for r in self.results):
+        if any(r.verdict.verdict == stats.Outcome.REGRESSION or r.correctness_regression_id
+               for r in self.results):
             return EXIT_REGRESSION
         return EXIT_OK
 
@@ -137,15 +140,12 @@ def _result_json(result: WorkloadResult) -> dict:
         "treatment": {"median_ms": v.treatment_median_ms, "n": v.treatment_n},
         "regression_id": result.regression_id,
         "reason": v.reason,
-        "error": result.error,
+        "failure": result.failure,
+        **({"ops": result.details["ops"], "error": result.details["error"],
+            "compile_ms": result.details["compile_ms"],
+            "correctness_regression_id": result.correctness_regression_id}
+           if result.details else {}),
     }
-
-
-def resolve_refs(config: Config, control_ref: str, treatment_ref: str) -> tuple[RepoMirror, CommitInfo, CommitInfo]:
-    """Update the mirror and resolve both refs (RepoError naming the ref if unknown)."""
-    mirror = RepoMirror(config.repo.url, config.cache_dir)
-    mirror.fetch()
-    return mirror, mirror.resolve(control_ref), mirror.resolve(treatment_ref)
 
 
 def run_compare(
@@ -161,12 +161,13 @@ def run_compare(
     """One A/B run of ``treatment_ref`` against ``control_ref``, stored in full."""
     progress = progress or NullProgress()
     # Everything that can fail on bad input happens before the first row is written.
-    mirror, control, treatment = resolve_refs(config, control_ref, treatment_ref)
-    runner: Runner = RUNNERS[config.runner.kind](config.runner.device)
+    builder = make_builder(config)
+    control, treatment = builder.resolve(control_ref), builder.resolve(treatment_ref)
+    runner: Runner = make_runner(config)
     device_info = runner.prepare()
     try:
         seed = config.run.seed if config.run.seed is not None else random.SystemRandom().randrange(2**31)
-        repository = get_repository(session, config.repo.url)
+        repository = get_repository(session, builder.repository_url)
         run = Run(
             run_type=run_type, status=RunStatus.RUNNING, repository_id=repository.id,
             control_ref=control_ref, treatment_ref=treatment_ref,
@@ -179,7 +180,7 @@ def run_compare(
         session.commit()
         progress.message(f"run {run.id} ({run_type.value}): {control_ref} -> {treatment_ref}")
 
-        builds, artifacts = _build_pair(session, config, mirror, run,
+        builds, artifacts = _build_pair(session, builder, run,
                                         {Side.CONTROL: (control_ref, control),
                                          Side.TREATMENT: (treatment_ref, treatment)}, progress)
         if any(b.status != BuildStatus.SUCCESS.value for b in builds):
@@ -207,10 +208,9 @@ def run_compare(
         runner.teardown()
 
 
-def _build_pair(session: Session, config: Config, mirror: RepoMirror, run: Run,
+def _build_pair(session: Session, builder: Builder, run: Run,
                 sides: dict[Side, tuple[str, CommitInfo]], progress: Progress) -> tuple[list[BuildOutcome], dict]:
     """Build (or fetch from the cache) both sides; store a build row for each."""
-    builder = BUILDERS[config.build.kind](config.build, mirror, ArtifactCache(config.cache_dir / "artifacts"))
     outcomes, paths = [], {}
     for side, (ref, info) in sides.items():
         commit_id = run.control_commit_id if side is Side.CONTROL else run.treatment_commit_id
@@ -326,6 +326,8 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
                   m: Measurement, verdict: stats.Verdict, device_info: dict, progress: Progress) -> WorkloadResult:
     """Store the comparison, open a regression if one was found, and write the records."""
     row = get_workload(session, workload.name, workload.kind, workload.model_dump(mode="json"))
+    extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
+             if workload.kind == "tvm" and m.failure is None else {})
     comparison = Comparison(
         run_id=run.id, workload_id=row.id, verdict=VerdictKind(verdict.verdict.value),
         change_pct=verdict.change_pct,
@@ -339,64 +341,37 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
                  "alpha": verdict.alpha, "confidence": verdict.confidence,
                  "p_adjusted": verdict.p_adjusted, "correction": verdict.correction,
                  "stop_reason": verdict.stop_reason,
-                 "method": "paired process medians: trimmed mean of log ratios, pair bootstrap; Wilcoxon signed-rank"},
+                 "method": "paired process medians: trimmed mean of log ratios, pair bootstrap; Wilcoxon signed-rank",
+                 **extra},
     )
     session.add(comparison)
     session.flush()
-    regression_id = None
+    regression_id = correctness_id = None
     if verdict.verdict == stats.Outcome.REGRESSION and run.run_type == RunType.BENCHMARK:
         regression = lifecycle.open_regression(session, run, comparison)
         regression.benchmark_verdict = verdict_json(verdict, run.id)
         regression_id = regression.id
+    error = extra.get("error", {})
+    if error.get("mismatch"):
+        # A wrong answer is its own regression, whatever the speed verdict says.
+        progress.message(f"  {workload.name}: OUTPUT MISMATCH max_abs={error['max_abs']} max_rel={error['max_rel']}")
+        if run.run_type == RunType.BENCHMARK:
+            correctness_id = lifecycle.open_regression(session, run, comparison, kind="correctness",
+                                                       reason=f"outputs differ: {error}").id
     if verdict.verdict == stats.Outcome.SAME:
         noise.learn(session, row.id, run.device_id, m.samples, m.groups)
     for side in (Side.CONTROL, Side.TREATMENT):
         samples = m.samples[side.value]
         if samples:
             raw = [{"runtime_ms": v, "invocation": g} for v, g in zip(samples, m.groups[side.value])]
-            session.add(to_row(_record(config, run, side, workload, samples, raw, m.records[side.value],
-                                       device_info, session), run.id, side))
+            build = session.get(Build, run.control_build_id if side is Side.CONTROL else run.treatment_build_id)
+            record = run_record(config, run, build, side.value, workload, samples, raw,
+                                m.records[side.value], device_info, extra)
+            session.add(to_row(record, run.id, side))
     session.commit()
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
-    return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure)
-
-
-def _record(config, run, side, workload, samples, raw, given, device_info, session) -> BenchmarkRecord:
-    """The v0.1 record of one side of one workload in ``run``."""
-    build = session.get(Build, run.control_build_id if side is Side.CONTROL else run.treatment_build_id)
-    commit = run.control_commit if side is Side.CONTROL else run.treatment_commit
-    extra: dict = {}
-    for record in given:  # fields the workload reported itself fill in what we do not know
-        for key, value in record.items():
-            if isinstance(value, dict):
-                extra.setdefault(key, {}).update(value)
-    return BenchmarkRecord(
-        workload=workload.name,
-        engine=config.repo.url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "unknown",
-        engine_version=commit.sha,
-        hardware=device_info["name"],
-        runtime_ms_mean=pystats.fmean(samples),
-        runtime_ms_std=pystats.stdev(samples) if len(samples) > 1 else 0.0,
-        timestamp=time.time(),
-        schema_version="0.1",
-        metadata={**extra.get("metadata", {}), "run_id": run.id, "run_type": run.run_type.value,
-                  "side": side.value, "ref": run.control_ref if side is Side.CONTROL else run.treatment_ref,
-                  "commit_summary": commit.summary},
-        workload_args={**extra.get("workload_args", {}), "command": workload.command},
-        workload_metadata={**extra.get("workload_metadata", {}), "kind": workload.kind},
-        engine_config={**extra.get("engine_config", {}), "builder": build.builder, "build_config_hash": build.config_hash},
-        compilation_config={**extra.get("compilation_config", {}), "build_id": build.id,
-                            "build_duration_s": build.duration_s, "artifact_key": build.artifact_key},
-        software_config=device_info["software_config"],
-        runtime_config={**extra.get("runtime_config", {}), "env": workload.env},
-        hardware_config=device_info["hardware_config"],
-        execution_config={"repetitions": len(set(raw_i["invocation"] for raw_i in raw)),
-                          "warmup": config.run.warmup,
-                          "timeout_s": workload.timeout_s or config.run.timeout_s,
-                          "order": "interleaved ABBA/BAAB blocks", "seed": run.seed},
-        metrics={**extra.get("metrics", {}), "runtime_ms_median": pystats.median(samples), "n": len(samples)},
-        runtime_raw=raw,
-    )
+    return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,
+                          correctness_id, extra)
 
 
 def run_verify(session: Session, run_id: int, *, progress: Progress | None = None) -> tuple[CompareOutcome, list]:
@@ -436,8 +411,8 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
     for regression in pending:
         result = by_name.get(regression.workload.name)
         first = f"benchmark run {run_id}: {regression.change_pct:+.2f}%"
-        if result is None or result.error:
-            why = "verify run's build failed" if result is None else result.error
+        if result is None or result.failure:
+            why = "verify run's build failed" if result is None else result.failure
             lifecycle.transition(session, regression, RegressionState.BENCHMARK, verify_run,
                                  f"{first}; verify run {outcome.run_id} could not judge it ({why})")
             continue

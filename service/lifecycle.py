@@ -47,8 +47,10 @@ def transition(session: Session, regression: Regression, to_state: RegressionSta
     return event
 
 
-def open_regression(session: Session, run: Run, comparison: Comparison) -> Regression:
-    """Store a suspected regression found by ``run`` (state ``benchmark``)."""
+def open_regression(session: Session, run: Run, comparison: Comparison, kind: str = "speed",
+                    reason: str | None = None) -> Regression:
+    """Store a suspected regression found by ``run`` (state ``benchmark``); ``kind`` is
+    ``speed`` or ``correctness``."""
     now = utcnow()
     regression = Regression(
         workload_id=comparison.workload_id,
@@ -58,6 +60,7 @@ def open_regression(session: Session, run: Run, comparison: Comparison) -> Regre
         run_id=run.id,
         comparison_id=comparison.id,
         state=S.BENCHMARK,
+        kind=kind,
         change_pct=comparison.change_pct or 0.0,
         created_at=now,
         updated_at=now,
@@ -66,16 +69,16 @@ def open_regression(session: Session, run: Run, comparison: Comparison) -> Regre
     session.flush()
     session.add(RegressionEvent(
         regression=regression, from_state=None, to_state=S.BENCHMARK, run_id=run.id, at=now,
-        reason=f"{run.run_type.value} run {run.id}: {comparison.details.get('reason', 'slower')}",
+        reason=f"{run.run_type.value} run {run.id}: {reason or comparison.details.get('reason', 'slower')}",
     ))
     session.flush()
     return regression
 
 
 def pending_for_run(session: Session, run_id: int) -> list[Regression]:
-    """The regressions found by ``run_id`` that still wait for verification."""
+    """The speed regressions found by ``run_id`` that still wait for verification."""
     return list(session.scalars(
         select(Regression)
-        .where(Regression.run_id == run_id, Regression.state == S.BENCHMARK)
+        .where(Regression.run_id == run_id, Regression.state == S.BENCHMARK, Regression.kind == "speed")
         .order_by(Regression.id)
     ))

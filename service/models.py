@@ -265,6 +265,8 @@ class Regression(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     comparison_id: Mapped[int] = mapped_column(ForeignKey("comparisons.id"))
     state: Mapped[RegressionState] = mapped_column(_enum(RegressionState, "regression_state"))
+    # "speed" (slower) or "correctness" (outputs differ from the control's beyond tolerance)
+    kind: Mapped[str] = mapped_column(String(16), default="speed", server_default="speed")
     change_pct: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

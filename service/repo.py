@@ -28,7 +28,7 @@ class CommitInfo:
     sha: str
     summary: str
     author: str
-    committed_at: datetime
+    committed_at: datetime | None
 
 
 class RepoMirror:

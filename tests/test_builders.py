@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 
 from builders import BuildFailed, CommandBuilder
-from builders.cache import MARKER, ArtifactCache
-from service.config import CommandBuildConfig
+from builders.cache import MARKER
+from service.config import CommandBuildConfig, CommandWorkloadConfig, Config, RepoConfig
 from service.repo import RepoError, RepoMirror
 
 
 def builder_for(repo_url: str, cache_dir: Path, command=("sh", "build.sh"), artifacts="out") -> CommandBuilder:
-    config = CommandBuildConfig(command=list(command), artifacts=artifacts)
-    mirror = RepoMirror(repo_url, cache_dir)
-    return CommandBuilder(config, mirror, ArtifactCache(cache_dir / "artifacts"))
+    config = Config(repo=RepoConfig(url=repo_url), cache_dir=cache_dir,
+                    build=CommandBuildConfig(command=list(command), artifacts=artifacts),
+                    workloads=[CommandWorkloadConfig(name="w", command=["true"])])
+    return CommandBuilder(config)
 
 
 def test_build_once_then_reuse(bench_repo, tmp_path):

@@ -106,7 +106,7 @@ def test_hung_workload_is_killed_and_recorded_not_a_regression(capsys, write_con
     assert code == 0
     result = payload["results"][0]
     assert result["verdict"] == "unknown"
-    assert "timeout" in result["error"]
+    assert "timeout" in result["failure"]
     assert result["regression_id"] is None
     engine = db.make_engine(sqlite_url)
     with db.session_scope(engine) as session:

@@ -6,7 +6,7 @@ import subprocess
 import time
 
 from runners import CpuRunner
-from service.config import CommandWorkloadConfig
+from service.config import CommandWorkloadConfig, RunnerConfig
 
 
 def workload(*command, **kw) -> CommandWorkloadConfig:
@@ -14,7 +14,7 @@ def workload(*command, **kw) -> CommandWorkloadConfig:
 
 
 def test_samples_and_device_description(tmp_path):
-    runner = CpuRunner("test-device")
+    runner = CpuRunner(RunnerConfig(device="test-device"))
     info = runner.prepare()
     assert info["name"] == "test-device" and info["kind"] == "cpu"
     assert info["hardware_config"]["cpu_count"] >= 1 and info["hardware_config"]["memory_GB"] > 0

@@ -6,8 +6,10 @@
 Prints Markdown tables: per noise shape (simulated) and for real runs on this machine, the
 A/A false-positive rate and the power at each injected slowdown, with 95 % Wilson
 intervals, and the mean samples each rule used; then interleaved against back-to-back
-blocks. Anchors judge the first look's data (12 processes x 5 samples a side); abwatch
-looks again (up to 36 processes) only while its verdict is `unknown`.
+blocks. abwatch
+looks again (up to 36 processes) only while its verdict is `unknown`. Each anchor is
+shown twice on the same trials: "@60" judges the first look's data (12 processes x 5
+samples a side), "@180" the whole budget (36 processes).
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ BUDGET = Budget()
 def judge(trials: list[Trial], seed: int) -> dict[str, list[Decision]]:
     """Every rule's decision on every trial."""
     out: dict[str, list[Decision]] = {"abwatch (paired, adaptive)": []}
-    out.update({name: [] for name in ANCHORS})
+    sizes = (BUDGET.start, BUDGET.most)  # anchors at the first look's data and at the whole budget
+    out.update({f"{name} @{k * 5}": [] for name in ANCHORS for k in sizes})
     for i, t in enumerate(trials):
         out["abwatch (paired, adaptive)"].append(rules.abwatch(t, BUDGET, seed=seed + i))
         for name, rule in ANCHORS.items():
-            out[name].append(rule(t, BUDGET.start))
+            for k in sizes:
+                out[f"{name} @{k * 5}"].append(rule(t, k))
     return out
 
 
@@ -122,7 +126,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--sim-trials", type=int, default=400, help="simulated A/A trials per shape")
     parser.add_argument("--sim-effect-trials", type=int, default=150)
-    parser.add_argument("--real-trials", type=int, default=200, help="real A/A trials")
+    parser.add_argument("--real-trials", type=int, default=400, help="real A/A trials")
     parser.add_argument("--real-effect-trials", type=int, default=60)
     parser.add_argument("--real-layout-trials", type=int, default=60)
     parser.add_argument("--skip-real", action="store_true")

@@ -9,12 +9,10 @@ from pathlib import Path
 
 from benchmarks.detector.rules import Trial
 from builders import CommandBuilder
-from builders.cache import ArtifactCache
 from runners import CpuRunner
 from runners.harness import CONTROL, interleaved_schedule
-from service.config import CommandBuildConfig, CommandWorkloadConfig
+from service.config import CommandBuildConfig, CommandWorkloadConfig, Config, RepoConfig, RunnerConfig
 from service.demo import Step, make_demo_repo
-from service.repo import RepoMirror
 
 WORK = 2_000_000  # ~2 ms a sample
 
@@ -28,12 +26,13 @@ class RealBench:
         steps = [Step("base", "base", work=WORK), Step("same", "identical code", work=WORK, note="A/A")]
         steps += [Step(f"plus{c:g}", f"+{c:g}%", work=round(WORK * (1 + c / 100))) for c in changes]
         make_demo_repo(root / "repo", tuple(steps))
-        mirror = RepoMirror(str(root / "repo"), root / "cache")
-        builder = CommandBuilder(CommandBuildConfig(command=["sh", "build.sh"], artifacts="out"),
-                                 mirror, ArtifactCache(root / "cache" / "artifacts"))
-        self.paths = {step.tag: builder.build(mirror.resolve(step.tag).sha).path for step in steps}
-        self.runner = CpuRunner("detector")
         self.workload = CommandWorkloadConfig(name="loop", command=["./bench", str(samples)])
+        config = Config(repo=RepoConfig(url=str(root / "repo")), cache_dir=root / "cache",
+                        build=CommandBuildConfig(command=["sh", "build.sh"], artifacts="out"),
+                        workloads=[self.workload])
+        builder = CommandBuilder(config)
+        self.paths = {step.tag: builder.build(builder.resolve(step.tag).sha).path for step in steps}
+        self.runner = CpuRunner(RunnerConfig(device="detector"))
 
     def trial(self, treatment_tag: str, pairs: int, seed: int, layout: str = "interleaved") -> Trial:
         """Run ``pairs`` processes a side of base against ``treatment_tag``."""

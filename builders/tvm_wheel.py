@@ -1,0 +1,107 @@
+"""The ``tvm-wheel`` builder: a released apache-tvm wheel in a venv of its own.
+
+Refs are release versions (``0.26.0``, ``0.27.0.post1``). Each version needs the
+apache-tvm-ffi release it was built against: a newer tvm-ffi breaks older TVM at import
+(0.25 fails with ``undefined symbol tvm::ffi::json::Stringify`` on the newest one), so
+the pairs are pinned in :data:`FFI_PINS`. The venv is built in place inside the artifact
+cache (a venv records its own path, so it is moved, never copied).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+from builders.base import Artifact, Builder, BuildFailed
+from builders.cache import ArtifactCache
+from service.config import Config
+from service.repo import CommitInfo, RepoError
+
+# apache-tvm release -> the apache-tvm-ffi release it works with (checked on this machine).
+FFI_PINS: dict[str, str] = {
+    "0.25.0": "0.1.12",
+    "0.25.0.post1": "0.1.12",
+    "0.26.0": "0.1.13.post2",
+    "0.27.0": "0.1.14.post0",
+    "0.27.0.post1": "0.1.14.post0",
+}
+# What the harness worker and the RPC tracker/server need beside TVM itself.
+RUNTIME_PACKAGES = ("numpy", "tornado", "psutil", "cloudpickle")
+ARTIFACT_INFO = "abwatch-artifact.json"
+LOG_LIMIT = 200_000
+
+
+class TvmWheelBuilder(Builder):
+    """Installs ``apache-tvm==<ref>`` with its pinned tvm-ffi into a cached venv."""
+
+    kind = "tvm-wheel"
+    repository_url = "pypi:apache-tvm"
+
+    def __init__(self, config: Config) -> None:
+        self.config = config.build
+        self.cache = ArtifactCache(config.cache_dir / "artifacts")
+
+    def resolve(self, ref: str) -> CommitInfo:
+        if ref not in FFI_PINS:
+            known = ", ".join(FFI_PINS)
+            raise RepoError(f"unknown apache-tvm version {ref!r} (tvm-wheel knows: {known})")
+        return CommitInfo(sha=ref, summary=f"apache-tvm {ref} (tvm-ffi {FFI_PINS[ref]})",
+                          author="PyPI", committed_at=None)
+
+    def config_hash(self) -> str:
+        return self.config.config_hash()
+
+    def cache_key(self, sha: str) -> str:
+        toolchain = f"{sys.version_info[:2]}-{platform.machine()}-{platform.system()}"
+        digest = hashlib.sha256(f"{sha}\0{FFI_PINS.get(sha)}\0{self.config_hash()}\0{toolchain}".encode())
+        return f"tvm-{sha}-{digest.hexdigest()[:12]}"
+
+    def build(self, sha: str) -> Artifact:
+        self.resolve(sha)
+        key = self.cache_key(sha)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return Artifact(key=key, path=hit, cached=True, log="", duration_s=0.0)
+        with self.cache.lock(key):
+            hit = self.cache.get(key)
+            if hit is not None:
+                return Artifact(key=key, path=hit, cached=True, log="", duration_s=0.0)
+            staging = self.cache.staging(key)
+            start = time.monotonic()
+            try:
+                log = self._install(sha, staging)
+            except BuildFailed:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            info = {"python": "bin/python", "tvm_version": sha, "tvm_ffi_version": FFI_PINS[sha]}
+            (staging / ARTIFACT_INFO).write_text(json.dumps(info, sort_keys=True))
+            duration = time.monotonic() - start
+            path = self.cache.adopt(key, staging, {"sha": sha, "builder": self.kind})
+        return Artifact(key=key, path=path, cached=False, log=log, duration_s=duration)
+
+    def _install(self, version: str, venv) -> str:
+        steps = [
+            [sys.executable, "-m", "venv", str(venv)],
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+             "--no-input", f"apache-tvm=={version}", f"apache-tvm-ffi=={FFI_PINS[version]}",
+             *RUNTIME_PACKAGES, *self.config.packages],
+        ]
+        log = ""
+        deadline = time.monotonic() + self.config.timeout_s
+        for argv in steps:
+            try:
+                proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      errors="replace", stdin=subprocess.DEVNULL,
+                                      timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise BuildFailed(f"installing apache-tvm {version} timed out", log, self.config.timeout_s) from None
+            log += f"$ {' '.join(argv)}\n{proc.stdout}"
+            if proc.returncode != 0:
+                raise BuildFailed(f"installing apache-tvm {version} failed (status {proc.returncode})",
+                                  log[-LOG_LIMIT:], time.monotonic() - deadline + self.config.timeout_s)
+        return log[-LOG_LIMIT:]

@@ -1,0 +1,317 @@
+"""The TVM harness worker: runs inside one build's Python, compiles a workload once, then
+serves timing batches over stdin/stdout (one JSON object a line each way).
+
+It imports only TVM, numpy, the standard library (and onnx for onnx: models): never
+abwatch, which lives in another environment. Protocol:
+
+    -> {"model": ..., "input_shape": ..., "dtype": ..., "options": {...}, "target": {...},
+        "device": "cpu"|"cuda", "number": N, "repeat": R, "seed": S, "rpc": null|{...}}
+    <- {"ready": true, "compile_ms": ..., "tvm_version": ..., "inputs": {...}} | {"error": ...}
+    -> {"cmd": "run"}      <- {"samples": [ms, ...], "ops": {name: us}}
+    -> {"cmd": "outputs"}  <- {"shape": [...], "dtype": "float32", "data": base64}
+    -> {"cmd": "exit"}
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+
+
+def _protocol_stream():
+    """Keep the real stdout for the protocol; anything TVM prints goes to stderr instead."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    return out
+
+
+def _builtin(name: str, shape, dtype: str, options: dict):
+    """A relax.frontend.nn module for a built-in workload, and its input shape."""
+    from tvm.relax.frontend import nn
+
+    op = nn.op
+
+    class MLP(nn.Module):
+        def __init__(self, width: int, hidden: int, classes: int):
+            self.fc1, self.fc2, self.fc3 = nn.Linear(width, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, classes)
+
+        def forward(self, x):
+            return self.fc3(op.relu(self.fc2(op.relu(self.fc1(x)))))
+
+    def pool(x):  # global average pooling from sum (nn has no pooling op)
+        n, c, h, w = x.shape
+        return op.reshape(op.sum(x, axis=[2, 3]), [n, c]) * (1.0 / (h * w))
+
+    class CNN(nn.Module):
+        def __init__(self, channels: int, classes: int):
+            self.c1 = nn.Conv2D(channels, 16, 3, padding=1)
+            self.c2 = nn.Conv2D(16, 32, 3, stride=2, padding=1)
+            self.c3 = nn.Conv2D(32, 64, 3, stride=2, padding=1)
+            self.fc = nn.Linear(64, classes)
+
+        def forward(self, x):
+            return self.fc(pool(op.relu(self.c3(op.relu(self.c2(op.relu(self.c1(x))))))))
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int):
+            self.a = nn.Conv2D(cin, cout, 3, stride=stride, padding=1)
+            self.b = nn.Conv2D(cout, cout, 3, padding=1)
+            self.down = nn.Conv2D(cin, cout, 1, stride=stride) if stride != 1 or cin != cout else None
+
+        def forward(self, x):
+            skip = self.down(x) if self.down is not None else x
+            return op.relu(self.b(op.relu(self.a(x))) + skip)
+
+    class ResNet18(nn.Module):
+        """ResNet-18's layout (batch norm folded away, as inference compilers do)."""
+
+        def __init__(self, channels: int, classes: int):
+            self.stem = nn.Conv2D(channels, 64, 7, stride=2, padding=3)
+            widths, blocks, cin = [64, 128, 256, 512], [], 64
+            for i, width in enumerate(widths):
+                blocks += [Block(cin, width, 1 if i == 0 else 2), Block(width, width, 1)]
+                cin = width
+            self.blocks = nn.ModuleList(blocks)
+            self.fc = nn.Linear(512, classes)
+
+        def forward(self, x):
+            x = op.relu(self.stem(x))
+            for block in self.blocks:
+                x = block(x)
+            return self.fc(pool(x))
+
+    class Transformer(nn.Module):
+        """One pre-norm transformer encoder block."""
+
+        def __init__(self, dim: int, heads: int):
+            self.heads, self.dim = heads, dim
+            self.n1, self.n2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+            self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+        def forward(self, x):
+            b, s, d = x.shape
+            q, k, v = op.split(self.qkv(self.n1(x)), 3, axis=2)
+            split = lambda t: op.reshape(t, [b, s, self.heads, d // self.heads])  # noqa: E731
+            attn = op.scaled_dot_product_attention(split(q), split(k), split(v))
+            x = x + self.proj(op.reshape(attn, [b, s, d]))
+            return x + self.down(op.gelu(self.up(self.n2(x))))
+
+    if name == "mlp":
+        shape = shape or [1, 784]
+        return MLP(shape[-1], options.get("hidden", 512), options.get("classes", 10)), shape
+    if name == "cnn":
+        shape = shape or [1, 3, 32, 32]
+        return CNN(shape[1], options.get("classes", 10)), shape
+    if name == "resnet18":
+        shape = shape or [1, 3, 64, 64]
+        return ResNet18(shape[1], options.get("classes", 1000)), shape
+    if name == "transformer":
+        shape = shape or [1, 32, 128]
+        return Transformer(shape[-1], options.get("heads", 4)), shape
+    raise ValueError(f"unknown built-in model {name!r} (mlp, cnn, resnet18, transformer)")
+
+
+def _relax_module(spec: dict, rng: np.random.Generator):
+    """(IRModule, parameter arrays, input arrays) for builtin: and onnx: models."""
+    from tvm.relax.frontend import nn
+
+    kind, _, name = spec["model"].partition(":")
+    dtype = spec["dtype"]
+    if kind == "builtin":
+        module, shape = _builtin(name, spec.get("input_shape"), dtype, spec.get("options", {}))
+        module.to(dtype)
+        mod, params = module.export_tvm(spec={"forward": {"x": nn.spec.Tensor(shape, dtype)}})
+        scale = float(spec.get("options", {}).get("weight_scale", 0.05))
+        weights = [(rng.standard_normal([int(d) for d in p.shape]) * scale).astype(dtype) for _, p in params]
+        return mod, weights, [rng.standard_normal(shape).astype(dtype)], "forward"
+    if kind == "onnx":
+        import onnx
+        from tvm.relax.frontend.onnx import from_onnx
+
+        digest = hashlib.md5(open(name, "rb").read()).hexdigest()
+        if spec.get("md5") and digest != spec["md5"]:
+            raise ValueError(f"{name}: md5 is {digest}, the config says {spec['md5']}")
+        graph = onnx.load(name)
+        shapes = {}
+        for inp in graph.graph.input:
+            dims = [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim]
+            shapes[inp.name] = spec.get("input_shape") or dims
+        mod = from_onnx(graph, shape_dict=shapes, keep_params_in_input=False)
+        inputs = [rng.standard_normal(s).astype(dtype) for s in shapes.values()]
+        return mod, [], inputs, "main"
+    raise ValueError(f"unknown model kind {kind!r}")
+
+
+def _te_function(spec: dict):
+    """A single TE operator as a PrimFunc, with its input shapes."""
+    from tvm import te, topi
+
+    name = spec["model"].partition(":")[2]
+    dtype, options = spec["dtype"], spec.get("options", {})
+    if name == "matmul":
+        m, k, n = options.get("m", 256), options.get("k", 256), options.get("n", 256)
+        a, b = te.placeholder((m, k), dtype, "A"), te.placeholder((k, n), dtype, "B")
+        r = te.reduce_axis((0, k), "k")
+        c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="matmul")
+        return te.create_prim_func([a, b, c]), [(m, k), (k, n)], (m, n)
+    if name == "conv2d":
+        shape = spec.get("input_shape") or [1, 16, 32, 32]
+        cout, ksize = options.get("out_channels", 32), options.get("kernel", 3)
+        data = te.placeholder(shape, dtype, "data")
+        weight = te.placeholder((cout, shape[1], ksize, ksize), dtype, "weight")
+        out = topi.nn.conv2d_nchw(data, weight, stride=1, padding=ksize // 2, dilation=1)
+        return te.create_prim_func([data, weight, out]), [tuple(shape), weight.shape], out.shape
+    raise ValueError(f"unknown te: operator {name!r} (matmul, conv2d)")
+
+
+class Workload:
+    """A compiled workload, its device, inputs, and how to time it."""
+
+    def __init__(self, spec: dict) -> None:
+        import tvm
+        from tvm import relax
+
+        self.tvm, self.spec = tvm, spec
+        rng = np.random.default_rng(spec.get("seed", 0))
+        target_spec = dict(spec["target"])
+        if target_spec.get("mcpu") == "native":  # the host's CPU, as this TVM's LLVM names it
+            from tvm.target import codegen
+
+            target_spec["mcpu"] = codegen.llvm_get_system_cpu()
+        if spec["device"] == "cuda" and not tvm.cuda().exist:
+            raise RuntimeError("no CUDA device is present on this machine")
+        target = tvm.target.Target(target_spec)
+        self.target = str(target)
+        kind = spec["model"].partition(":")[0]
+        start = time.perf_counter()
+        if kind == "te":
+            func, in_shapes, out_shape = _te_function(spec)
+            lib = tvm.compile(tvm.IRModule({"main": func}), target=target)
+            self.inputs = [rng.standard_normal([int(d) for d in s]).astype(spec["dtype"]) for s in in_shapes]
+            self.out_shape = [int(d) for d in out_shape]
+            self.is_vm, self.entry, self.params = False, "main", []
+        else:
+            mod, self.params, self.inputs, self.entry = _relax_module(spec, rng)
+            lib = tvm.compile(mod, target=target)
+            self.is_vm = True
+        self.compile_ms = (time.perf_counter() - start) * 1000.0
+        self.remote = None
+        if spec.get("rpc"):
+            lib = self._upload(lib)
+        self.dev = self.remote.device(spec["device"]) if self.remote else tvm.device(spec["device"])
+        self.args = [tvm.runtime.tensor(x, self.dev) for x in self.inputs + list(self.params)]
+        if self.is_vm:
+            self.vm = relax.VirtualMachine(lib, self.dev)
+            self.call = self.vm[self.entry]
+            self.timer = self.vm.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"])
+        else:
+            self.out = tvm.runtime.empty(self.out_shape, spec["dtype"], self.dev)
+            self.args.append(self.out)
+            lib = getattr(lib, "mod", lib)  # an Executable wraps the runtime module
+            self.call = lib[self.entry]
+            self.timer = lib.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"])
+
+    def _upload(self, lib):
+        """Export the compiled library, send it to a board through the tracker, load it there."""
+        from tvm import rpc
+
+        host, port = self.spec["rpc"]["tracker"].rsplit(":", 1)
+        tracker = rpc.connect_tracker(host, int(port))
+        self.remote = tracker.request(self.spec["rpc"]["key"], priority=1, session_timeout=0)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "workload.so")
+            lib.export_library(path)
+            self.remote.upload(path)
+        return self.remote.load_module("workload.so")
+
+    def run(self) -> dict:
+        """One timing batch: ``repeat`` samples of ``number`` calls each, and per-op times."""
+        samples = [t * 1000.0 for t in self.timer(*self.args).results]
+        if not self.is_vm:  # a single operator: the whole call is the operator
+            return {"samples": samples, "ops": {self.spec["model"].partition(":")[2]: float(np.median(samples)) * 1000}}
+        return {"samples": samples, "ops": self._ops()}
+
+    def _ops(self) -> dict:
+        """Per-operator time (us) of one call, from the VM's instrument hook (local VMs only)."""
+        if self.remote is not None:  # the instrument hook runs in this process, not on the board
+            return {}
+        from tvm.runtime.vm import VMInstrumentReturnKind
+
+        totals: dict[str, float] = {}
+        started: list[int] = []
+
+        def instrument(func, name, before_run, ret_value, *args):
+            if name.startswith("vm.builtin."):  # allocation and shape checks, not operators
+                return VMInstrumentReturnKind.NO_OP
+            if before_run:
+                self.dev.sync()  # the clock must not include earlier asynchronous work
+                started.append(time.perf_counter_ns())
+            else:
+                self.dev.sync()
+                totals[name] = totals.get(name, 0.0) + (time.perf_counter_ns() - started.pop()) / 1000.0
+            return VMInstrumentReturnKind.NO_OP
+
+        self.vm.set_instrument(instrument)
+        try:
+            self.call(*self.args)
+        finally:
+            self.vm.set_instrument(lambda *a: VMInstrumentReturnKind.NO_OP)
+        return totals
+
+    def outputs(self) -> dict:
+        """The first output on the seeded inputs, for the error comparison."""
+        result = self.call(*self.args) if self.is_vm else (self.call(*self.args), self.out)[1]
+        while not hasattr(result, "numpy"):  # tuples of outputs: take the first
+            result = result[0]
+        array = result.numpy().astype(np.float32)
+        return {"shape": list(array.shape), "dtype": "float32",
+                "data": base64.b64encode(array.tobytes()).decode()}
+
+
+def main() -> int:
+    """Serve one workload until told to exit or stdin closes."""
+    out = _protocol_stream()
+
+    def send(obj: dict) -> None:
+        out.write(json.dumps(obj) + "\n")
+
+    spec = json.loads(sys.stdin.readline())
+    try:
+        workload = Workload(spec)
+    except Exception as exc:  # noqa: BLE001 - any compile failure is reported, not raised
+        send({"error": f"compile failed: {type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-4000:]})
+        return 1
+    import tvm
+
+    send({"ready": True, "compile_ms": workload.compile_ms, "tvm_version": tvm.__version__,
+          "target": workload.target,
+          "features": {name: bool(tvm.runtime.enabled(name)) for name in ("llvm", "cuda", "rpc")},
+          "input_shapes": [list(x.shape) for x in workload.inputs],
+          "num_threads": os.environ.get("TVM_NUM_THREADS")})
+    for line in sys.stdin:
+        command = json.loads(line).get("cmd")
+        try:
+            if command == "run":
+                send(workload.run())
+            elif command == "outputs":
+                send(workload.outputs())
+            elif command == "exit":
+                return 0
+            else:
+                send({"error": f"unknown command {command!r}"})
+        except Exception as exc:  # noqa: BLE001 - report and keep serving
+            send({"error": f"{command} failed: {type(exc).__name__}: {exc}"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
