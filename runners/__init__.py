@@ -1,10 +1,14 @@
 """Runners execute workloads on a device; registered by kind in :data:`RUNNERS`."""
 
-from runners.base import InvocationResult, Runner
+from runners.base import InvocationResult, Runner, RunnerUnavailable
 from runners.cpu import CpuRunner
+from runners.gpu import GpuRunner
+from runners.rpc import RpcRunner
 
 RUNNERS: dict[str, type[Runner]] = {
     CpuRunner.kind: CpuRunner,
+    GpuRunner.kind: GpuRunner,
+    RpcRunner.kind: RpcRunner,
 }
 
 
@@ -13,4 +17,5 @@ def make_runner(config) -> Runner:
     return RUNNERS[config.runner.kind](config.runner)
 
 
-__all__ = ["CpuRunner", "InvocationResult", "Runner", "RUNNERS", "make_runner"]
+__all__ = ["CpuRunner", "GpuRunner", "InvocationResult", "RpcRunner", "Runner", "RunnerUnavailable",
+           "RUNNERS", "make_runner"]

@@ -22,6 +22,10 @@ class InvocationResult:
     metrics: dict = field(default_factory=dict)  # tvm: compile_ms, per-op times, outputs
 
 
+class RunnerUnavailable(Exception):
+    """The runner's device is not there (no GPU, tracker unreachable)."""
+
+
 class Runner(abc.ABC):
     """Runs workloads of one build on one device."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from runners.base import InvocationResult, Runner
 from runners.harness import OutputError, parse_output
 from runners.sysinfo import hardware_config, software_config
-from runners.tvm import TvmSessions
+from runners.tvm_sessions import TvmSessions
 from service.config import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig
 
 STDERR_TAIL = 4000  # characters of a failed invocation's stderr kept as its message
@@ -42,7 +42,7 @@ class CpuRunner(Runner):
             timeout_s: float, side: str = "control") -> InvocationResult:
         if workload.kind == "tvm":
             options = workload.treatment_options if side == "treatment" else {}
-            return self.tvm.run(artifact_dir, workload, timeout_s, options)
+            return self.tvm.run(artifact_dir, workload, timeout_s, side, options)
         env = dict(os.environ, **workload.env)
         start = time.monotonic()
         try:

@@ -23,7 +23,10 @@ import tempfile
 import time
 import traceback
 
-import numpy as np
+# This file's directory holds abwatch's own modules; none of them may shadow TVM's.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+import numpy as np  # noqa: E402
 
 
 def _protocol_stream():
@@ -192,21 +195,28 @@ class Workload:
         target = tvm.target.Target(target_spec)
         self.target = str(target)
         kind = spec["model"].partition(":")[0]
-        start = time.perf_counter()
+        load, export = spec.get("load"), spec.get("export")
         if kind == "te":
             func, in_shapes, out_shape = _te_function(spec)
-            lib = tvm.compile(tvm.IRModule({"main": func}), target=target)
             self.inputs = [rng.standard_normal([int(d) for d in s]).astype(spec["dtype"]) for s in in_shapes]
             self.out_shape = [int(d) for d in out_shape]
             self.is_vm, self.entry, self.params = False, "main", []
+            mod = tvm.IRModule({"main": func})
         else:
             mod, self.params, self.inputs, self.entry = _relax_module(spec, rng)
-            lib = tvm.compile(mod, target=target)
             self.is_vm = True
-        self.compile_ms = (time.perf_counter() - start) * 1000.0
+        start = time.perf_counter()
+        self.compile_ms = None
+        if load:  # compiled by this build's first worker: every later process just loads it
+            lib = tvm.runtime.load_module(load)
+        else:
+            lib = tvm.compile(mod, target=target)
+            self.compile_ms = (time.perf_counter() - start) * 1000.0
+            if export:
+                lib.export_library(export)
         self.remote = None
         if spec.get("rpc"):
-            lib = self._upload(lib)
+            lib = self._upload(lib, load or export)
         self.dev = self.remote.device(spec["device"]) if self.remote else tvm.device(spec["device"])
         self.args = [tvm.runtime.tensor(x, self.dev) for x in self.inputs + list(self.params)]
         if self.is_vm:
@@ -220,17 +230,18 @@ class Workload:
             self.call = lib[self.entry]
             self.timer = lib.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"])
 
-    def _upload(self, lib):
-        """Export the compiled library, send it to a board through the tracker, load it there."""
+    def _upload(self, lib, path: str | None):
+        """Send the compiled library to a board through the tracker and load it there."""
         from tvm import rpc
 
         host, port = self.spec["rpc"]["tracker"].rsplit(":", 1)
         tracker = rpc.connect_tracker(host, int(port))
         self.remote = tracker.request(self.spec["rpc"]["key"], priority=1, session_timeout=0)
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "workload.so")
-            lib.export_library(path)
-            self.remote.upload(path)
+            if path is None:  # not exported yet: export it here
+                path = os.path.join(tmp, "workload.so")
+                lib.export_library(path)
+            self.remote.upload(path, target="workload.so")
         return self.remote.load_module("workload.so")
 
     def run(self) -> dict:

@@ -22,6 +22,7 @@ from service.config import ConfigError, load_config
 from service.driver import EXIT_USAGE, CompareOutcome
 from service.models import Regression, RegressionState
 from service.records import RecordError, export_records, import_records
+from runners import RunnerUnavailable
 from service.repo import RepoError
 
 VERDICT_STYLE = {"regression": "bold red", "improvement": "green", "same": "dim", "unknown": "yellow"}
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         return _dispatch(args, err)
-    except (ConfigError, RepoError, RecordError, db.SchemaError, driver.DriverError) as exc:
+    except (ConfigError, RepoError, RecordError, db.SchemaError, driver.DriverError, RunnerUnavailable) as exc:
         err.print(f"abwatch: error: {exc}", markup=False)
         return EXIT_USAGE
 

@@ -1,9 +1,12 @@
-"""Sessions with TVM harness workers: one long-lived worker per (build, workload).
+"""TVM workloads on a runner: one harness worker process per invocation.
 
-A worker (``runners/tvm_worker.py``) runs in the build's own Python, compiles the
-workload once and then answers timing batches; the runner interleaves batches of the
-control and treatment workers in the harness's balanced order. A worker that fails to
-compile, crashes or exceeds its time is killed and reported as that build's failure.
+A worker (``runners/tvm_worker.py``) runs in the build's own Python. The first worker of
+a (side, build, workload) compiles the workload and exports the library; every later
+worker loads that library, so each build compiles once while every invocation is still a
+fresh process (the statistics' unit: two processes of one build differ by several
+percent, so one long-lived worker per side would turn that into false alarms). A worker
+that fails to compile, crashes or exceeds its time is killed and reported as that
+build's failure.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import queue
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -22,7 +26,7 @@ from service.config import RunnerConfig, TvmWorkloadConfig
 
 WORKER = Path(__file__).with_name("tvm_worker.py")
 ARTIFACT_INFO = "abwatch-artifact.json"
-COMPILE_TIMEOUT_S = 600.0
+COMPILE_TIMEOUT_S = 900.0
 
 
 class WorkerError(Exception):
@@ -42,15 +46,14 @@ class Worker:
         )
         self.lines: queue.Queue = queue.Queue()
         self.stderr: list[str] = []
-        threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines), daemon=True).start()
+        threading.Thread(target=self._pump, daemon=True).start()
         threading.Thread(target=self._drain, daemon=True).start()
         self.send(spec)
 
-    @staticmethod
-    def _pump(stream, lines: queue.Queue) -> None:
-        for line in stream:
-            lines.put(line)
-        lines.put(None)
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
 
     def _drain(self) -> None:
         for line in self.proc.stderr:
@@ -83,6 +86,15 @@ class Worker:
         """The last lines the worker wrote to stderr."""
         return "".join(self.stderr[-10:]).strip()[-2000:]
 
+    def close(self) -> None:
+        """Ask the worker to exit; kill it (and its children) if it does not."""
+        try:
+            self.send({"cmd": "exit"})
+            self.proc.wait(10)
+        except (WorkerError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
+
     def kill(self) -> None:
         """Stop the worker and any children it started."""
         try:
@@ -93,13 +105,12 @@ class Worker:
 
 
 class TvmSessions:
-    """Keeps one worker per (artifact, workload) for a runner, started on first use."""
+    """Runs TVM invocations for one runner; keeps each build's compiled library."""
 
     def __init__(self, config: RunnerConfig, target: dict, device: str, rpc: dict | None = None) -> None:
         self.config, self.target, self.device, self.rpc = config, target, device, rpc
-        self.workers: dict[tuple[Path, str], Worker] = {}
-        self.ready: dict[tuple[Path, str], dict] = {}
-        self.outputs: dict[tuple[Path, str], dict] = {}
+        self._libs = tempfile.TemporaryDirectory(prefix="abwatch-tvm-libs-")
+        self.compiled: set[tuple[str, Path, str]] = set()
 
     def spec(self, workload: TvmWorkloadConfig, side_options: dict) -> dict:
         """What the worker compiles: the workload, with any side-specific options."""
@@ -113,39 +124,37 @@ class TvmSessions:
         }
 
     def run(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
-            side_options: dict) -> InvocationResult:
-        """One timing batch; the first batch of a worker also carries compile time and outputs."""
-        key = (artifact, workload.name)
+            side: str, side_options: dict) -> InvocationResult:
+        """One invocation: a fresh worker that loads (or first compiles) the library, answers one
+        timing batch, and exits. The compiling invocation also reports compile time and outputs."""
+        # Per side even when both sides are the same build (an A/A run).
+        key = (side, artifact, workload.name)
+        lib = Path(self._libs.name) / f"{side}-{artifact.name}-{workload.name}.so"
+        first = key not in self.compiled
+        spec = dict(self.spec(workload, side_options), **({"export": str(lib)} if first else {"load": str(lib)}))
+        threads = self.config.threads or os.cpu_count() or 1
         start = time.monotonic()
         metrics: dict = {}
+        worker = None
         try:
-            if key not in self.workers:
-                threads = self.config.threads or os.cpu_count() or 1
-                worker = Worker(artifact, self.spec(workload, side_options), {"TVM_NUM_THREADS": str(threads)})
-                self.workers[key] = worker
-                self.ready[key] = worker.receive(COMPILE_TIMEOUT_S)
+            worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)})
+            ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s) if first else timeout_s)
+            if first:
                 worker.send({"cmd": "outputs"})
-                self.outputs[key] = worker.receive(timeout_s)
-                metrics.update(compile_ms=self.ready[key]["compile_ms"], ready=self.ready[key],
-                               outputs=self.outputs[key])
-            worker = self.workers[key]
+                metrics.update(compile_ms=ready["compile_ms"], ready=ready, outputs=worker.receive(timeout_s))
+                self.compiled.add(key)
             worker.send({"cmd": "run"})
             reply = worker.receive(timeout_s)
         except WorkerError as exc:
-            self.close(key)
             status = "timeout" if "timeout" in str(exc) else "error"
             return InvocationResult(status, (), time.monotonic() - start, str(exc))
+        finally:
+            if worker is not None:
+                worker.close()
         metrics["ops"] = reply.get("ops", {})
         return InvocationResult("ok", tuple(reply["samples"]), time.monotonic() - start, "", (), metrics)
 
-    def close(self, key=None) -> None:
-        """Stop one worker, or all of them."""
-        for k in [key] if key is not None else list(self.workers):
-            worker = self.workers.pop(k, None)
-            if worker is not None:
-                try:
-                    worker.send({"cmd": "exit"})
-                    worker.proc.wait(5)
-                except (WorkerError, subprocess.TimeoutExpired):
-                    pass
-                worker.kill()
+    def close(self) -> None:
+        """Remove the compiled libraries."""
+        self._libs.cleanup()
+        self.compiled.clear()

@@ -1,0 +1,61 @@
+"""The GPU runner: TVM workloads compiled for CUDA and timed on the local GPU.
+
+It refuses to start where no CUDA device is present (no driver device node and no
+``nvidia-smi`` that lists a GPU), with an error that says so, rather than timing nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+from runners.base import InvocationResult, Runner, RunnerUnavailable
+from runners.sysinfo import hardware_config, software_config
+from runners.tvm_sessions import TvmSessions
+from service.config import RunnerConfig
+
+
+def cuda_devices() -> list[str]:
+    """Names of the CUDA GPUs ``nvidia-smi -L`` lists (empty where there are none)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None or not any(Path("/dev").glob("nvidia[0-9]*")):
+        return []
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.split(":", 1)[1].split("(")[0].strip() for line in out.splitlines() if line.startswith("GPU ")]
+
+
+class GpuRunner(Runner):
+    """Runs TVM workloads with target ``cuda`` on this machine's first GPU."""
+
+    kind = "gpu"
+
+    def __init__(self, config: RunnerConfig | None = None) -> None:
+        self.config = config or RunnerConfig(kind="gpu")
+        self.tvm = TvmSessions(self.config, self.config.target or {"kind": "cuda"}, "cuda")
+
+    def prepare(self) -> dict:
+        gpus = cuda_devices()
+        if not gpus:
+            raise RunnerUnavailable("gpu runner: no CUDA device is present on this machine "
+                                    "(no /dev/nvidia* device or nvidia-smi lists no GPU)")
+        return {
+            "name": self.config.device or f"{socket.gethostname()}-{gpus[0].replace(' ', '-')}",
+            "kind": self.kind,
+            "hardware_config": {**hardware_config(), "gpus": gpus},
+            "software_config": software_config(),
+            "runtime_config": {"num_threads": self.config.threads or os.cpu_count()},
+        }
+
+    def run(self, artifact_dir, workload, timeout_s, side="control") -> InvocationResult:
+        options = workload.treatment_options if side == "treatment" else {}
+        return self.tvm.run(artifact_dir, workload, timeout_s, side, options)
+
+    def teardown(self) -> None:
+        """Remove the compiled libraries."""
+        self.tvm.close()

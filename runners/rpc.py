@@ -1,0 +1,53 @@
+"""The RPC runner: TVM workloads on a board reached through a TVM RPC tracker.
+
+Each build compiles on this host with its own TVM, exports the library, asks the tracker
+for a session with the device ``key``, uploads the library and times it on the board
+(``time_evaluator`` runs on the board; only the results come back). What an A/B on a board
+measures: both builds' code-generation and the kernels they produce. The board's RPC
+runtime (the server process) is one and the same for both sides, so a change in TVM's
+runtime itself — the VM, memory allocator, threading pool — is measured only as far as
+it reaches the uploaded library; rebuild the board's runtime to A/B that. Per-operator
+times are not available over RPC (the instrument hook runs in the host process).
+"""
+
+from __future__ import annotations
+
+import socket
+
+from runners.base import InvocationResult, Runner, RunnerUnavailable
+from runners.sysinfo import software_config
+from runners.tvm_sessions import TvmSessions
+from service.config import RunnerConfig
+
+
+class RpcRunner(Runner):
+    """Runs TVM workloads on ``runner.key`` through the tracker at ``runner.tracker``."""
+
+    kind = "rpc"
+
+    def __init__(self, config: RunnerConfig) -> None:
+        self.config = config
+        rpc = {"tracker": config.tracker, "key": config.key}
+        self.tvm = TvmSessions(config, config.target or {"kind": "llvm"}, "cpu", rpc=rpc)
+
+    def prepare(self) -> dict:
+        host, port = self.config.tracker.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=10).close()
+        except OSError as exc:
+            raise RunnerUnavailable(f"rpc runner: tracker {self.config.tracker} is not reachable: {exc}") from None
+        return {
+            "name": self.config.device or self.config.key,
+            "kind": self.kind,
+            "hardware_config": {"rpc_key": self.config.key, "tracker": self.config.tracker},
+            "software_config": {"host": software_config()},
+            "runtime_config": {"num_threads": self.config.threads},
+        }
+
+    def run(self, artifact_dir, workload, timeout_s, side="control") -> InvocationResult:
+        options = workload.treatment_options if side == "treatment" else {}
+        return self.tvm.run(artifact_dir, workload, timeout_s, side, options)
+
+    def teardown(self) -> None:
+        """Remove the compiled libraries (the board's sessions end with each worker)."""
+        self.tvm.close()

@@ -1,0 +1,238 @@
+"""TVM end to end with the real apache-tvm wheels: builds, workers, RPC on loopback.
+
+Every test here runs real TVM (0.26.0 and 0.27.0.post1 from PyPI, installed by the
+``tvm-wheel`` builder into venvs under a session cache). The GPU runner's tests can only
+check what is checkable without a GPU: this machine has none, so they check the refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+from sqlalchemy import select
+
+from builders import TvmWheelBuilder
+from service import db
+from service.cli import main
+from service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
+from service.models import Record, Regression
+
+OLD, NEW = "0.26.0", "0.27.0.post1"
+
+
+@pytest.fixture(scope="session")
+def tvm_cache(tmp_path_factory):
+    """A cache directory shared by the TVM tests, so each wheel venv is built once."""
+    return tmp_path_factory.mktemp("tvm-cache")
+
+
+def write(tmp_path, cache, workloads: str, runner: str = 'kind = "cpu"\nthreads = 1', run: str = "") -> str:
+    path = tmp_path / "tvm.toml"
+    path.write_text(f"""
+cache_dir = {json.dumps(str(cache))}
+[build]
+kind = "tvm-wheel"
+[runner]
+{runner}
+[run]
+repetitions = 4
+max_repetitions = 4
+seed = 3
+noise_aware = false
+{run}
+{workloads}
+""")
+    return str(path)
+
+
+MLP = '''
+[[workloads]]
+name = "mlp"
+kind = "tvm"
+model = "builtin:mlp"
+input_shape = [1, 64]
+options = {hidden = 64}
+'''
+MATMUL = '''
+[[workloads]]
+name = "matmul"
+kind = "tvm"
+model = "te:matmul"
+options = {m = 64, k = 64, n = 64}
+'''
+
+
+def compare(capsys, config, db_url, control=OLD, treatment=NEW):
+    code = main(["compare", "--config", config, "--control", control, "--treatment", treatment,
+                 "--json", "--db", db_url])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out) if captured.out.startswith("{") else None, captured.err
+
+
+def no_workers_left() -> bool:
+    return subprocess.run(["pgrep", "-f", "tvm_worker.py"], capture_output=True).stdout.strip() == b""
+
+
+def test_release_against_release_with_complete_records(capsys, tmp_path, tvm_cache, sqlite_url):
+    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, MLP + MATMUL), sqlite_url)
+    assert code in (0, 1), err
+    assert [b["sha"] for b in payload["builds"]] == [OLD, NEW]
+    by_name = {r["workload"]: r for r in payload["results"]}
+    assert set(by_name) == {"mlp", "matmul"}
+    for result in by_name.values():
+        assert result["verdict"] in ("regression", "improvement", "same", "unknown")
+        assert result["control"]["n"] == result["treatment"]["n"] == 4 * 5
+        assert result["compile_ms"]["control"] > 0 and result["compile_ms"]["treatment"] > 0
+        assert result["error"]["mismatch"] is False and result["error"]["max_abs"] < 1e-3
+        assert result["ops"], "per-operator times for both sides"
+    mlp_ops = {op["type"] for op in by_name["mlp"]["ops"]}
+    assert "matmul" in mlp_ops
+    assert all(op["control_us"] and op["treatment_us"] for op in by_name["mlp"]["ops"])
+    engine = db.make_engine(sqlite_url)
+    with db.session_scope(engine) as session:
+        records = session.scalars(select(Record).where(Record.run_id == payload["run_id"])).all()
+        assert len(records) == 4
+        for r in records:
+            assert r.engine == "tvm" and r.engine_version in (OLD, NEW)
+            assert r.fields["engine_config"]["tvm_version"] == r.engine_version
+            assert r.fields["metrics"]["compilation_ms"] > 0
+            assert r.fields["metrics"]["ops"]
+            assert r.fields["workload_args"]["model"] in ("builtin:mlp", "te:matmul")
+            assert r.fields["workload_args"]["input_shapes"]
+            assert r.fields["runtime_config"]["num_threads"] == "1"
+            assert "llvm" in r.fields["runtime_config"]["target"]
+    assert no_workers_left()
+
+
+def test_same_release_twice_is_not_a_regression(capsys, tmp_path, tvm_cache, sqlite_url):
+    code, payload, _ = compare(capsys, write(tmp_path, tvm_cache, MLP), sqlite_url, NEW, NEW)
+    result = payload["results"][0]
+    assert result["verdict"] != "regression" and result["regression_id"] is None
+    assert result["error"]["max_abs"] == 0.0  # the same build computes the same bits
+    assert all(b["cached"] for b in payload["builds"])
+
+
+def test_compile_failure_in_one_build_is_that_builds_failure(capsys, tmp_path, tvm_cache, sqlite_url):
+    workload = '''
+[[workloads]]
+name = "block"
+kind = "tvm"
+model = "builtin:transformer"
+input_shape = [1, 8, 32]
+treatment_options = {options = {heads = 3}}   # 32 is not divisible by 3: reshape fails
+'''
+    code, payload, _ = compare(capsys, write(tmp_path, tvm_cache, workload), sqlite_url)
+    assert code == 0
+    result = payload["results"][0]
+    assert result["verdict"] == "unknown" and result["regression_id"] is None
+    assert "treatment" in result["failure"] and "compile failed" in result["failure"]
+    assert no_workers_left()
+
+
+def test_hung_worker_is_killed_and_not_a_regression(capsys, tmp_path, tvm_cache, sqlite_url):
+    slow = '''
+[[workloads]]
+name = "slow"
+kind = "tvm"
+model = "te:matmul"
+options = {m = 1024, k = 1024, n = 1024}
+number = 200
+timeout_s = 2
+'''
+    code, payload, _ = compare(capsys, write(tmp_path, tvm_cache, slow), sqlite_url, NEW, NEW)
+    assert code == 0
+    result = payload["results"][0]
+    assert result["verdict"] == "unknown" and "timeout" in result["failure"]
+    assert no_workers_left()
+
+
+def test_changed_outputs_are_a_correctness_regression(capsys, tmp_path, tvm_cache, sqlite_url):
+    workload = MLP + 'treatment_options = {dtype = "float16"}\n'
+    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, workload), sqlite_url, NEW, NEW)
+    assert code == 1, err
+    result = payload["results"][0]
+    assert result["error"]["mismatch"] is True and result["error"]["max_abs"] > 0
+    assert result["correctness_regression_id"] is not None
+    engine = db.make_engine(sqlite_url)
+    with db.session_scope(engine) as session:
+        regression = session.get(Regression, result["correctness_regression_id"])
+        assert regression.kind == "correctness" and regression.state.value == "benchmark"
+        assert "outputs differ" in regression.events[0].reason
+
+
+def test_unknown_release_is_a_clear_error(capsys, tmp_path, tvm_cache, sqlite_url):
+    code, _, err = compare(capsys, write(tmp_path, tvm_cache, MLP), sqlite_url, "0.9.9", NEW)
+    assert code == 2 and "unknown apache-tvm version '0.9.9'" in err
+
+
+def test_gpu_runner_refuses_without_a_gpu(capsys, tmp_path, tvm_cache, sqlite_url):
+    """This machine has no GPU: all that can be checked is the clear refusal."""
+    code, _, err = compare(capsys, write(tmp_path, tvm_cache, MLP, runner='kind = "gpu"'), sqlite_url)
+    assert code == 2 and "no CUDA device is present" in err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(port: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+@pytest.fixture
+def rpc_board(tvm_cache):
+    """A real TVM RPC tracker and server ('local-cpu') on 127.0.0.1, each in its own process group."""
+    config = Config(build=TvmWheelBuildConfig(), cache_dir=tvm_cache,
+                    workloads=[TvmWorkloadConfig(name="x", model="builtin:mlp")])
+    python = str(TvmWheelBuilder(config).build(NEW).path / "bin" / "python")
+    tracker_port, server_port = _free_port(), _free_port()
+    procs = [subprocess.Popen([python, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                               "--port", str(tracker_port), "--port-end", str(tracker_port + 1)],
+                              start_new_session=True)]
+    _wait_listening(tracker_port)
+    procs.append(subprocess.Popen([python, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{tracker_port}",
+                                   "--key", "local-cpu", "--host", "127.0.0.1", "--port", str(server_port),
+                                   "--port-end", str(server_port + 1)], start_new_session=True))
+    _wait_listening(server_port)
+    yield f"127.0.0.1:{tracker_port}", procs
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_rpc_ab_through_a_real_tracker_on_loopback(capsys, tmp_path, tvm_cache, sqlite_url, rpc_board):
+    tracker, procs = rpc_board
+    runner = f'kind = "rpc"\ntracker = "{tracker}"\nkey = "local-cpu"'
+    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, MATMUL, runner=runner), sqlite_url)
+    assert code in (0, 1), err
+    result = payload["results"][0]
+    assert result["failure"] is None, result
+    assert result["control"]["n"] == result["treatment"]["n"] == 20
+    assert result["error"]["mismatch"] is False
+    engine = db.make_engine(sqlite_url)
+    with db.session_scope(engine) as session:
+        hardware = {r.hardware for r in session.scalars(select(Record).where(Record.run_id == payload["run_id"]))}
+        assert hardware == {"local-cpu"}
+    assert no_workers_left()
+    assert all(p.poll() is None for p in procs)  # the board is still up for the next user
+
+
+def test_rpc_runner_with_no_tracker_is_a_clear_error(capsys, tmp_path, tvm_cache, sqlite_url):
+    runner = f'kind = "rpc"\ntracker = "127.0.0.1:{_free_port()}"\nkey = "local-cpu"'
+    code, _, err = compare(capsys, write(tmp_path, tvm_cache, MLP, runner=runner), sqlite_url)
+    assert code == 2 and "is not reachable" in err
