@@ -6,10 +6,9 @@
 Prints Markdown tables: per noise shape (simulated) and for real runs on this machine, the
 A/A false-positive rate and the power at each injected slowdown, with 95 % Wilson
 intervals, and the mean samples each rule used; then interleaved against back-to-back
-blocks. abwatch
-looks again (up to 36 processes) only while its verdict is `unknown`. Each anchor is
-shown twice on the same trials: "@60" judges the first look's data (12 processes x 5
-samples a side), "@180" the whole budget (36 processes).
+blocks. abwatch looks again (up to 36 processes) only while its verdict is `unknown`.
+Each anchor is shown twice on the same trials: "@60" judges the first look's data
+(12 processes x 5 samples a side), "@180" the whole budget (36 processes).
 """
 
 from __future__ import annotations
