@@ -2,11 +2,13 @@
 
 from builders.base import Artifact, Builder, BuildFailed
 from builders.command import CommandBuilder
+from builders.tvm_source import TvmSourceBuilder
 from builders.tvm_wheel import TvmWheelBuilder
 
 BUILDERS: dict[str, type[Builder]] = {
     CommandBuilder.kind: CommandBuilder,
     TvmWheelBuilder.kind: TvmWheelBuilder,
+    TvmSourceBuilder.kind: TvmSourceBuilder,
 }
 
 
@@ -15,4 +17,5 @@ def make_builder(config) -> Builder:
     return BUILDERS[config.build.kind](config)
 
 
-__all__ = ["Artifact", "Builder", "BuildFailed", "BUILDERS", "CommandBuilder", "TvmWheelBuilder", "make_builder"]
+__all__ = ["Artifact", "Builder", "BuildFailed", "BUILDERS", "CommandBuilder", "TvmSourceBuilder", "TvmWheelBuilder",
+           "make_builder"]

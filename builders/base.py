@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -19,6 +19,7 @@ class Artifact:
     cached: bool
     log: str
     duration_s: float
+    metrics: dict = field(default_factory=dict)  # e.g. incremental, steps, ccache hit rate
 
 
 class BuildFailed(Exception):

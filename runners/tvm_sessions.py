@@ -38,8 +38,9 @@ class Worker:
 
     def __init__(self, artifact: Path, spec: dict, env: dict[str, str]) -> None:
         info = json.loads((artifact / ARTIFACT_INFO).read_text())
-        python = artifact / info["python"]
-        env = dict(os.environ, **info.get("env", {}), **env)
+        python = artifact / info["python"]  # relative to the artifact, or absolute
+        paths = {name: str(artifact / rel) for name, rel in info.get("env_paths", {}).items()}
+        env = dict(os.environ, **info.get("env", {}), **paths, **env)
         self.proc = subprocess.Popen(
             [str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,

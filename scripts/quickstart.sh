@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet -e '.[test]'
+.venv/bin/pip install --quiet -e '.[test,source]'
 
 run() {  # exit status 1 means "regression found": a finding, not a failure of the script
   set +e

@@ -74,7 +74,36 @@ class TvmWheelBuildConfig(_Strict):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-BUILD_KINDS = ("command", "tvm-wheel")
+class TvmSourceBuildConfig(_Strict):
+    """Build TVM from source at a commit with CMake + Ninja (+ ccache), incrementally.
+
+    ``cmake`` entries become ``set(KEY VALUE)`` lines of ``config.cmake`` (``USE_LLVM``,
+    ``USE_CUDA``, ...). ``submodule_rewrites`` maps URL prefixes to mirrors (git's
+    ``url.<mirror>.insteadOf <prefix>``). ``python_packages`` go into the artifact's venv;
+    ``{ffi_version}`` is replaced by the tag of the ``3rdparty/tvm-ffi`` submodule.
+    """
+
+    kind: Literal["tvm-source"] = "tvm-source"
+    cmake: dict[str, str] = Field(default_factory=lambda: {"USE_LLVM": "ON"})
+    runtime_only: bool = False
+    targets: list[str] = Field(default_factory=list, description="default: all, or the runtime only")
+    libraries: list[str] = Field(default_factory=lambda: ["*.so", "lib/*.so"],
+                                 description="globs in the build directory kept as lib/")
+    python_dir: str = "python"
+    python_packages: list[str] = Field(
+        default_factory=lambda: ["numpy", "apache-tvm-ffi=={ffi_version}", "tornado", "psutil", "cloudpickle"])
+    submodule_rewrites: dict[str, str] = Field(default_factory=dict)
+    jobs: int | None = Field(default=None, ge=1)
+    cache_limit_gb: float = Field(default=20.0, gt=0)
+    timeout_s: float = Field(default=7200.0, gt=0)
+
+    def config_hash(self) -> str:
+        """Hash of what changes the build's output (not limits, mirrors or parallelism)."""
+        payload = self.model_dump(exclude={"submodule_rewrites", "jobs", "cache_limit_gb", "timeout_s"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+BUILD_KINDS = ("command", "tvm-wheel", "tvm-source")
 WORKLOAD_KINDS = ("command", "tvm")
 
 
@@ -92,7 +121,8 @@ def _kind_of(default: str, kinds: tuple[str, ...]):
 
 
 BuildConfig = Annotated[
-    Union[Annotated[CommandBuildConfig, Tag("command")], Annotated[TvmWheelBuildConfig, Tag("tvm-wheel")]],
+    Union[Annotated[CommandBuildConfig, Tag("command")], Annotated[TvmWheelBuildConfig, Tag("tvm-wheel")],
+          Annotated[TvmSourceBuildConfig, Tag("tvm-source")]],
     _kind_of("command", BUILD_KINDS),
 ]
 
@@ -230,8 +260,8 @@ class Config(_Strict):
             if workload.name in seen:
                 raise ValueError(f"workload name {workload.name!r} appears twice")
             seen.add(workload.name)
-        if self.build.kind == "command" and self.repo is None:
-            raise ValueError("a command build needs [repo]")
+        if self.build.kind in ("command", "tvm-source") and self.repo is None:
+            raise ValueError(f"a {self.build.kind} build needs [repo]")
         if self.build.kind == "tvm-wheel" and any(w.kind == "command" for w in self.workloads):
             raise ValueError("a tvm-wheel build runs tvm workloads only")
         if self.runner.kind != "cpu" and any(w.kind == "command" for w in self.workloads):

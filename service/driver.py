@@ -248,7 +248,7 @@ def _success_row(session: Session, commit_id: int, builder, artifact) -> Build:
             return row
     row = Build(commit_id=commit_id, builder=builder.kind, config_hash=builder.config_hash(),
                 status=BuildStatus.SUCCESS, artifact_key=artifact.key, cached=artifact.cached,
-                log=artifact.log, duration_s=artifact.duration_s)
+                log=artifact.log, duration_s=artifact.duration_s, metrics=artifact.metrics or None)
     session.add(row)
     session.flush()
     return row

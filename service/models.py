@@ -152,6 +152,8 @@ class Build(Base):
     cached: Mapped[bool] = mapped_column(Boolean, default=False)
     log: Mapped[str] = mapped_column(Text, default="")
     duration_s: Mapped[float | None] = mapped_column(Float)
+    # build metrics: incremental or clean, steps compiled, ccache hits and hit rate
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     commit: Mapped[Commit] = relationship()
 

@@ -51,7 +51,7 @@ def test_remote_urls_are_kept_verbatim(tmp_path):
         (lambda t: t.replace('command = ["sh", "build.sh"]\n', ""), "abwatch.toml: build.command: field required"),
         (lambda t: t.replace('[repo]\nurl = "repo"', "[repo]"), "abwatch.toml: repo.url: field required"),
         (lambda t: t.replace('artifacts = "out"', 'artifacts = "../out"'), "abwatch.toml: build.artifacts: value error"),
-        (lambda t: t.replace('kind = "command"\ncommand = ["sh"', 'kind = "cmake"\ncommand = ["sh"'), "abwatch.toml: build: unknown kind; expected one of 'command', 'tvm-wheel'"),
+        (lambda t: t.replace('kind = "command"\ncommand = ["sh"', 'kind = "cmake"\ncommand = ["sh"'), "abwatch.toml: build: unknown kind; expected one of 'command', 'tvm-wheel', 'tvm-source'"),
         (lambda t: t + '\n[run]\nrepetitions = "ten"\n', "abwatch.toml: run.repetitions: input should be a valid integer"),
         (lambda t: t + '\n[run]\nrepetitons = 3\n', "abwatch.toml: run.repetitons: extra inputs are not permitted"),
         (lambda t: t.replace('command = ["./bench"]', "command = []"), "abwatch.toml: workloads[0].command: list should have at least 1 item"),

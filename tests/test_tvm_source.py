@@ -1,0 +1,215 @@
+"""The tvm-source builder on a small CMake project with TVM's shape, made in the test.
+
+The project has TVM's layout: a ``CMakeLists.txt`` that reads ``config.cmake`` from the build
+directory, ``libtvm_runtime.so`` and ``libtvm.so``, a ``python/`` package that loads them from
+``TVM_LIBRARY_PATH``, and a ``3rdparty/tvm-ffi`` submodule (whose header the runtime needs)
+reached through a URL rewrite. Real git, real CMake + Ninja + ccache, real compiler.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+from pathlib import Path
+
+import git
+import pytest
+from sqlalchemy import select
+
+from builders import BuildFailed, TvmSourceBuilder
+from service import db
+from service.cli import main
+from service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
+from service.models import Build, BuildStatus
+
+FAKE_REMOTE = "https://example.invalid/apache/"
+
+CMAKELISTS = """cmake_minimum_required(VERSION 3.18)
+project(tvmshaped CXX)
+if(EXISTS ${CMAKE_CURRENT_BINARY_DIR}/config.cmake)
+  include(${CMAKE_CURRENT_BINARY_DIR}/config.cmake)
+endif()
+include_directories(3rdparty/tvm-ffi/include)
+add_library(tvm_runtime SHARED src/runtime.cc)
+add_library(tvm SHARED src/compiler.cc)
+target_link_libraries(tvm tvm_runtime)
+"""
+RUNTIME = '#include "tvmffi_magic.h"\nextern "C" int runtime_magic() { return FFI_MAGIC; }\n'
+COMPILER = 'extern "C" int runtime_magic();\n#define VERSION {v}\nextern "C" int compiler_version() {{ return VERSION + runtime_magic(); }}\n'
+PYTHON = '''"""tvmshaped: loads its libraries from TVM_LIBRARY_PATH, as TVM does.{doc}"""
+import ctypes, os
+_dir = os.environ["TVM_LIBRARY_PATH"]
+ctypes.CDLL(os.path.join(_dir, "libtvm_runtime.so"), mode=ctypes.RTLD_GLOBAL)
+_lib = ctypes.CDLL(os.path.join(_dir, "libtvm.so"))
+def version():
+    return _lib.compiler_version()
+'''
+
+
+def _commit(repo: git.Repo, message: str) -> str:
+    # the git CLI, and only the project's files: the submodule's gitlink entry must stay
+    repo.git.add("--", *[p.name for p in Path(repo.working_dir).iterdir() if p.name not in (".git", "3rdparty")])
+    repo.git.execute(["git", "-c", "user.name=test", "-c", "user.email=test@abwatch.invalid",
+                      "commit", "--quiet", "-m", message])
+    return repo.head.commit.hexsha
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """(repo path, mirrors dir, {name: sha}) of the TVM-shaped project's history."""
+    root = tmp_path_factory.mktemp("tvmshaped")
+    ffi = git.Repo.init(root / "mirrors" / "tvm-ffi.git".removesuffix(".git"), initial_branch="main")
+    (Path(ffi.working_dir) / "include").mkdir()
+    (Path(ffi.working_dir) / "include" / "tvmffi_magic.h").write_text("#define FFI_MAGIC 42\n")
+    ffi_sha = _commit(ffi, "ffi header")
+    ffi.create_tag("v0.1.7")
+
+    repo = git.Repo.init(root / "tvm", initial_branch="main")
+    work = Path(repo.working_dir)
+    (work / "src").mkdir()
+    (work / "python" / "tvmshaped").mkdir(parents=True)
+    (work / "CMakeLists.txt").write_text(CMAKELISTS)
+    (work / "src" / "runtime.cc").write_text(RUNTIME)
+    (work / "src" / "compiler.cc").write_text(COMPILER.format(v=1))
+    (work / "python" / "tvmshaped" / "__init__.py").write_text(PYTHON.format(doc=""))
+    (work / ".gitmodules").write_text(f'[submodule "3rdparty/tvm-ffi"]\n\tpath = 3rdparty/tvm-ffi\n'
+                                      f"\turl = {FAKE_REMOTE}tvm-ffi\n")
+    repo.git.update_index("--add", "--cacheinfo", f"160000,{ffi_sha},3rdparty/tvm-ffi")
+    shas = {"first": _commit(repo, "first")}
+    (work / "python" / "tvmshaped" / "__init__.py").write_text(PYTHON.format(doc=" Python-only change."))
+    shas["python_only"] = _commit(repo, "python only")
+    (work / "src" / "compiler.cc").write_text(COMPILER.format(v=2))
+    shas["compiler"] = _commit(repo, "compiler change")
+    (work / "src" / "compiler.cc").write_text("this is not C++;\n")
+    shas["broken"] = _commit(repo, "broken")
+    return work, root / "mirrors", shas
+
+
+def make_config(project, cache: Path, **build) -> Config:
+    work, mirrors, _ = project
+    options = {"cmake": {"USE_LLVM": "OFF"}, "python_packages": [],
+               "submodule_rewrites": {FAKE_REMOTE: f"{mirrors}/"}, **build}
+    return Config(repo=RepoConfig(url=str(work)), cache_dir=cache, build=TvmSourceBuildConfig(**options),
+                  workloads=[CommandWorkloadConfig(name="w", command=["true"])])
+
+
+def run_python(artifact: Path, code: str) -> str:
+    info = json.loads((artifact / "abwatch-artifact.json").read_text())
+    env = dict(os.environ, **{k: str(artifact / v) for k, v in info["env_paths"].items()})
+    return subprocess.run([info["python"], "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+
+def test_clean_then_cached_then_incremental_and_shared(project, tmp_path):
+    _, _, shas = project
+    builder = TvmSourceBuilder(make_config(project, tmp_path))
+    first = builder.build(builder.resolve("main~3").sha)
+    assert not first.cached and first.metrics["incremental"] is False and first.metrics["steps"] >= 4
+    assert sorted(p.name for p in (first.path / "lib").iterdir()) == ["libtvm.so", "libtvm_runtime.so"]
+    # the submodule came through the URL rewrite: its header's 42 is compiled in
+    assert run_python(first.path, "import tvmshaped; print(tvmshaped.version())").strip() == "43"
+    assert "Build files have been written" in first.log
+
+    again = builder.build(shas["first"])
+    assert again.cached and again.path == first.path
+
+    python_only = builder.build(shas["python_only"])
+    assert python_only.metrics["incremental"] is True and python_only.metrics["steps"] == 0
+    # unchanged libraries are the same file on disk (content-addressed, hard-linked)
+    for name in ("libtvm.so", "libtvm_runtime.so"):
+        assert (python_only.path / "lib" / name).stat().st_ino == (first.path / "lib" / name).stat().st_ino
+    assert "Python-only change" in (python_only.path / "python" / "tvmshaped" / "__init__.py").read_text()
+
+    compiler = builder.build(shas["compiler"])
+    assert compiler.metrics["incremental"] is True and 1 <= compiler.metrics["steps"] <= 2
+    assert run_python(compiler.path, "import tvmshaped; print(tvmshaped.version())").strip() == "44"
+    one_build = sum(p.stat().st_size for p in first.path.rglob("*") if p.is_file())
+    assert builder.cache.size_bytes() <= 2.5 * one_build  # three artifacts, one changed library
+
+
+def test_ccache_is_shared_across_build_configurations(project, tmp_path):
+    _, _, shas = project
+    TvmSourceBuilder(make_config(project, tmp_path)).build(shas["first"])
+    other = TvmSourceBuilder(make_config(project, tmp_path, cmake={"USE_LLVM": "OFF", "EXTRA_FLAG": "1"}))
+    assert other.workspace != TvmSourceBuilder(make_config(project, tmp_path)).workspace
+    artifact = other.build(shas["first"])
+    assert artifact.metrics["incremental"] is False
+    assert artifact.metrics["ccache_hits"] >= 2 and artifact.metrics["ccache_hit_rate"] == 1.0
+
+
+def test_runtime_only_builds_just_the_runtime(project, tmp_path):
+    _, _, shas = project
+    builder = TvmSourceBuilder(make_config(project, tmp_path, runtime_only=True))
+    artifact = builder.build(shas["first"])
+    assert [p.name for p in (artifact.path / "lib").iterdir()] == ["libtvm_runtime.so"]
+
+
+def test_least_recently_used_artifacts_are_evicted(project, tmp_path):
+    _, _, shas = project
+    probe = TvmSourceBuilder(make_config(project, tmp_path / "probe"))
+    size = sum(p.stat().st_size for p in probe.build(shas["first"]).path.rglob("*") if p.is_file())
+    limit_gb = 1.5 * size / 2**30  # room for one artifact and a bit, not for two distinct ones
+    builder = TvmSourceBuilder(make_config(project, tmp_path / "lru", cache_limit_gb=limit_gb))
+    first = builder.build(shas["first"])
+    compiler = builder.build(shas["compiler"])
+    assert compiler.path.exists() and not first.path.exists()
+    assert [key for _, key in builder.cache.entries()] == [compiler.key]
+    assert builder.cache.size_bytes() <= limit_gb * 2**30
+
+
+def test_build_failure_keeps_its_log(project, tmp_path):
+    _, _, shas = project
+    builder = TvmSourceBuilder(make_config(project, tmp_path))
+    with pytest.raises(BuildFailed) as info:
+        builder.build(shas["broken"])
+    assert "build of" in str(info.value) and "failed" in str(info.value)
+    assert "compiler.cc" in info.value.log and "error" in info.value.log
+    assert builder.cache.get(builder.cache_key(shas["broken"])) is None
+
+
+def _build(project, cache: str, sha: str, queue) -> None:
+    artifact = TvmSourceBuilder(make_config(project, Path(cache))).build(sha)
+    queue.put(artifact.cached)
+
+
+def test_concurrent_builders_of_one_commit_build_once(project, tmp_path):
+    _, _, shas = project
+    TvmSourceBuilder(make_config(project, tmp_path)).repo.repo  # clone the mirror up front
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_build, args=(project, str(tmp_path), shas["first"], queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert sorted(queue.get(timeout=5) for _ in procs) == [False, True]
+
+
+def test_compare_stores_a_failed_source_build(project, tmp_path, capsys, sqlite_url):
+    work, mirrors, shas = project
+    config = tmp_path / "src.toml"
+    config.write_text(f"""
+cache_dir = {json.dumps(str(tmp_path / 'cache'))}
+[repo]
+url = {json.dumps(str(work))}
+[build]
+kind = "tvm-source"
+cmake = {{USE_LLVM = "OFF"}}
+python_packages = []
+submodule_rewrites = {{{json.dumps(FAKE_REMOTE)} = {json.dumps(str(mirrors) + "/")}}}
+[[workloads]]
+name = "ls"
+command = ["ls", "lib"]
+""")
+    code = main(["compare", "--config", str(config), "--control", shas["first"], "--treatment", shas["broken"],
+                 "--json", "--db", sqlite_url])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 3 and [b["status"] for b in payload["builds"]] == ["success", "build_failed"]
+    engine = db.make_engine(sqlite_url)
+    with db.session_scope(engine) as session:
+        ok = session.scalars(select(Build).where(Build.status == BuildStatus.SUCCESS)).one()
+        failed = session.scalars(select(Build).where(Build.status == BuildStatus.BUILD_FAILED)).one()
+        assert ok.metrics["incremental"] is False and ok.metrics["steps"] >= 4
+        assert "compiler.cc" in failed.log
