@@ -146,8 +146,17 @@ class TvmSourceBuilder(Builder):
         self._run(git + ["-C", str(src), "checkout", "--force", "--detach", sha], log, f"checkout of {sha[:12]}",
                   deadline=deadline)
         self._run(git + ["-C", str(src), "submodule", "sync", "--recursive"], log, "submodule sync", deadline=deadline)
-        self._run(git + ["-C", str(src), "submodule", "update", "--init", "--recursive", "--force"], log,
-                  "submodule update", deadline=deadline)
+        if self.config.submodules is None:
+            self._run(git + ["-C", str(src), "submodule", "update", "--init", "--recursive", "--force"], log,
+                      "submodule update", deadline=deadline)
+        else:
+            # Only the listed paths, parents first (a CPU build of TVM needs just 3rdparty/tvm-ffi
+            # and its dlpack); each is updated from the repository that contains it.
+            for path in self.config.submodules:
+                parent = next((p for p in Path(path).parents if (src / p / ".git").exists()), Path("."))
+                self._run(git + ["-C", str(src / parent), "submodule", "update", "--init", "--force", "--",
+                                 str(Path(path).relative_to(parent))], log, f"submodule update {path}",
+                          deadline=deadline)
         build.mkdir(exist_ok=True)
         lines = [f"set({name} {value})\n" for name, value in sorted(self.config.cmake.items())]
         config_cmake = "".join(lines) + "set(CMAKE_BUILD_TYPE Release)\n"

@@ -93,13 +93,16 @@ class TvmSourceBuildConfig(_Strict):
     python_packages: list[str] = Field(
         default_factory=lambda: ["numpy", "apache-tvm-ffi=={ffi_version}", "tornado", "psutil", "cloudpickle"])
     submodule_rewrites: dict[str, str] = Field(default_factory=dict)
+    submodules: list[str] | None = Field(
+        default=None, description="submodule paths to check out (recursively); default: all")
     jobs: int | None = Field(default=None, ge=1)
     cache_limit_gb: float = Field(default=20.0, gt=0)
     timeout_s: float = Field(default=7200.0, gt=0)
 
     def config_hash(self) -> str:
         """Hash of what changes the build's output (not limits, mirrors or parallelism)."""
-        payload = self.model_dump(exclude={"submodule_rewrites", "jobs", "cache_limit_gb", "timeout_s"})
+        payload = self.model_dump(exclude={"submodule_rewrites", "submodules", "jobs", "cache_limit_gb",
+                                           "timeout_s"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

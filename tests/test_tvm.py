@@ -236,3 +236,40 @@ def test_rpc_runner_with_no_tracker_is_a_clear_error(capsys, tmp_path, tvm_cache
     runner = f'kind = "rpc"\ntracker = "127.0.0.1:{_free_port()}"\nkey = "local-cpu"'
     code, _, err = compare(capsys, write(tmp_path, tvm_cache, MLP, runner=runner), sqlite_url)
     assert code == 2 and "is not reachable" in err
+
+
+ONNX_MODEL = """
+import onnx, sys
+from onnx import TensorProto, helper
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])
+w = helper.make_tensor("w", TensorProto.FLOAT, [16, 16], [0.01 * i for i in range(256)])
+graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                          "tiny", [x], [y], [w])
+onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), sys.argv[1])
+"""
+
+
+def test_onnx_model_by_path_with_md5(capsys, tmp_path, tvm_cache, sqlite_url):
+    import hashlib
+
+    config = Config(build=TvmWheelBuildConfig(packages=["onnx"]), cache_dir=tvm_cache,
+                    workloads=[TvmWorkloadConfig(name="x", model="builtin:mlp")])
+    python = str(TvmWheelBuilder(config).build(NEW).path / "bin" / "python")
+    model = tmp_path / "tiny.onnx"
+    subprocess.run([python, "-c", ONNX_MODEL, str(model)], check=True)
+    md5 = hashlib.md5(model.read_bytes()).hexdigest()
+    workload = f'[[workloads]]\nname = "tiny"\nkind = "tvm"\nmodel = "onnx:{model}"\nmd5 = "{md5}"\n'
+    path = write(tmp_path, tvm_cache, workload)
+    text = open(path).read().replace('kind = "tvm-wheel"', 'kind = "tvm-wheel"\npackages = ["onnx"]')
+    open(path, "w").write(text)
+    code, payload, err = compare(capsys, path, sqlite_url, NEW, NEW)
+    result = payload["results"][0]
+    assert result["failure"] is None, result
+    assert result["control"]["n"] == 20 and result["error"]["max_abs"] == 0.0
+    assert any(op["type"].startswith("matmul") or "matmul" in op["name"] for op in result["ops"])
+
+    open(path, "w").write(text.replace(md5, "0" * 32))
+    code, payload, err = compare(capsys, path, sqlite_url, NEW, NEW)
+    assert "md5 is " + md5 in payload["results"][0]["failure"]
+    assert payload["results"][0]["regression_id"] is None

@@ -139,10 +139,13 @@ def test_ccache_is_shared_across_build_configurations(project, tmp_path):
 
 
 def test_runtime_only_builds_just_the_runtime(project, tmp_path):
+    """For boards: only the runtime target, and only the listed submodule is checked out."""
     _, _, shas = project
-    builder = TvmSourceBuilder(make_config(project, tmp_path, runtime_only=True))
+    builder = TvmSourceBuilder(make_config(project, tmp_path, runtime_only=True, submodules=["3rdparty/tvm-ffi"]))
     artifact = builder.build(shas["first"])
     assert [p.name for p in (artifact.path / "lib").iterdir()] == ["libtvm_runtime.so"]
+    assert "submodule update 3rdparty/tvm-ffi" not in artifact.log  # no failure message
+    assert "tvm-ffi" in artifact.log
 
 
 def test_least_recently_used_artifacts_are_evicted(project, tmp_path):
