@@ -51,7 +51,7 @@ class TvmSourceBuilder(Builder):
         self.repo = RepoMirror(config.repo.url, config.cache_dir)
         self.repository_url = config.repo.url
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
-        self.workspace = config.cache_dir / "tvm-source" / self.config.config_hash()
+        self.workspace = config.cache_dir / "tvm-source" / self.config.workspace_hash()
         self.ccache_dir = config.cache_dir / "ccache"
         self._fetched = False
         self._toolchain: str | None = None
@@ -69,8 +69,11 @@ class TvmSourceBuilder(Builder):
         """CMake, compiler and (with USE_LLVM) LLVM versions: part of every cache key."""
         if self._toolchain is None:
             parts = []
+            use_llvm = self.config.cmake.get("USE_LLVM", "OFF")
+            # USE_LLVM is ON or the path of an llvm-config; either way its version is part of the key
+            llvm_config = use_llvm if use_llvm.endswith("llvm-config") else "llvm-config"
             for argv in ([tool("cmake") or "cmake", "--version"], [shutil.which("c++") or "c++", "--version"],
-                         *([["llvm-config", "--version"]] if self.config.cmake.get("USE_LLVM", "OFF") != "OFF" else [])):
+                         *([[llvm_config, "--version"]] if use_llvm.upper() != "OFF" else [])):
                 try:
                     out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
                     parts.append(out.splitlines()[0] if out else f"{argv[0]}: ?")

@@ -100,9 +100,14 @@ class TvmSourceBuildConfig(_Strict):
     timeout_s: float = Field(default=7200.0, gt=0)
 
     def config_hash(self) -> str:
-        """Hash of what changes the build's output (not limits, mirrors or parallelism)."""
+        """Hash of what changes the artifact (not limits, mirrors or parallelism)."""
         payload = self.model_dump(exclude={"submodule_rewrites", "submodules", "jobs", "cache_limit_gb",
                                            "timeout_s"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def workspace_hash(self) -> str:
+        """Hash of what changes the compiled output: configurations that share it share a build dir."""
+        payload = self.model_dump(include={"cmake", "runtime_only", "targets"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
