@@ -34,6 +34,7 @@ def tvm_cache(tmp_path_factory):
 
 def write(tmp_path, cache, workloads: str, runner: str = 'kind = "cpu"\nthreads = 1', run: str = "") -> str:
     path = tmp_path / "tvm.toml"
+    run = run or "repetitions = 4\nmax_repetitions = 4"
     path.write_text(f"""
 cache_dir = {json.dumps(str(cache))}
 [build]
@@ -41,11 +42,9 @@ kind = "tvm-wheel"
 [runner]
 {runner}
 [run]
-repetitions = 4
-max_repetitions = 4
+{run}
 seed = 3
 noise_aware = false
-{run}
 {workloads}
 """)
     return str(path)
@@ -273,3 +272,26 @@ def test_onnx_model_by_path_with_md5(capsys, tmp_path, tvm_cache, sqlite_url):
     code, payload, err = compare(capsys, path, sqlite_url, NEW, NEW)
     assert "md5 is " + md5 in payload["results"][0]["failure"]
     assert payload["results"][0]["regression_id"] is None
+
+
+def test_resnet18_and_transformer_block_compile_and_run(capsys, tmp_path, tvm_cache, sqlite_url):
+    workloads = '''
+[[workloads]]
+name = "resnet18"
+kind = "tvm"
+model = "builtin:resnet18"
+input_shape = [1, 3, 32, 32]     # small input: CPU runs stay short
+number = 1
+samples = 2
+[[workloads]]
+name = "block"
+kind = "tvm"
+model = "builtin:transformer"
+input_shape = [1, 8, 32]
+'''
+    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, workloads, run="repetitions = 2\nmax_repetitions = 2"),
+                                 sqlite_url, NEW, NEW)
+    by_name = {r["workload"]: r for r in payload["results"]}
+    assert all(r["failure"] is None for r in by_name.values()), by_name
+    assert sum(op["type"] == "conv2d" for op in by_name["resnet18"]["ops"]) >= 5
+    assert any("attention" in op["name"] or "matmul" in op["name"] for op in by_name["block"]["ops"])
