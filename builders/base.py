@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from builders.cache import ArtifactCache
 from service.repo import CommitInfo
 
 
@@ -53,6 +54,21 @@ class Builder(abc.ABC):
     def cache_key(self, sha: str) -> str:
         """The artifact cache key of ``sha`` under this builder's configuration."""
 
+    cache: ArtifactCache
+
     @abc.abstractmethod
+    def produce(self, sha: str, key: str) -> Artifact:
+        """Build ``sha`` now and store it in the cache as ``key`` (called with the key locked)."""
+
     def build(self, sha: str) -> Artifact:
-        """Return the artifact of ``sha``, from the cache or built now; raise BuildFailed."""
+        """Return the artifact of ``sha``, from the cache or built now; raise BuildFailed.
+
+        A key is built at most once: concurrent builders of one key wait on its lock, and
+        the one that waited finds the entry the other stored.
+        """
+        key = self.cache_key(sha)
+        with self.cache.lock(key):
+            hit = self.cache.get(key)
+            if hit is not None:
+                return Artifact(key=key, path=hit, cached=True, log="", duration_s=0.0)
+            return self.produce(sha, key)

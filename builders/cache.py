@@ -147,7 +147,11 @@ class ArtifactCache:
                 break
             if key in keep:
                 continue
-            with self.lock(key):
+            with open(self.root / f"{key}.lock", "w") as handle:
+                try:  # an entry another builder holds is in use: skip it rather than wait
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
                 shutil.rmtree(self.path(key), ignore_errors=True)
             removed.append(key)
         if removed:

@@ -45,27 +45,16 @@ class CommandBuilder(Builder):
         digest = hashlib.sha256(f"{sha}\0{self.config_hash()}\0{toolchain}".encode()).hexdigest()
         return f"{sha[:12]}-{digest[:16]}"
 
-    def build(self, sha: str) -> Artifact:
-        key = self.cache_key(sha)
-        hit = self.cache.get(key)
-        if hit is not None:
-            return Artifact(key=key, path=hit, cached=True, log="", duration_s=0.0)
-        with self.cache.lock(key):
-            hit = self.cache.get(key)  # another process may have built it while we waited
-            if hit is not None:
-                return Artifact(key=key, path=hit, cached=True, log="", duration_s=0.0)
-            with tempfile.TemporaryDirectory(prefix="abwatch-build-") as tmp:
-                checkout = Path(tmp) / "src"
-                with self.repo.worktree(sha, checkout):
-                    log, duration = self._run(sha, checkout)
-                    artifacts = checkout / self.config.artifacts
-                    if not artifacts.is_dir():
-                        raise BuildFailed(
-                            f"build of {sha[:12]} produced no directory {self.config.artifacts!r}",
-                            log,
-                            duration,
-                        )
-                    path = self.cache.put(key, artifacts, {"sha": sha, "builder": self.kind})
+    def produce(self, sha: str, key: str) -> Artifact:
+        with tempfile.TemporaryDirectory(prefix="abwatch-build-") as tmp:
+            checkout = Path(tmp) / "src"
+            with self.repo.worktree(sha, checkout):
+                log, duration = self._run(sha, checkout)
+                artifacts = checkout / self.config.artifacts
+                if not artifacts.is_dir():
+                    raise BuildFailed(f"build of {sha[:12]} produced no directory {self.config.artifacts!r}",
+                                      log, duration)
+                path = self.cache.put(key, artifacts, {"sha": sha, "builder": self.kind})
         return Artifact(key=key, path=path, cached=False, log=log, duration_s=duration)
 
     def _run(self, sha: str, checkout: Path) -> tuple[str, float]:

@@ -86,23 +86,15 @@ class TvmSourceBuilder(Builder):
         digest = hashlib.sha256(f"{sha}\0{self.config_hash()}\0{self.toolchain()}".encode()).hexdigest()
         return f"src-{sha[:12]}-{digest[:12]}"
 
-    def build(self, sha: str) -> Artifact:
-        key = self.cache_key(sha)
-        hit = self.cache.get(key)
-        if hit is not None:
-            return Artifact(key=key, path=hit, cached=True, log="", duration_s=0.0)
-        with self.cache.lock(key):
-            hit = self.cache.get(key)
-            if hit is not None:
-                return Artifact(key=key, path=hit, cached=True, log="", duration_s=0.0)
-            with self._workspace_lock():
-                start = time.monotonic()
-                log: list[str] = []
-                try:
-                    metrics = self._checkout_and_build(sha, log)
-                    path = self._store(key, sha, log)
-                except BuildFailed as exc:
-                    raise BuildFailed(str(exc), "".join(log)[-LOG_LIMIT:], time.monotonic() - start) from None
+    def produce(self, sha: str, key: str) -> Artifact:
+        with self._workspace_lock():
+            start = time.monotonic()
+            log: list[str] = []
+            try:
+                metrics = self._checkout_and_build(sha, log)
+                path = self._store(key, sha, log)
+            except BuildFailed as exc:
+                raise BuildFailed(str(exc), "".join(log)[-LOG_LIMIT:], time.monotonic() - start) from None
         self.cache.evict(int(self.config.cache_limit_gb * 2**30), keep={key})
         metrics["duration_s"] = time.monotonic() - start
         return Artifact(key=key, path=path, cached=False, log="".join(log)[-LOG_LIMIT:],

@@ -61,27 +61,19 @@ class TvmWheelBuilder(Builder):
         digest = hashlib.sha256(f"{sha}\0{FFI_PINS.get(sha)}\0{self.config_hash()}\0{toolchain}".encode())
         return f"tvm-{sha}-{digest.hexdigest()[:12]}"
 
-    def build(self, sha: str) -> Artifact:
+    def produce(self, sha: str, key: str) -> Artifact:
         self.resolve(sha)
-        key = self.cache_key(sha)
-        hit = self.cache.get(key)
-        if hit is not None:
-            return Artifact(key=key, path=hit, cached=True, log="", duration_s=0.0)
-        with self.cache.lock(key):
-            hit = self.cache.get(key)
-            if hit is not None:
-                return Artifact(key=key, path=hit, cached=True, log="", duration_s=0.0)
-            staging = self.cache.staging(key)
-            start = time.monotonic()
-            try:
-                log = self._install(sha, staging)
-            except BuildFailed:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-            info = {"python": "bin/python", "tvm_version": sha, "tvm_ffi_version": FFI_PINS[sha]}
-            (staging / ARTIFACT_INFO).write_text(json.dumps(info, sort_keys=True))
-            duration = time.monotonic() - start
-            path = self.cache.adopt(key, staging, {"sha": sha, "builder": self.kind})
+        staging = self.cache.staging(key)
+        start = time.monotonic()
+        try:
+            log = self._install(sha, staging)
+        except BuildFailed:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        info = {"python": "bin/python", "tvm_version": sha, "tvm_ffi_version": FFI_PINS[sha]}
+        (staging / ARTIFACT_INFO).write_text(json.dumps(info, sort_keys=True))
+        duration = time.monotonic() - start
+        path = self.cache.adopt(key, staging, {"sha": sha, "builder": self.kind})
         return Artifact(key=key, path=path, cached=False, log=log, duration_s=duration)
 
     def _install(self, version: str, venv) -> str:

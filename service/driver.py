@@ -10,7 +10,6 @@ run finished).
 from __future__ import annotations
 
 import random
-import statistics as pystats
 import time
 from dataclasses import dataclass, field, replace
 from typing import Protocol

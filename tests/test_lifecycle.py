@@ -6,7 +6,7 @@ import pytest
 
 from service import lifecycle
 from service.models import (
-    Comparison, Commit, Regression, RegressionState, Repository, Run, RunStatus, RunType,
+    Comparison, Commit, RegressionState, Repository, Run, RunStatus, RunType,
     VerdictKind, Workload,
 )
 
