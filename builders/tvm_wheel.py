@@ -22,7 +22,8 @@ from builders.cache import ArtifactCache
 from service.config import Config
 from service.repo import CommitInfo, RepoError
 
-# apache-tvm release -> the apache-tvm-ffi release it works with (checked on this machine).
+# apache-tvm release -> the apache-tvm-ffi release it works with (each pair checked here:
+# it installs, imports and compiles a kernel).
 FFI_PINS: dict[str, str] = {
     "0.25.0": "0.1.12",
     "0.25.0.post1": "0.1.12",

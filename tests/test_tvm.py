@@ -274,7 +274,7 @@ def test_onnx_model_by_path_with_md5(capsys, tmp_path, tvm_cache, sqlite_url):
     assert payload["results"][0]["regression_id"] is None
 
 
-def test_resnet18_and_transformer_block_compile_and_run(capsys, tmp_path, tvm_cache, sqlite_url):
+def test_resnet18_transformer_and_conv2d_compile_and_run(capsys, tmp_path, tvm_cache, sqlite_url):
     workloads = '''
 [[workloads]]
 name = "resnet18"
@@ -288,6 +288,12 @@ name = "block"
 kind = "tvm"
 model = "builtin:transformer"
 input_shape = [1, 8, 32]
+[[workloads]]
+name = "conv"
+kind = "tvm"
+model = "te:conv2d"
+input_shape = [1, 8, 16, 16]
+options = {out_channels = 8}
 '''
     code, payload, err = compare(capsys, write(tmp_path, tvm_cache, workloads, run="repetitions = 2\nmax_repetitions = 2"),
                                  sqlite_url, NEW, NEW)
@@ -295,3 +301,5 @@ input_shape = [1, 8, 32]
     assert all(r["failure"] is None for r in by_name.values()), by_name
     assert sum(op["type"] == "conv2d" for op in by_name["resnet18"]["ops"]) >= 5
     assert any("attention" in op["name"] or "matmul" in op["name"] for op in by_name["block"]["ops"])
+    assert [op["name"] for op in by_name["conv"]["ops"]] == ["conv2d"]
+    assert by_name["conv"]["compile_ms"]["control"] > 0
