@@ -178,33 +178,46 @@ def run_compare(
         session.add(run)
         session.commit()
         progress.message(f"run {run.id} ({run_type.value}): {control_ref} -> {treatment_ref}")
-
-        builds, artifacts = _build_pair(session, builder, run,
-                                        {Side.CONTROL: (control_ref, control),
-                                         Side.TREATMENT: (treatment_ref, treatment)}, progress)
-        if any(b.status != BuildStatus.SUCCESS.value for b in builds):
-            run.status = RunStatus.BUILD_FAILED
-            run.error = "; ".join(b.message for b in builds if b.message)
-            run.finished_at = utcnow()
+        try:
+            return _carry_out(session, config, builder, runner, run, device_info, seed,
+                              {Side.CONTROL: (control_ref, control), Side.TREATMENT: (treatment_ref, treatment)},
+                              progress)
+        except BaseException as exc:
+            # Whatever stopped the run (a bug, Ctrl-C), it must not stay 'running' forever.
+            session.rollback()
+            run.status, run.error, run.finished_at = RunStatus.FAILED, f"{type(exc).__name__}: {exc}", utcnow()
             session.commit()
-            return CompareOutcome(run.id, run_type.value, run.status.value, builds)
-
-        rng = random.Random(seed)
-        measured = [
-            (workload, *_measure_workload(session, config, run, runner, workload, artifacts, rng, progress))
-            for workload in config.workloads
-        ]
-        verdicts = stats.adjust_fdr([verdict for _, _, verdict in measured])
-        results = [
-            _store_result(session, config, run, workload, m, verdict, device_info, progress)
-            for (workload, m, _), verdict in zip(measured, verdicts)
-        ]
-        run.status = RunStatus.COMPLETED
-        run.finished_at = utcnow()
-        session.commit()
-        return CompareOutcome(run.id, run_type.value, run.status.value, builds, results)
+            raise
     finally:
         runner.teardown()
+
+
+def _carry_out(session: Session, config: Config, builder: Builder, runner: Runner, run: Run,
+               device_info: dict, seed: int, sides: dict, progress: Progress) -> CompareOutcome:
+    """Build both sides, measure every workload, judge and store (the run row exists)."""
+    run_type = run.run_type
+    builds, artifacts = _build_pair(session, builder, run, sides, progress)
+    if any(b.status != BuildStatus.SUCCESS.value for b in builds):
+        run.status = RunStatus.BUILD_FAILED
+        run.error = "; ".join(b.message for b in builds if b.message)
+        run.finished_at = utcnow()
+        session.commit()
+        return CompareOutcome(run.id, run_type.value, run.status.value, builds)
+
+    rng = random.Random(seed)
+    measured = [
+        (workload, *_measure_workload(session, config, run, runner, workload, artifacts, rng, progress))
+        for workload in config.workloads
+    ]
+    verdicts = stats.adjust_fdr([verdict for _, _, verdict in measured])
+    results = [
+        _store_result(session, config, run, workload, m, verdict, device_info, progress)
+        for (workload, m, _), verdict in zip(measured, verdicts)
+    ]
+    run.status = RunStatus.COMPLETED
+    run.finished_at = utcnow()
+    session.commit()
+    return CompareOutcome(run.id, run_type.value, run.status.value, builds, results)
 
 
 def _build_pair(session: Session, builder: Builder, run: Run,

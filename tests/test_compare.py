@@ -255,3 +255,23 @@ def test_history_command_lists_the_measured_commits(capsys, write_config, sqlite
     assert payload["series"][-1]["median_ms"] > payload["series"][0]["median_ms"] * 1.1
     assert main(["history", "nothing", "--db", sqlite_url]) == 2
     assert "no history for workload 'nothing'" in capsys.readouterr().err
+
+
+def test_a_run_stopped_by_an_unexpected_error_is_marked_failed(write_config, sqlite_url, monkeypatch):
+    """Fault injection (the one way to make abwatch itself fail mid-run): the run must not stay 'running'."""
+    from service import driver
+    from service.config import load_config
+
+    def explode(verdicts):
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(driver.stats, "adjust_fdr", explode)
+    engine = db.make_engine(sqlite_url)
+    db.ensure_schema(engine)
+    with db.session_scope(engine) as session:
+        with pytest.raises(RuntimeError, match="injected fault"):
+            driver.run_compare(session, load_config(write_config(repetitions=2)), "base", "noop")
+    with db.session_scope(engine) as session:
+        run = session.scalars(select(Run)).one()
+        assert run.status == RunStatus.FAILED and "injected fault" in run.error and run.finished_at
+        assert session.scalar(select(func.count()).select_from(Sample)) > 0  # what was measured is kept
