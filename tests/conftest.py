@@ -138,7 +138,7 @@ warmup = 1
 timeout_s = {timeout_s}
 seed = 7
 noise_aware = {str(noise_aware).lower()}
-{run_extra}
+{run_extra or "max_repetitions = 60  # room to add batches when the machine is busy"}
 [stats]
 threshold_pct = {threshold_pct}
 """)
