@@ -7,14 +7,17 @@ so two builders of one key on this machine wait for each other instead of buildi
 
 ``put_deduplicated`` stores files by content in ``{root}/.objects/`` and hard-links them
 into the entry, so artifacts of neighbouring commits share every unchanged file (ten
-Python-only commits keep one copy of a large library). Using an entry touches its marker;
+Python-only commits keep one copy of a large library). A library that a commit relinked is
+new content, though; ``pack`` keeps such files of older entries of one build configuration
+as binary deltas against the newest entry's (see :mod:`builders.objects`), and ``hold`` (or
+``get``) rebuilds them when an older entry is used. ``hold`` also keeps an entry from being
+packed or evicted while a comparison runs from it. Using an entry touches its marker;
 ``evict`` removes the least recently used entries until the cache fits its limit.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -24,15 +27,23 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
+from builders.objects import ObjectStore
+
 MARKER = ".abwatch-complete"
+OBJECTS = ".abwatch-objects.json"  # {relative path: sha256} of a deduplicated entry
+DELTA_MIN_BYTES = 1 << 20  # smaller files are not worth a delta
+MAX_CHAIN = 16  # longest chain of deltas a rebuild may have to apply (each ~0.1 s per 100 MB)
 
 
 class ArtifactCache:
     """A directory of completed build artifacts keyed by a content hash."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, delta_min_bytes: int = DELTA_MIN_BYTES, max_chain: int = MAX_CHAIN) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.objects = ObjectStore(self.root / ".objects")
+        self.delta_min_bytes = delta_min_bytes
+        self.max_chain = max_chain
 
     def path(self, key: str) -> Path:
         """Where the artifact of ``key`` lives (complete or not)."""
@@ -41,13 +52,17 @@ class ArtifactCache:
         return self.root / key
 
     def get(self, key: str) -> Path | None:
-        """The artifact directory of ``key`` if it is complete, else None (a hit counts as a use)."""
+        """The artifact directory of ``key`` if it is complete, else None (a hit counts as a use).
+
+        Packed files are rebuilt first. To keep them from being packed again while the
+        artifact is in use, use :meth:`hold`.
+        """
         path = self.path(key)
         marker = path / MARKER
         if not marker.is_file():
             return None
         os.utime(marker)  # least-recently-used eviction reads this
-        return path
+        return self.materialize(key)
 
     @contextmanager
     def lock(self, key: str) -> Iterator[None]:
@@ -93,11 +108,16 @@ class ArtifactCache:
         self._mark(final, info)
         return final
 
-    def put_deduplicated(self, key: str, source: Path, info: dict) -> Path:
-        """Like :meth:`put`, but every regular file is a hard link to a content-addressed object."""
-        objects = self.root / ".objects"
+    def put_deduplicated(self, key: str, source: Path, info: dict, series: str | None = None) -> Path:
+        """Like :meth:`put`, but every regular file is a hard link to a content-addressed object.
+
+        The entry's ``{path: sha256}`` list is kept in it (``OBJECTS``). With a ``series``
+        (builds of one configuration), older entries of the series are then packed against
+        this one: see :meth:`pack`.
+        """
         staging = self.staging(key)
         try:
+            listing = {}
             for dirpath, dirnames, filenames in os.walk(source):
                 rel = Path(dirpath).relative_to(source)
                 (staging / rel).mkdir(parents=True, exist_ok=True)
@@ -106,18 +126,96 @@ class ArtifactCache:
                     if src.is_symlink():
                         os.symlink(os.readlink(src), dst)
                         continue
-                    digest = _sha256(src)
-                    obj = objects / digest[:2] / digest
-                    if not obj.exists():
-                        obj.parent.mkdir(parents=True, exist_ok=True)
-                        tmp = obj.with_suffix(f".tmp{os.getpid()}")
-                        shutil.copy2(src, tmp)
-                        os.replace(tmp, obj)
-                    os.link(obj, dst)
-            return self.adopt(key, staging, info)
+                    with self._objects_lock():
+                        sha = self.objects.add(src)
+                        os.link(self.objects.full(sha), dst)
+                    listing[str(rel / name)] = sha
+            (staging / OBJECTS).write_text(json.dumps(listing, sort_keys=True))
+            path = self.adopt(key, staging, dict(info, series=series) if series else info)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        if series:
+            self.pack(key)
+        return path
+
+    def pack(self, newest: str) -> list[str]:
+        """Keep the large files of the other entries of ``newest``'s series as deltas against it.
+
+        A file of at least ``delta_min_bytes`` that differs from ``newest``'s file at the same
+        path is stored as a Zstandard delta against it and unlinked from its entry; the entry
+        stays complete and is rebuilt by :meth:`hold` (or :meth:`get`) when used. Entries in
+        use are skipped, as are files unlike their counterpart and files whose delta chain
+        would grow past ``max_chain``. Returns the keys of the entries packed.
+        """
+        marker = self.path(newest) / MARKER
+        series = json.loads(marker.read_text()).get("series") if marker.is_file() else None
+        if not series:
+            return []
+        newest_files = self._listing(newest)
+        packed = []
+        with self._objects_lock():
+            heights = self._heights()
+            for _, key in self.entries():
+                if key == newest or self._info(key).get("series") != series:
+                    continue
+                with self._exclusive(f"{key}.use") as free:
+                    if free and self._pack_entry(key, newest_files, heights):
+                        packed.append(key)
+            self.objects.collect(self._needed())
+        return packed
+
+    def _pack_entry(self, key: str, newest_files: dict[str, str], heights: dict[str, int]) -> bool:
+        entry, changed = self.path(key), False
+        for rel, sha in self._listing(key).items():
+            base, linked = newest_files.get(rel), entry / rel
+            if (base is None or base == sha or not linked.exists() or not self.objects.full(base).exists()
+                    or linked.stat().st_size < self.delta_min_bytes):
+                continue
+            if heights.get(sha, 0) + 1 > self.max_chain:
+                continue  # this one stays whole: it bounds how long a rebuild can take
+            if self.objects.make_delta(sha, base):
+                linked.unlink()
+                heights[base] = max(heights.get(base, 0), heights.get(sha, 0) + 1)
+                changed = True
+        return changed
+
+    def _heights(self) -> dict[str, int]:
+        """{object: longest chain of deltas that ends in it} (0 or absent: none)."""
+        deltas, heights = self.objects.deltas(), {}
+
+        def height(sha: str, seen: frozenset = frozenset()) -> int:
+            if sha not in heights:
+                heights[sha] = max((height(d, seen | {sha}) + 1 for d, b in deltas.items()
+                                    if b == sha and d not in seen), default=0)
+            return heights[sha]
+
+        for sha in set(deltas.values()):
+            height(sha)
+        return heights
+
+    def materialize(self, key: str) -> Path:
+        """Rebuild and relink every packed file of ``key``; its directory, complete again."""
+        entry = self.path(key)
+        missing = {rel: sha for rel, sha in self._listing(key).items() if not (entry / rel).exists()}
+        if missing:
+            with self._objects_lock():
+                for rel, sha in missing.items():
+                    if not (entry / rel).exists():
+                        os.link(self.objects.materialize(sha), entry / rel)
+        return entry
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[Path]:
+        """Use the complete entry ``key``: it is not packed or evicted until the block ends."""
+        with open(self.root / f"{key}.use", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)
+            try:
+                if self.get(key) is None:
+                    raise FileNotFoundError(f"artifact {key} is not in the cache")
+                yield self.path(key)
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def size_bytes(self) -> int:
         """Bytes on disk, each hard-linked file counted once."""
@@ -140,31 +238,60 @@ class ArtifactCache:
         return sorted(found)
 
     def evict(self, limit_bytes: int, keep: set[str] = frozenset()) -> list[str]:
-        """Remove least recently used entries (never those in ``keep``) until within the limit."""
+        """Remove least recently used entries (never those in ``keep``) until within the limit.
+
+        Entries being built or held by a running comparison are skipped rather than waited for.
+        """
         removed = []
         for _, key in self.entries():
             if self.size_bytes() <= limit_bytes:
                 break
             if key in keep:
                 continue
-            with open(self.root / f"{key}.lock", "w") as handle:
-                try:  # an entry another builder holds is in use: skip it rather than wait
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
+            with self._exclusive(f"{key}.lock") as free_build, self._exclusive(f"{key}.use") as free_use:
+                if not (free_build and free_use):
                     continue
                 shutil.rmtree(self.path(key), ignore_errors=True)
             removed.append(key)
-        if removed:
-            self._collect_objects()
+            with self._objects_lock():
+                self.objects.collect(self._needed())
         return removed
 
-    def _collect_objects(self) -> None:
-        """Delete content objects no entry links to any more."""
-        objects = self.root / ".objects"
-        if objects.is_dir():
-            for obj in objects.glob("*/*"):
-                if obj.stat().st_nlink == 1:
-                    obj.unlink()
+    def _listing(self, key: str) -> dict[str, str]:
+        listing = self.path(key) / OBJECTS
+        return json.loads(listing.read_text()) if listing.is_file() else {}
+
+    def _info(self, key: str) -> dict:
+        return json.loads((self.path(key) / MARKER).read_text())
+
+    def _needed(self) -> set[str]:
+        """Every object a complete entry lists (whether linked now or packed)."""
+        return {sha for _, key in self.entries() for sha in self._listing(key).values()}
+
+    @contextmanager
+    def _objects_lock(self) -> Iterator[None]:
+        # One writer at a time for the object store: packing, rebuilding and collecting
+        # must not see each other's half-done work.
+        with open(self.root / ".objects.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _exclusive(self, name: str) -> Iterator[bool]:
+        """Try the exclusive lock ``{root}/{name}`` without waiting; yields whether it was taken."""
+        with open(self.root / name, "w") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     @staticmethod
     def _mark(final: Path, info: dict) -> None:
@@ -173,10 +300,3 @@ class ArtifactCache:
         marker_tmp.write_text(json.dumps(stamp, sort_keys=True))
         os.replace(marker_tmp, final / MARKER)
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -153,7 +153,7 @@ class TvmSourceBuilder(Builder):
                                  str(Path(path).relative_to(parent))], log, f"submodule update {path}",
                           deadline=deadline)
         build.mkdir(exist_ok=True)
-        lines = [f"set({name} {value})\n" for name, value in sorted(self.config.cmake.items())]
+        lines = [f"set({name} {_cmake_value(value)})\n" for name, value in sorted(self.config.cmake.items())]
         config_cmake = "".join(lines) + "set(CMAKE_BUILD_TYPE Release)\n"
         if not (build / "config.cmake").exists() or (build / "config.cmake").read_text() != config_cmake:
             (build / "config.cmake").write_text(config_cmake)  # rewritten only on change: no needless reconfigure
@@ -199,7 +199,9 @@ class TvmSourceBuilder(Builder):
             info = {"python": python, "env_paths": {"PYTHONPATH": "python", "TVM_LIBRARY_PATH": "lib"},
                     "sha": sha, "libraries": [p.name for p in libraries]}
             (staging / ARTIFACT_INFO).write_text(json.dumps(info, sort_keys=True))
-            return self.cache.put_deduplicated(key, staging, {"sha": sha, "builder": self.kind})
+            # one series per workspace: older builds of this configuration are packed against this one
+            return self.cache.put_deduplicated(key, staging, {"sha": sha, "builder": self.kind},
+                                               series=self.config.workspace_hash())
 
     @staticmethod
     def _ffi_version(src: Path) -> str | None:
@@ -230,6 +232,13 @@ class TvmSourceBuilder(Builder):
                            "--no-input", *packages], log, "pip install")
             (venv / ".abwatch-complete").write_text(json.dumps(packages))
         return str(venv / "bin" / "python")
+
+
+def _cmake_value(value: str) -> str:
+    """``value`` as one CMake argument: quoted when it has spaces or semicolons (else it splits)."""
+    if value and not re.search(r'[\s;"\\()#$]', value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
 
 
 def _ccache_stats(text: str) -> dict:

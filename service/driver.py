@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -195,8 +196,15 @@ def run_compare(
 def _carry_out(session: Session, config: Config, builder: Builder, runner: Runner, run: Run,
                device_info: dict, seed: int, sides: dict, progress: Progress) -> CompareOutcome:
     """Build both sides, measure every workload, judge and store (the run row exists)."""
+    with ExitStack() as held:  # both artifacts stay whole and in the cache until the run ends
+        return _build_and_measure(session, config, builder, runner, run, device_info, seed, sides, progress, held)
+
+
+def _build_and_measure(session: Session, config: Config, builder: Builder, runner: Runner, run: Run,
+                       device_info: dict, seed: int, sides: dict, progress: Progress,
+                       held: ExitStack) -> CompareOutcome:
     run_type = run.run_type
-    builds, artifacts = _build_pair(session, builder, run, sides, progress)
+    builds, artifacts = _build_pair(session, builder, run, sides, progress, held)
     if any(b.status != BuildStatus.SUCCESS.value for b in builds):
         run.status = RunStatus.BUILD_FAILED
         run.error = "; ".join(b.message for b in builds if b.message)
@@ -220,9 +228,9 @@ def _carry_out(session: Session, config: Config, builder: Builder, runner: Runne
     return CompareOutcome(run.id, run_type.value, run.status.value, builds, results)
 
 
-def _build_pair(session: Session, builder: Builder, run: Run,
-                sides: dict[Side, tuple[str, CommitInfo]], progress: Progress) -> tuple[list[BuildOutcome], dict]:
-    """Build (or fetch from the cache) both sides; store a build row for each."""
+def _build_pair(session: Session, builder: Builder, run: Run, sides: dict[Side, tuple[str, CommitInfo]],
+                progress: Progress, held: ExitStack) -> tuple[list[BuildOutcome], dict]:
+    """Build (or fetch from the cache) both sides, held in ``held``; store a build row for each."""
     outcomes, paths = [], {}
     for side, (ref, info) in sides.items():
         commit_id = run.control_commit_id if side is Side.CONTROL else run.treatment_commit_id
@@ -238,7 +246,8 @@ def _build_pair(session: Session, builder: Builder, run: Run,
             outcomes.append(BuildOutcome(side.value, ref, info.sha, build.status.value, False, build.id, str(exc)))
         else:
             build = _success_row(session, commit_id, builder, artifact)
-            paths[side] = artifact.path
+            # held, the other side's build cannot pack or evict this one while it is measured
+            paths[side] = held.enter_context(builder.cache.hold(artifact.key))
             progress.message(
                 f"  {side.value}: reused cached build {artifact.key}" if artifact.cached
                 else f"  {side.value}: built in {artifact.duration_s:.1f}s"

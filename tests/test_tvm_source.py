@@ -37,7 +37,8 @@ add_library(tvm SHARED src/compiler.cc)
 target_link_libraries(tvm tvm_runtime)
 """
 RUNTIME = '#include "tvmffi_magic.h"\nextern "C" int runtime_magic() { return FFI_MAGIC; }\n'
-COMPILER = 'extern "C" int runtime_magic();\n#define VERSION {v}\nextern "C" int compiler_version() {{ return VERSION + runtime_magic(); }}\n'
+COMPILER = ('extern "C" int runtime_magic();\n#define VERSION {v}\n#ifndef BONUS\n#define BONUS 0\n#endif\n'
+            'extern "C" int compiler_version() {{ return VERSION + runtime_magic() + BONUS; }}\n')
 PYTHON = '''"""tvmshaped: loads its libraries from TVM_LIBRARY_PATH, as TVM does.{doc}"""
 import ctypes, os
 _dir = os.environ["TVM_LIBRARY_PATH"]
@@ -136,6 +137,14 @@ def test_ccache_is_shared_across_build_configurations(project, tmp_path):
     artifact = other.build(shas["first"])
     assert artifact.metrics["incremental"] is False
     assert artifact.metrics["ccache_hits"] >= 2 and artifact.metrics["ccache_hit_rate"] == 1.0
+
+
+def test_config_values_with_spaces_reach_cmake_whole(project, tmp_path):
+    """``CMAKE_CXX_FLAGS = "-DBONUS=100 -DUNUSED=1"`` is one value in config.cmake, not a list."""
+    _, _, shas = project
+    flags = {"USE_LLVM": "OFF", "CMAKE_CXX_FLAGS": "-DBONUS=100 -DUNUSED=1"}
+    artifact = TvmSourceBuilder(make_config(project, tmp_path, cmake=flags)).build(shas["first"])
+    assert run_python(artifact.path, "import tvmshaped; print(tvmshaped.version())").strip() == "143"
 
 
 def test_runtime_only_builds_just_the_runtime(project, tmp_path):
