@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from builders import TvmSourceBuilder
+from builders import BuildFailed, TvmSourceBuilder
 from service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
 
 
@@ -43,21 +43,34 @@ def main() -> None:
     builder = TvmSourceBuilder(config)
     head = builder.resolve(args.ref).sha
     shas = builder.repo.repo.git.rev_list(f"--max-count={args.commits + 1}", "--first-parent", head).split()[::-1]
-    after_first = None
+    walls, artifacts = [], []
     for i, sha in enumerate(shas):
         started = time.monotonic()
-        artifact = builder.build(sha)
+        try:
+            artifact = builder.build(sha)
+        except BuildFailed as exc:  # a data point too: say why, go on with the next commit
+            walls.append(time.monotonic() - started)
+            print(json.dumps({"commit": i, "sha": sha[:10], "failed": str(exc), "log_tail": exc.log[-2000:]}),
+                  flush=True)
+            continue
+        walls.append(time.monotonic() - started)
+        artifacts.append(artifact)
         m = artifact.metrics
-        print(json.dumps({"commit": i, "sha": sha[:10], "cached": artifact.cached,
-                          "wall_s": round(time.monotonic() - started, 1), "compile_s": round(m.get("compile_s", 0), 1),
-                          "steps": m.get("steps"), "incremental": m.get("incremental"),
-                          "ccache_hit_rate": m.get("ccache_hit_rate")}), flush=True)
-        if i == 0:
-            after_first = time.monotonic()
-    one = sum(p.stat().st_size for p in artifact.path.rglob("*") if p.is_file())
-    print(json.dumps({"commits_after_first_s": round(time.monotonic() - after_first, 1),
-                      "cache_bytes": builder.cache.size_bytes(), "one_artifact_bytes": one}))
-
+        print(json.dumps({"commit": i, "sha": sha[:10], "cached": artifact.cached, "wall_s": round(walls[-1], 1),
+                          "compile_s": round(m.get("compile_s", 0), 1), "steps": m.get("steps"),
+                          "incremental": m.get("incremental"), "ccache_hit_rate": m.get("ccache_hit_rate"),
+                          "cache_bytes": builder.cache.size_bytes()}), flush=True)
+    # one artifact's bytes: the newest, whose files are all whole
+    one = sum(p.stat().st_size for p in artifacts[-1].path.rglob("*") if p.is_file())
+    cache_bytes = builder.cache.size_bytes()
+    windows = [sum(walls[k:k + 10]) for k in range(1, len(walls) - 9)]  # ten consecutive, after the clean one
+    started = time.monotonic()
+    builder.cache.get(artifacts[0].key)  # the oldest: rebuilt through the longest chain of deltas
+    rebuild_s = time.monotonic() - started
+    print(json.dumps({"commits_after_first_s": round(sum(walls[1:]), 1),
+                      "ten_commit_windows_s": [round(w, 1) for w in windows],
+                      "cache_bytes": cache_bytes, "one_artifact_bytes": one, "ratio": round(cache_bytes / one, 2),
+                      "rebuild_oldest_s": round(rebuild_s, 2)}))
 
 if __name__ == "__main__":
     main()

@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
@@ -33,6 +34,20 @@ MARKER = ".abwatch-complete"
 OBJECTS = ".abwatch-objects.json"  # {relative path: sha256} of a deduplicated entry
 DELTA_MIN_BYTES = 1 << 20  # smaller files are not worth a delta
 MAX_CHAIN = 16  # longest chain of deltas a rebuild may have to apply (each ~0.1 s per 100 MB)
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One complete cache entry as ``abwatch cache`` lists it."""
+
+    key: str
+    sha: str | None
+    builder: str | None
+    series: str | None
+    stored_at: str | None
+    last_used: str
+    files: int  # files stored by content (0 for copied entries and venvs)
+    packed_files: int  # of those, how many are kept as deltas right now
 
 
 class ArtifactCache:
@@ -236,6 +251,18 @@ class ArtifactCache:
             if child.is_dir() and not child.name.startswith(".") and marker.is_file():
                 found.append((marker.stat().st_mtime, child.name))
         return sorted(found)
+
+    def describe(self) -> list[EntryInfo]:
+        """What each complete entry is, least recently used first (for ``abwatch cache``)."""
+        described = []
+        for used, key in self.entries():
+            info, listing = self._info(key), self._listing(key)
+            packed = sum(1 for rel in listing if not (self.path(key) / rel).exists())
+            described.append(EntryInfo(key=key, sha=info.get("sha"), builder=info.get("builder"),
+                                       series=info.get("series"), stored_at=info.get("stored_at"),
+                                       last_used=datetime.fromtimestamp(used, timezone.utc).isoformat(),
+                                       files=len(listing), packed_files=packed))
+        return described
 
     def evict(self, limit_bytes: int, keep: set[str] = frozenset()) -> list[str]:
         """Remove least recently used entries (never those in ``keep``) until within the limit.

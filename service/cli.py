@@ -101,6 +101,10 @@ def _parser() -> argparse.ArgumentParser:
     with_db(dsub.add_parser("downgrade", help="migrate down")).add_argument("--revision", default="base")
     with_db(dsub.add_parser("current", help="print the schema revision"))
 
+    p = sub.add_parser("cache", help="list the artifact cache (and optionally shrink it)")
+    p.add_argument("--config", required=True, type=Path, help="the config whose cache_dir to look at")
+    p.add_argument("--limit-gb", type=float, help="evict least recently used entries down to this size")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("demo-repo", help="create the bundled example's git repository")
     p.add_argument("path", type=Path)
     return parser
@@ -123,6 +127,8 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
         tags = make_demo_repo(args.path)
         err.print(f"example repository at {args.path} with tags {', '.join(tags)}", markup=False)
         return 0
+    if args.command == "cache":
+        return _cache_command(args, err)
     url = db.resolve_database_url(args.db)
     if args.command == "db":
         return _db_command(args, url)
@@ -162,6 +168,28 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
         if args.command == "history":
             return _history_command(args, session, out)
     raise AssertionError(args.command)
+
+
+def _cache_command(args: argparse.Namespace, err: Console) -> int:
+    from dataclasses import asdict
+
+    from builders.cache import ArtifactCache
+
+    cache = ArtifactCache(load_config(args.config).cache_dir / "artifacts")
+    if args.limit_gb is not None:
+        removed = cache.evict(int(args.limit_gb * 2**30))
+        err.print(f"evicted {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}", markup=False)
+    entries, size = cache.describe(), cache.size_bytes()
+    if args.json:
+        print(json.dumps({"root": str(cache.root), "bytes": size, "entries": [asdict(e) for e in entries]}))
+        return 0
+    table = Table(title=f"{cache.root}: {len(entries)} entries, {size / 2**20:.1f} MiB on disk")
+    for column in ("key", "builder", "sha", "last used", "files", "packed"):
+        table.add_column(column)
+    for e in entries:
+        table.add_row(e.key, e.builder or "", (e.sha or "")[:12], e.last_used[:19], str(e.files), str(e.packed_files))
+    Console(highlight=False).print(table)
+    return 0
 
 
 def _db_command(args: argparse.Namespace, url: str) -> int:

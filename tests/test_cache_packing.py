@@ -140,3 +140,23 @@ def test_rebuilt_object_with_a_bad_hash_is_an_error(tmp_path):
     store.full(new).write_bytes(library(2))  # the base changed under the delta
     with pytest.raises(Exception, match=old[:12]):
         store.materialize(old)
+
+
+def test_cache_command_lists_and_shrinks(tmp_path, capsys):
+    import json
+
+    from service.cli import main
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'cache_dir = "{tmp_path / "cache"}"\n[repo]\nurl = "."\n[build]\ncommand = ["true"]\n'
+                      '[[workloads]]\nname = "w"\ncommand = ["true"]\n')
+    cache = ArtifactCache(tmp_path / "cache" / "artifacts")
+    put_build(cache, tmp_path, "k1", 0)
+    put_build(cache, tmp_path, "k2", 1)
+    assert main(["cache", "--config", str(config), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(e["key"], e["files"], e["packed_files"]) for e in listed["entries"]] == [("k1", 2, 1), ("k2", 2, 0)]
+    assert listed["bytes"] == cache.size_bytes()
+    # one byte less than now: the least recently used entry (k1, packed) goes, k2 stays
+    assert main(["cache", "--config", str(config), "--limit-gb", str((listed["bytes"] - 1) / 2**30), "--json"]) == 0
+    assert [e["key"] for e in json.loads(capsys.readouterr().out)["entries"]] == ["k2"]
