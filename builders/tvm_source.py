@@ -200,8 +200,8 @@ class TvmSourceBuilder(Builder):
                     "sha": sha, "libraries": [p.name for p in libraries]}
             (staging / ARTIFACT_INFO).write_text(json.dumps(info, sort_keys=True))
             # one series per workspace: older builds of this configuration are packed against this one
-            return self.cache.put_deduplicated(key, staging, {"sha": sha, "builder": self.kind},
-                                               series=self.config.workspace_hash())
+            series = self.config.workspace_hash() if self.config.pack_deltas else None
+            return self.cache.put_deduplicated(key, staging, {"sha": sha, "builder": self.kind}, series=series)
 
     @staticmethod
     def _ffi_version(src: Path) -> str | None:

@@ -97,12 +97,13 @@ class TvmSourceBuildConfig(_Strict):
         default=None, description="submodule paths to check out (recursively); default: all")
     jobs: int | None = Field(default=None, ge=1)
     cache_limit_gb: float = Field(default=20.0, gt=0)
+    pack_deltas: bool = Field(default=True, description="keep older builds' large files as binary deltas")
     timeout_s: float = Field(default=7200.0, gt=0)
 
     def config_hash(self) -> str:
-        """Hash of what changes the artifact (not limits, mirrors or parallelism)."""
+        """Hash of what changes the artifact (not limits, mirrors, parallelism or packing)."""
         payload = self.model_dump(exclude={"submodule_rewrites", "submodules", "jobs", "cache_limit_gb",
-                                           "timeout_s"})
+                                           "timeout_s", "pack_deltas"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def workspace_hash(self) -> str:

@@ -129,6 +129,25 @@ def test_clean_then_cached_then_incremental_and_shared(project, tmp_path):
     assert builder.cache.size_bytes() <= 2.5 * one_build  # three artifacts, one changed library
 
 
+def test_relinked_library_of_an_older_build_is_packed_and_rebuilt(project, tmp_path):
+    """The older build's changed libtvm.so becomes a delta; using that build again restores it."""
+    _, _, shas = project
+    builder = TvmSourceBuilder(make_config(project, tmp_path))
+    builder.cache.delta_min_bytes = 0  # the test project's libraries are a few KB
+    first = builder.build(shas["first"])
+    builder.build(shas["compiler"])
+    assert not (first.path / "lib" / "libtvm.so").exists()  # packed: changed between the two
+    assert (first.path / "lib" / "libtvm_runtime.so").exists()  # unchanged: shared, never packed
+    again = builder.build(shas["first"])
+    assert again.cached and run_python(again.path, "import tvmshaped; print(tvmshaped.version())").strip() == "43"
+
+    unpacked = TvmSourceBuilder(make_config(project, tmp_path / "off", pack_deltas=False))
+    unpacked.cache.delta_min_bytes = 0
+    kept = unpacked.build(shas["first"])
+    unpacked.build(shas["compiler"])
+    assert (kept.path / "lib" / "libtvm.so").exists()
+
+
 def test_ccache_is_shared_across_build_configurations(project, tmp_path):
     _, _, shas = project
     TvmSourceBuilder(make_config(project, tmp_path)).build(shas["first"])
