@@ -112,23 +112,32 @@ class ObjectStore:
         self._delta(sha).unlink(missing_ok=True)
 
     def materialize(self, sha: str) -> Path:
-        """The whole object ``sha``, rebuilt from its delta chain if it is packed."""
+        """The whole object ``sha``, rebuilt from its delta chain if it is packed.
+
+        Only ``sha`` is written; the objects along its chain are rebuilt in memory and stay
+        packed.
+        """
+        obj = self.full(sha)
+        if not obj.exists():
+            _write_atomic(obj, self._rebuild(sha))
+        return obj
+
+    def _rebuild(self, sha: str) -> bytes:
         obj = self.full(sha)
         if obj.exists():
-            return obj
+            return obj.read_bytes()
         meta_path = self._meta(sha)
         if not meta_path.exists():
             raise FileNotFoundError(f"object {sha[:12]} is neither stored whole nor as a delta")
         meta = json.loads(meta_path.read_text())
-        reference = self.materialize(meta["base"]).read_bytes()
+        reference = self._rebuild(meta["base"])
         try:
             data = _apply(self._delta(sha).read_bytes(), reference, meta["window_log"])
         except zstandard.ZstdError as exc:
             raise RuntimeError(f"object {sha[:12]} cannot be rebuilt from its delta: {exc}") from None
         if hashlib.sha256(data).hexdigest() != sha:
             raise RuntimeError(f"object {sha[:12]} rebuilt from its delta has the wrong hash")
-        _write_atomic(obj, data)
-        return obj
+        return data
 
     def chain_length(self, sha: str) -> int:
         """How many deltas must be applied to rebuild ``sha`` (0 when it is whole)."""

@@ -160,3 +160,13 @@ def test_cache_command_lists_and_shrinks(tmp_path, capsys):
     # one byte less than now: the least recently used entry (k1, packed) goes, k2 stays
     assert main(["cache", "--config", str(config), "--limit-gb", str((listed["bytes"] - 1) / 2**30), "--json"]) == 0
     assert [e["key"] for e in json.loads(capsys.readouterr().out)["entries"]] == ["k2"]
+
+
+def test_rebuilding_through_a_chain_leaves_the_chain_packed(tmp_path):
+    cache = ArtifactCache(tmp_path / "cache")
+    for version in range(4):
+        put_build(cache, tmp_path, f"k{version}", version)
+    middle = sha256_file_of(library(1), tmp_path)
+    assert cache.objects.chain_length(middle) == 2
+    cache.get("k0")  # rebuilt through k1's and k2's deltas
+    assert not cache.objects.full(middle).exists() and cache.objects.chain_length(middle) == 2
