@@ -79,15 +79,9 @@ class ArtifactCache:
         os.utime(marker)  # least-recently-used eviction reads this
         return self.materialize(key)
 
-    @contextmanager
-    def lock(self, key: str) -> Iterator[None]:
+    def lock(self, key: str):
         """Hold the exclusive lock of ``key`` (blocks while another process holds it)."""
-        with open(self.root / f"{key}.lock", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return flocked(self.root / f"{key}.lock")
 
     def staging(self, key: str) -> Path:
         """A fresh directory inside the cache root to build ``key`` in place (same file system)."""
@@ -163,8 +157,7 @@ class ArtifactCache:
         use are skipped, as are files unlike their counterpart and files whose delta chain
         would grow past ``max_chain``. Returns the keys of the entries packed.
         """
-        marker = self.path(newest) / MARKER
-        series = json.loads(marker.read_text()).get("series") if marker.is_file() else None
+        series = self._info(newest).get("series") if (self.path(newest) / MARKER).is_file() else None
         if not series:
             return []
         newest_files = self._listing(newest)
@@ -197,16 +190,18 @@ class ArtifactCache:
 
     def _heights(self) -> dict[str, int]:
         """{object: longest chain of deltas that ends in it} (0 or absent: none)."""
-        deltas, heights = self.objects.deltas(), {}
+        dependents: dict[str, list[str]] = {}
+        for sha, base in self.objects.deltas().items():
+            dependents.setdefault(base, []).append(sha)
+        heights: dict[str, int] = {}
 
-        def height(sha: str, seen: frozenset = frozenset()) -> int:
+        def height(sha: str) -> int:  # deltas never form a cycle (ObjectStore.make_delta)
             if sha not in heights:
-                heights[sha] = max((height(d, seen | {sha}) + 1 for d, b in deltas.items()
-                                    if b == sha and d not in seen), default=0)
+                heights[sha] = max((height(d) + 1 for d in dependents.get(sha, ())), default=0)
             return heights[sha]
 
-        for sha in set(deltas.values()):
-            height(sha)
+        for base in dependents:
+            height(base)
         return heights
 
     def materialize(self, key: str) -> Path:
@@ -223,14 +218,10 @@ class ArtifactCache:
     @contextmanager
     def hold(self, key: str) -> Iterator[Path]:
         """Use the complete entry ``key``: it is not packed or evicted until the block ends."""
-        with open(self.root / f"{key}.use", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_SH)
-            try:
-                if self.get(key) is None:
-                    raise FileNotFoundError(f"artifact {key} is not in the cache")
-                yield self.path(key)
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with flocked(self.root / f"{key}.use", fcntl.LOCK_SH):
+            if self.get(key) is None:
+                raise FileNotFoundError(f"artifact {key} is not in the cache")
+            yield self.path(key)
 
     def size_bytes(self) -> int:
         """Bytes on disk, each hard-linked file counted once."""
@@ -295,30 +286,14 @@ class ArtifactCache:
         """Every object a complete entry lists (whether linked now or packed)."""
         return {sha for _, key in self.entries() for sha in self._listing(key).values()}
 
-    @contextmanager
-    def _objects_lock(self) -> Iterator[None]:
+    def _objects_lock(self):
         # One writer at a time for the object store: packing, rebuilding and collecting
         # must not see each other's half-done work.
-        with open(self.root / ".objects.lock", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return flocked(self.root / ".objects.lock")
 
-    @contextmanager
-    def _exclusive(self, name: str) -> Iterator[bool]:
+    def _exclusive(self, name: str):
         """Try the exclusive lock ``{root}/{name}`` without waiting; yields whether it was taken."""
-        with open(self.root / name, "w") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return flocked(self.root / name, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     @staticmethod
     def _mark(final: Path, info: dict) -> None:
@@ -327,3 +302,20 @@ class ArtifactCache:
         marker_tmp.write_text(json.dumps(stamp, sort_keys=True))
         os.replace(marker_tmp, final / MARKER)
 
+
+@contextmanager
+def flocked(path: Path, operation: int = fcntl.LOCK_EX) -> Iterator[bool]:
+    """Hold ``flock(operation)`` on ``path`` for the block; yields whether it was taken.
+
+    Only a non-blocking operation (``LOCK_NB``) can yield False: the lock was held elsewhere.
+    """
+    with open(path, "w") as handle:
+        try:
+            fcntl.flock(handle, operation)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -12,7 +12,6 @@ apache-tvm-ffi release that matches the ``3rdparty/tvm-ffi`` submodule's tag.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -22,11 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from builders.base import Artifact, Builder, BuildFailed
-from builders.cache import ArtifactCache
+from builders.cache import ArtifactCache, flocked
 from service.config import Config
 from service.repo import CommitInfo, RepoMirror
 
@@ -100,12 +98,9 @@ class TvmSourceBuilder(Builder):
         return Artifact(key=key, path=path, cached=False, log="".join(log)[-LOG_LIMIT:],
                         duration_s=metrics["duration_s"], metrics=metrics)
 
-    @contextmanager
     def _workspace_lock(self):
         self.workspace.mkdir(parents=True, exist_ok=True)
-        with open(self.workspace / "workspace.lock", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
+        return flocked(self.workspace / "workspace.lock")
 
     def _run(self, argv: list[str], log: list[str], what: str, cwd: Path | None = None,
              env: dict | None = None, deadline: float | None = None) -> str:

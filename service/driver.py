@@ -180,9 +180,10 @@ def run_compare(
         session.commit()
         progress.message(f"run {run.id} ({run_type.value}): {control_ref} -> {treatment_ref}")
         try:
-            return _carry_out(session, config, builder, runner, run, device_info, seed,
-                              {Side.CONTROL: (control_ref, control), Side.TREATMENT: (treatment_ref, treatment)},
-                              progress)
+            with ExitStack() as held:  # both artifacts stay whole and in the cache until the run ends
+                return _carry_out(session, config, builder, runner, run, device_info, seed,
+                                  {Side.CONTROL: (control_ref, control), Side.TREATMENT: (treatment_ref, treatment)},
+                                  progress, held)
         except BaseException as exc:
             # Whatever stopped the run (a bug, Ctrl-C), it must not stay 'running' forever.
             session.rollback()
@@ -194,15 +195,8 @@ def run_compare(
 
 
 def _carry_out(session: Session, config: Config, builder: Builder, runner: Runner, run: Run,
-               device_info: dict, seed: int, sides: dict, progress: Progress) -> CompareOutcome:
-    """Build both sides, measure every workload, judge and store (the run row exists)."""
-    with ExitStack() as held:  # both artifacts stay whole and in the cache until the run ends
-        return _build_and_measure(session, config, builder, runner, run, device_info, seed, sides, progress, held)
-
-
-def _build_and_measure(session: Session, config: Config, builder: Builder, runner: Runner, run: Run,
-                       device_info: dict, seed: int, sides: dict, progress: Progress,
-                       held: ExitStack) -> CompareOutcome:
+               device_info: dict, seed: int, sides: dict, progress: Progress, held: ExitStack) -> CompareOutcome:
+    """Build both sides (held in ``held``), measure every workload, judge and store (the run row exists)."""
     run_type = run.run_type
     builds, artifacts = _build_pair(session, builder, run, sides, progress, held)
     if any(b.status != BuildStatus.SUCCESS.value for b in builds):
