@@ -9,7 +9,7 @@ COPY builders builders
 COPY runners runners
 COPY migrations migrations
 COPY config config
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps 'apache-otava==0.8.0'
 ENV ABWATCH_DATABASE_URL=postgresql+psycopg2://abwatch@db/abwatch
 ENTRYPOINT ["abwatch"]
 CMD ["--help"]

@@ -17,8 +17,8 @@ import json
 import time
 from pathlib import Path
 
-from builders import BuildFailed, TvmSourceBuilder
-from service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
+from abwatch.builders import BuildFailed, TvmSourceBuilder
+from abwatch.service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
 
 
 def _pairs(values: list[str]) -> dict[str, str]:

@@ -1,9 +1,9 @@
 """Builders turn a commit into an artifact; registered by kind in :data:`BUILDERS`."""
 
-from builders.base import Artifact, Builder, BuildFailed
-from builders.command import CommandBuilder
-from builders.tvm_source import TvmSourceBuilder
-from builders.tvm_wheel import TvmWheelBuilder
+from abwatch.builders.base import Artifact, Builder, BuildFailed
+from abwatch.builders.command import CommandBuilder
+from abwatch.builders.tvm_source import TvmSourceBuilder
+from abwatch.builders.tvm_wheel import TvmWheelBuilder
 
 BUILDERS: dict[str, type[Builder]] = {
     CommandBuilder.kind: CommandBuilder,

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from builders.cache import ArtifactCache
-from service.repo import CommitInfo
+from abwatch.builders.cache import ArtifactCache
+from abwatch.service.repo import CommitInfo
 
 
 @dataclass(frozen=True)

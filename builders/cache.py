@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
-from builders.objects import ObjectStore
+from abwatch.builders.objects import ObjectStore
 
 MARKER = ".abwatch-complete"
 OBJECTS = ".abwatch-objects.json"  # {relative path: sha256} of a deduplicated entry

@@ -5,15 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from builders.base import Artifact, Builder, BuildFailed
-from builders.cache import ArtifactCache
-from service.config import Config
-from service.repo import CommitInfo, RepoMirror
+from abwatch.builders.base import Artifact, Builder, BuildFailed
+from abwatch.builders.cache import ArtifactCache
+from abwatch.service.config import Config
+from abwatch.service.procs import child_env, run_process
+from abwatch.service.repo import CommitInfo, RepoMirror, remove_stale_checkouts
 
 LOG_LIMIT = 200_000  # characters of build output kept in the database
 
@@ -27,12 +26,13 @@ class CommandBuilder(Builder):
         self.config = config.build
         self.repo = RepoMirror(config.repo.url, config.cache_dir)
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
-        self.repository_url = config.repo.url
+        self.checkouts = config.cache_dir / "checkouts"
+        self.repository_url = self.repo.display_url
         self._fetched = False
 
     def resolve(self, ref: str) -> CommitInfo:
         if not self._fetched:  # bring the mirror up to date once per builder
-            self.repo.fetch()
+            self.repo.fetch_for(ref)
             self._fetched = True
         return self.repo.resolve(ref)
 
@@ -46,7 +46,10 @@ class CommandBuilder(Builder):
         return f"{sha[:12]}-{digest[:16]}"
 
     def produce(self, sha: str, key: str) -> Artifact:
-        with tempfile.TemporaryDirectory(prefix="abwatch-build-") as tmp:
+        # Checkouts live under the cache, named by our pid, so a killed build's is found and removed.
+        remove_stale_checkouts(self.checkouts)
+        self.checkouts.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-", dir=self.checkouts) as tmp:
             checkout = Path(tmp) / "src"
             with self.repo.worktree(sha, checkout):
                 log, duration = self._run(sha, checkout)
@@ -58,38 +61,20 @@ class CommandBuilder(Builder):
         return Artifact(key=key, path=path, cached=False, log=log, duration_s=duration)
 
     def _run(self, sha: str, checkout: Path) -> tuple[str, float]:
-        env = dict(os.environ, **self.config.env, ABWATCH_COMMIT=sha)
-        start = time.monotonic()
+        env = child_env(self.config.env, {"ABWATCH_COMMIT": sha})
         try:
             # An argument list, never a shell string: config values are not parsed by a shell.
-            proc = subprocess.run(
-                self.config.command,
-                cwd=checkout,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                timeout=self.config.timeout_s,
-                text=True,
-                errors="replace",
-            )
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout or ""
-            if isinstance(out, bytes):
-                out = out.decode(errors="replace")
-            raise BuildFailed(
-                f"build of {sha[:12]} timed out after {self.config.timeout_s:g}s",
-                out[-LOG_LIMIT:],
-                time.monotonic() - start,
-            ) from None
+            proc = run_process(self.config.command, cwd=checkout, env=env,
+                               timeout_s=self.config.timeout_s, merge_stderr=True)
         except OSError as exc:
             raise BuildFailed(
                 f"build of {sha[:12]} could not start {self.config.command[0]!r}: {exc.strerror}",
-                str(exc),
-                time.monotonic() - start,
+                str(exc), 0.0,
             ) from None
-        duration = time.monotonic() - start
         log = proc.stdout[-LOG_LIMIT:]
+        if proc.timed_out:
+            raise BuildFailed(f"build of {sha[:12]} timed out after {self.config.timeout_s:g}s",
+                              log, proc.wall_s)
         if proc.returncode != 0:
-            raise BuildFailed(f"build of {sha[:12]} exited with status {proc.returncode}", log, duration)
-        return log, duration
+            raise BuildFailed(f"build of {sha[:12]} exited with status {proc.returncode}", log, proc.wall_s)
+        return log, proc.wall_s

@@ -23,10 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from builders.base import Artifact, Builder, BuildFailed
-from builders.cache import ArtifactCache, flocked
-from service.config import Config
-from service.repo import CommitInfo, RepoMirror
+from abwatch.builders.base import Artifact, Builder, BuildFailed
+from abwatch.builders.cache import ArtifactCache, flocked
+from abwatch.service.config import Config
+from abwatch.service.procs import child_env, run_process
+from abwatch.service.repo import CommitInfo, RepoMirror
 
 ARTIFACT_INFO = "abwatch-artifact.json"
 LOG_LIMIT = 400_000
@@ -47,7 +48,7 @@ class TvmSourceBuilder(Builder):
     def __init__(self, config: Config) -> None:
         self.config = config.build
         self.repo = RepoMirror(config.repo.url, config.cache_dir)
-        self.repository_url = config.repo.url
+        self.repository_url = self.repo.display_url
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
         self.workspace = config.cache_dir / "tvm-source" / self.config.workspace_hash()
         self.ccache_dir = config.cache_dir / "ccache"
@@ -55,8 +56,8 @@ class TvmSourceBuilder(Builder):
         self._toolchain: str | None = None
 
     def resolve(self, ref: str) -> CommitInfo:
-        if not self._fetched:
-            self.repo.fetch()
+        if not self._fetched:  # bring the mirror up to date once per builder
+            self.repo.fetch_for(ref)
             self._fetched = True
         return self.repo.resolve(ref)
 
@@ -107,13 +108,13 @@ class TvmSourceBuilder(Builder):
         log.append(f"$ {' '.join(argv)}\n")
         timeout = max(1.0, (deadline or time.monotonic() + self.config.timeout_s) - time.monotonic())
         try:
-            proc = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, text=True, errors="replace", timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise BuildFailed(f"{what} timed out", "", 0.0) from None
+            proc = run_process(argv, cwd=cwd, env=env if env is not None else child_env(self.config.env),
+                               timeout_s=timeout, merge_stderr=True)
         except OSError as exc:
             raise BuildFailed(f"{what}: cannot run {argv[0]}: {exc.strerror}", "", 0.0) from None
         log.append(proc.stdout)
+        if proc.timed_out:
+            raise BuildFailed(f"{what} timed out", "", 0.0)
         if proc.returncode != 0:
             raise BuildFailed(f"{what} failed (status {proc.returncode})", "", 0.0)
         return proc.stdout
@@ -155,8 +156,8 @@ class TvmSourceBuilder(Builder):
         cmake, ninja, ccache = tool("cmake"), tool("ninja"), tool("ccache")
         if cmake is None or ninja is None:
             raise BuildFailed("tvm-source needs cmake and ninja (pip install 'abwatch[source]')", "", 0.0)
-        env = dict(os.environ, CCACHE_BASEDIR=str(self.workspace.parent), CCACHE_DIR=str(self.ccache_dir),
-                   CCACHE_NOHASHDIR="1")
+        env = child_env(self.config.env, {"CCACHE_BASEDIR": str(self.workspace.parent),
+                                          "CCACHE_DIR": str(self.ccache_dir), "CCACHE_NOHASHDIR": "1"})
         incremental = (build / "build.ninja").exists()
         if not incremental:
             launcher = [f"-DCMAKE_C_COMPILER_LAUNCHER={ccache}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={ccache}"] if ccache else []

@@ -13,14 +13,14 @@ import hashlib
 import json
 import platform
 import shutil
-import subprocess
 import sys
 import time
 
-from builders.base import Artifact, Builder, BuildFailed
-from builders.cache import ArtifactCache
-from service.config import Config
-from service.repo import CommitInfo, RepoError
+from abwatch.builders.base import Artifact, Builder, BuildFailed
+from abwatch.service.procs import child_env, run_process
+from abwatch.builders.cache import ArtifactCache
+from abwatch.service.config import Config
+from abwatch.service.repo import CommitInfo, RepoError
 
 # apache-tvm release -> the apache-tvm-ffi release it works with (each pair checked here:
 # it installs, imports and compiles a kernel).
@@ -88,12 +88,15 @@ class TvmWheelBuilder(Builder):
         deadline = time.monotonic() + self.config.timeout_s
         for argv in steps:
             try:
-                proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      errors="replace", stdin=subprocess.DEVNULL,
-                                      timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise BuildFailed(f"installing apache-tvm {version} timed out", log, self.config.timeout_s) from None
+                proc = run_process(argv, cwd=None, env=child_env(self.config.env), merge_stderr=True,
+                                   timeout_s=max(1.0, deadline - time.monotonic()))
+            except OSError as exc:
+                raise BuildFailed(f"installing apache-tvm {version}: cannot run {argv[0]}: {exc.strerror}",
+                                  log, 0.0) from None
             log += f"$ {' '.join(argv)}\n{proc.stdout}"
+            if proc.timed_out:
+                raise BuildFailed(f"installing apache-tvm {version} timed out", log[-LOG_LIMIT:],
+                                  self.config.timeout_s)
             if proc.returncode != 0:
                 raise BuildFailed(f"installing apache-tvm {version} failed (status {proc.returncode})",
                                   log[-LOG_LIMIT:], time.monotonic() - deadline + self.config.timeout_s)

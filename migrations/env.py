@@ -3,13 +3,19 @@
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from service.models import Base
+from abwatch.service.models import Base
 
 config = context.config
 target_metadata = Base.metadata
 
 
 def _configure(connection) -> None:
+    if connection.dialect.name == "sqlite":
+        # Batch mode renames a rebuilt table into place; SQLite's modern ALTER TABLE RENAME
+        # re-checks every view and fails while a view's table is the one being swapped.
+        cursor = connection.connection.dbapi_connection.cursor()
+        cursor.execute("PRAGMA legacy_alter_table = ON")
+        cursor.close()
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

@@ -1,9 +1,9 @@
 """Runners execute workloads on a device; registered by kind in :data:`RUNNERS`."""
 
-from runners.base import InvocationResult, Runner, RunnerUnavailable
-from runners.cpu import CpuRunner
-from runners.gpu import GpuRunner
-from runners.rpc import RpcRunner
+from abwatch.runners.base import InvocationResult, Runner, RunnerUnavailable
+from abwatch.runners.cpu import CpuRunner
+from abwatch.runners.gpu import GpuRunner
+from abwatch.runners.rpc import RpcRunner
 
 RUNNERS: dict[str, type[Runner]] = {
     CpuRunner.kind: CpuRunner,

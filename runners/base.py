@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from service.config import CommandWorkloadConfig, TvmWorkloadConfig
+from abwatch.service.config import CommandWorkloadConfig, TvmWorkloadConfig
 
 
 @dataclass(frozen=True)

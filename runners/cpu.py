@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import subprocess
-import time
 from pathlib import Path
 
-from runners.base import InvocationResult, Runner
-from runners.harness import OutputError, parse_output
-from runners.sysinfo import hardware_config, software_config
-from runners.tvm_sessions import TvmSessions
-from service.config import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig
+from abwatch.runners.base import InvocationResult, Runner
+from abwatch.runners.harness import OutputError, parse_output
+from abwatch.runners.sysinfo import hardware_config, software_config
+from abwatch.runners.tvm_sessions import TvmSessions
+from abwatch.service.procs import child_env, passed, run_process
+from abwatch.service.config import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig
 
 STDERR_TAIL = 4000  # characters of a failed invocation's stderr kept as its message
 
@@ -43,48 +41,23 @@ class CpuRunner(Runner):
         if workload.kind == "tvm":
             options = workload.treatment_options if side == "treatment" else {}
             return self.tvm.run(artifact_dir, workload, timeout_s, side, options)
-        env = dict(os.environ, **workload.env)
-        start = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                workload.command,
-                cwd=artifact_dir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                # Own process group, so a timeout kills the workload's children too.
-                start_new_session=True,
-            )
+            proc = run_process(workload.command, cwd=artifact_dir, env=child_env(passed(workload.pass_env), workload.env),
+                               timeout_s=timeout_s)
         except OSError as exc:
             return InvocationResult("error", (), 0.0, f"cannot start {workload.command[0]!r}: {exc.strerror}")
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.communicate()
-            return InvocationResult(
-                "timeout", (), time.monotonic() - start, f"killed after {timeout_s:g}s timeout"
-            )
-        wall = time.monotonic() - start
+        if proc.timed_out:
+            return InvocationResult("timeout", (), proc.wall_s, f"killed after {timeout_s:g}s timeout")
         if proc.returncode != 0:
-            tail = stderr[-STDERR_TAIL:].strip()
-            return InvocationResult("error", (), wall, f"exited with status {proc.returncode}: {tail}")
+            tail = proc.stderr[-STDERR_TAIL:].strip()
+            return InvocationResult("error", (), proc.wall_s, f"exited with status {proc.returncode}: {tail}")
         try:
-            samples, records = parse_output(stdout)
+            samples, records = parse_output(proc.stdout)
         except OutputError as exc:
-            return InvocationResult("error", (), wall, str(exc))
-        return InvocationResult("ok", samples, wall, "", records)
+            return InvocationResult("error", (), proc.wall_s, str(exc))
+        return InvocationResult("ok", samples, proc.wall_s, "", records)
 
     def teardown(self) -> None:
         """Stop the TVM workers; command invocations have ended already."""
         self.tvm.close()
 
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
 import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from runners.base import InvocationResult
-from service.config import RunnerConfig, TvmWorkloadConfig
+from abwatch.runners.base import InvocationResult
+from abwatch.service.procs import child_env, kill_tree
+from abwatch.service.config import RunnerConfig, TvmWorkloadConfig
 
 WORKER = Path(__file__).with_name("tvm_worker.py")
 ARTIFACT_INFO = "abwatch-artifact.json"
@@ -40,7 +40,7 @@ class Worker:
         info = json.loads((artifact / ARTIFACT_INFO).read_text())
         python = artifact / info["python"]  # relative to the artifact, or absolute
         paths = {name: str(artifact / rel) for name, rel in info.get("env_paths", {}).items()}
-        env = dict(os.environ, **info.get("env", {}), **paths, **env)
+        env = child_env(info.get("env", {}), paths, env)
         self.proc = subprocess.Popen(
             [str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
@@ -78,7 +78,14 @@ class Worker:
         if line is None:
             self.proc.wait(5)
             raise WorkerError(f"worker exited with status {self.proc.returncode}: {self.tail()}")
-        reply = json.loads(line)
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            self.kill()
+            raise WorkerError(f"worker broke the protocol: {line[:200]!r}") from None
+        if not isinstance(reply, dict):
+            self.kill()
+            raise WorkerError(f"worker broke the protocol: {line[:200]!r}")
         if "error" in reply:
             raise WorkerError(reply["error"])
         return reply
@@ -98,10 +105,7 @@ class Worker:
 
     def kill(self) -> None:
         """Stop the worker and any children it started."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_tree(self.proc.pid)
         self.proc.wait()
 
 
@@ -153,6 +157,7 @@ class TvmSessions:
             if worker is not None:
                 worker.close()
         metrics["ops"] = reply.get("ops", {})
+        metrics["op_features"] = reply.get("op_features", {})
         return InvocationResult("ok", tuple(reply["samples"]), time.monotonic() - start, "", (), metrics)
 
     def close(self) -> None:

@@ -176,6 +176,21 @@ def _te_function(spec: dict):
     raise ValueError(f"unknown te: operator {name!r} (matmul, conv2d)")
 
 
+def _features(args) -> dict:
+    """Shapes and dtypes of an operator's tensor arguments (inputs first, then outputs)."""
+    shapes, dtypes = [], []
+    for arg in args:
+        shape, dtype = getattr(arg, "shape", None), getattr(arg, "dtype", None)
+        if shape is None or dtype is None:
+            continue
+        try:
+            shapes.append([int(d) for d in shape])
+        except (TypeError, ValueError):  # a symbolic dimension
+            continue
+        dtypes.append(str(dtype))
+    return {"shapes": shapes, "dtypes": dtypes}
+
+
 class Workload:
     """A compiled workload, its device, inputs, and how to time it."""
 
@@ -248,11 +263,15 @@ class Workload:
         """One timing batch: ``repeat`` samples of ``number`` calls each, and per-op times."""
         samples = [t * 1000.0 for t in self.timer(*self.args).results]
         if not self.is_vm:  # a single operator: the whole call is the operator
-            return {"samples": samples, "ops": {self.spec["model"].partition(":")[2]: float(np.median(samples)) * 1000}}
-        return {"samples": samples, "ops": self._ops()}
+            name = self.spec["model"].partition(":")[2]
+            return {"samples": samples, "ops": {name: float(np.median(samples)) * 1000},
+                    "op_features": {name: _features(self.args)}}
+        features: dict = {}
+        return {"samples": samples, "ops": self._ops(features), "op_features": features}
 
-    def _ops(self) -> dict:
-        """Per-operator time (us) of one call, from the VM's instrument hook (local VMs only)."""
+    def _ops(self, features: dict) -> dict:
+        """Per-operator time (us) of one call, from the VM's instrument hook (local VMs only);
+        ``features`` gets each operator's argument shapes and dtypes."""
         if self.remote is not None:  # the instrument hook runs in this process, not on the board
             return {}
         from tvm.runtime.vm import VMInstrumentReturnKind
@@ -264,6 +283,8 @@ class Workload:
             if name.startswith("vm.builtin."):  # allocation and shape checks, not operators
                 return VMInstrumentReturnKind.NO_OP
             if before_run:
+                if name not in features:
+                    features[name] = _features(args)
                 self.dev.sync()  # the clock must not include earlier asynchronous work
                 started.append(time.perf_counter_ns())
             else:

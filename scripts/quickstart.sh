@@ -7,7 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet -e '.[test,source]'
+# not --quiet: a minute of downloads shows what it is doing
+.venv/bin/pip install --progress-bar on -e '.[test,source]'
+# the change-point algorithm alone, without its BigQuery/Slack/PostgreSQL integrations
+.venv/bin/pip install --progress-bar on --no-deps 'apache-otava==0.8.0'
 
 run() {  # exit status 1 means "regression found": a finding, not a failure of the script
   set +e

@@ -28,22 +28,48 @@ def _medians(batches: list[dict]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in per_op.items()}
 
 
-def op_table(control: list[dict], treatment: list[dict], limit: int = 20) -> list[dict[str, Any]]:
+def describe(op: str, features: dict | None) -> str:
+    """How a person names an operator: ``conv2d 1x64x56x56 float32`` (type, first input's
+    shape and dtype), or just its type when TVM gave no shapes."""
+    kind = op_type(op).removeprefix("fused_")
+    shapes, dtypes = (features or {}).get("shapes") or [], (features or {}).get("dtypes") or []
+    if not shapes:
+        return kind
+    return f"{kind} {'x'.join(str(d) for d in shapes[0])} {dtypes[0] if dtypes else ''}".strip()
+
+
+def _features(batches: list[dict]) -> dict[str, dict]:
+    merged: dict[str, dict] = {}
+    for metrics in batches:
+        for name, features in (metrics.get("op_features") or {}).items():
+            merged.setdefault(name, features)
+    return merged
+
+
+def op_table(control: list[dict], treatment: list[dict], limit: int = 20,
+             context: dict | None = None) -> list[dict[str, Any]]:
     """Operators ranked by how much of the total time change each explains.
 
-    ``control``/``treatment`` are the metrics of each timing batch (``{"ops": {name: us}}``);
-    an operator's time is its median over the batches.
+    ``control``/``treatment`` are the metrics of each timing batch (``{"ops": {name: us},
+    "op_features": {name: {"shapes", "dtypes"}}}``); an operator's time is its median over
+    the batches. Each row keeps the operator's features (type, shapes, dtypes, and from
+    ``context`` the threads and target) and a ``features`` text such as ``conv2d 1x64x56x56 float32``.
     """
     a, b = _medians(control), _medians(treatment)
+    features = {**_features(control), **_features(treatment)}
+    context = context or {}
     total_delta = sum(b.values()) - sum(a.values())
     rows = []
     for name in sorted(set(a) | set(b)):
         ca, cb = a.get(name), b.get(name)
         delta = (cb or 0.0) - (ca or 0.0)
+        f = features.get(name) or {}
         rows.append({
             "name": name, "type": op_type(name), "control_us": ca, "treatment_us": cb,
             "change_pct": (cb / ca - 1.0) * 100.0 if ca and cb is not None else None,
             "share_pct": delta / total_delta * 100.0 if total_delta else None,
+            "features": describe(name, f), "shapes": f.get("shapes"), "dtypes": f.get("dtypes"),
+            "threads": context.get("num_threads"), "target": context.get("target"),
         })
     rows.sort(key=lambda r: abs((r["treatment_us"] or 0.0) - (r["control_us"] or 0.0)), reverse=True)
     return rows[:limit]
@@ -77,7 +103,9 @@ def tvm_details(metrics: dict[str, list[dict]], rtol: float, atol: float) -> dic
         return {}
     return {
         "compile_ms": {side: m["compile_ms"] for side, m in first.items()},
-        "ops": op_table(metrics["control"], metrics["treatment"]),
+        "ops": op_table(metrics["control"], metrics["treatment"],
+                        context=first["treatment"].get("ready") or {}),
+        "op_features": {side: _features(batches) for side, batches in metrics.items()},
         "error": output_error(first["control"]["outputs"], first["treatment"]["outputs"], rtol, atol),
         "workers": {side: m["ready"] for side, m in first.items()},
     }

@@ -8,57 +8,43 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
+from importlib import metadata
 from pathlib import Path
 from typing import Sequence
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
-from service import db, driver, history
-from service.config import ConfigError, load_config
-from service.driver import EXIT_USAGE, CompareOutcome
-from service.models import Regression, RegressionState
-from service.records import RecordError, export_records, import_records
-from runners import RunnerUnavailable
-from service.repo import RepoError
+from abwatch.service import db, driver, history, interchange, liveness, report, stored
+from abwatch.service.config import ConfigError, load_config
+from abwatch.service.driver import EXIT_USAGE
+from abwatch.service.models import Regression, RegressionState, TriageStatus
+from abwatch.service.records import RecordError, export_records, import_records
+from abwatch.runners import RunnerUnavailable
+from abwatch.service.redact import mask_url
+from abwatch.service.repo import RepoError
 
-VERDICT_STYLE = {"regression": "bold red", "improvement": "green", "same": "dim", "unknown": "yellow"}
+
+JSON_HELP = "print one JSON object (or array) on stdout instead of tables; progress stays on stderr"
+OPS_HELP = "print the per-operator table of every TVM workload, not only of regressions"
 
 
-class RichProgress:
-    """Progress on stderr: messages as lines, invocations as one bar per workload."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=console, transient=True)
-        self.tasks: dict[str, int] = {}
-
-    def __enter__(self) -> "RichProgress":
-        self.bar.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.bar.stop()
-
-    def message(self, text: str) -> None:
-        """Print one line of progress."""
-        self.bar.console.print(text, markup=False, highlight=False)
-
-    def invocation(self, workload: str, done: int, total: int) -> None:
-        """Advance the workload's bar."""
-        if workload not in self.tasks:
-            self.tasks[workload] = self.bar.add_task(f"  {workload}", total=total)
-        self.bar.update(self.tasks[workload], completed=done, total=total)
-        if done >= total:
-            self.bar.remove_task(self.tasks.pop(workload))
+def _version() -> str:
+    try:
+        return metadata.version("abwatch")
+    except metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="abwatch", description="A/B performance-regression watch")
+    parser = argparse.ArgumentParser(
+        prog="abwatch", description="A/B performance-regression watch",
+        epilog="exit status: 0 no regression, 1 a regression, 2 usage or config error, 3 a build failed")
+    parser.add_argument("--version", action="version", version=f"abwatch {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_db(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -67,113 +53,252 @@ def _parser() -> argparse.ArgumentParser:
 
     p = with_db(sub.add_parser("compare", help="A/B-compare two refs of the configured repository"))
     p.add_argument("--config", required=True, type=Path, help="TOML config file")
-    p.add_argument("--control", required=True, help="baseline ref (branch, tag or sha)")
+    p.add_argument("--control", required=True, help="baseline ref (branch, tag or sha; a release for tvm-wheel)")
     p.add_argument("--treatment", required=True, help="ref under test")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--ops", action="store_true", help=OPS_HELP)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
 
     p = with_db(sub.add_parser("verify", help="re-run a benchmark run's suspected regressions"))
-    p.add_argument("run_id", type=int)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("run_id", type=int, help="the benchmark run whose regressions to verify")
+    p.add_argument("--ops", action="store_true", help=OPS_HELP)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("watch", help="watch a branch: poll, queue, A/B-test, verify, bisect"))
+    p.add_argument("--config", required=True, type=Path, help="TOML config file with [repo] and [watch]")
+    p.add_argument("--once", action="store_true",
+                   help="one pass and its jobs, then exit: 0 nothing confirmed, 1 a regression confirmed")
+    p.add_argument("--no-work", action="store_true", help="only poll and queue; workers run the jobs")
+    p = with_db(sub.add_parser("worker", help="run queued watch jobs of one device (PostgreSQL)"))
+    p.add_argument("--config", required=True, type=Path, help="the watch's TOML config file")
+    p.add_argument("--device", help="device whose jobs to take (default: the config's runner device)")
+    p = with_db(sub.add_parser("status", help="watched branches, last tested commits, the queue per device"))
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("show", help="print an earlier run's report again, from the database"))
+    p.add_argument("run_id", type=int, help="the run to show (see `abwatch runs`)")
+    p.add_argument("--ops", action="store_true", help=OPS_HELP)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("runs", help="list runs, newest first"))
+    p.add_argument("--limit", type=int, default=20, help="how many runs (default: 20)")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("builds", help="list builds, newest first, or print one build's log"))
+    p.add_argument("--failed", action="store_true", help="only failed builds")
+    p.add_argument("--limit", type=int, default=20, help="how many builds (default: 20)")
+    p.add_argument("--log", type=int, metavar="ID", help="print the whole log of build ID")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
 
     p = with_db(sub.add_parser("regressions", help="list regressions and their state changes"))
-    p.add_argument("--state", choices=[s.value for s in RegressionState])
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--state", choices=[s.value for s in RegressionState], help="only regressions in this state")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
 
     p = with_db(sub.add_parser("history", help="a workload's per-commit series and its step changes"))
-    p.add_argument("workload")
+    p.add_argument("workload", help="workload name, as in the config")
     p.add_argument("--device", help="device (record 'hardware') to restrict to")
-    p.add_argument("--max-pvalue", type=float, default=0.001)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--max-pvalue", type=float, default=0.001,
+                   help="largest p-value at which a step change is reported (default: 0.001)")
+    p.add_argument("--all-branches", action="store_true",
+                   help="every measured commit, not only the configured branch's first-parent line")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("triage", help="record a decision about a regression"))
+    p.add_argument("regression_id", type=int, help="the regression (see `abwatch regressions`)")
+    p.add_argument("--as", dest="status", required=True, choices=[s.value for s in TriageStatus],
+                   help="the decision")
+    p.add_argument("--issue", help="URL of the issue that tracks it")
+    p.add_argument("--note", default="", help="why")
+    p.add_argument("--who", default=None, help="who decided (default: the login name)")
+
+    p = with_db(sub.add_parser("serve", help="serve the REST API and the dashboard"))
+    p.add_argument("--config", required=True, type=Path, help="TOML config file ([server], [alerts])")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
 
     records = sub.add_parser("records", help="TVM benchmark records (schema v0.1)")
     rsub = records.add_subparsers(dest="records_command", required=True)
     p = with_db(rsub.add_parser("export", help="write stored records"))
-    p.add_argument("--format", choices=["jsonl"], default="jsonl")
-    p.add_argument("--run", type=int, dest="run_id")
-    p.add_argument("--workload")
+    p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl", help="output format (default: jsonl)")
+    p.add_argument("--run", type=int, dest="run_id", help="only this run's records")
+    p.add_argument("--workload", help="only this workload's records")
     p.add_argument("--output", "-o", type=Path, help="file to write (default: stdout)")
-    p = with_db(rsub.add_parser("import", help="validate and store records (all or nothing)"))
-    p.add_argument("file", type=Path)
+    p = with_db(rsub.add_parser("import", help="validate and store records (all or nothing; "
+                                               "records already stored are skipped)"))
+    p.add_argument("file", type=Path, help="JSON lines, a JSON array, or one JSON object (or an AOE report)")
+    p.add_argument("--format", choices=["jsonl", "aoe"], default="jsonl",
+                   help="jsonl: v0.1 records; aoe: an Ascend AOE tuning report (aoe_result_*.json)")
+    p.add_argument("--hardware", default="ascend", help="aoe: the device the report was tuned on")
 
     dbp = sub.add_parser("db", help="database schema")
     dsub = dbp.add_subparsers(dest="db_command", required=True)
-    with_db(dsub.add_parser("upgrade", help="migrate to the newest schema")).add_argument("--revision", default="head")
-    with_db(dsub.add_parser("downgrade", help="migrate down")).add_argument("--revision", default="base")
+    with_db(dsub.add_parser("upgrade", help="migrate to the newest schema")).add_argument(
+        "--revision", default="head", help="revision to migrate to (default: head)")
+    p = with_db(dsub.add_parser("downgrade", help="migrate down to a revision (base drops every table)"))
+    p.add_argument("--revision", help="revision to migrate down to, e.g. 0003, or base")
+    p.add_argument("--yes", action="store_true", help="confirm a downgrade to base, which deletes all data")
     with_db(dsub.add_parser("current", help="print the schema revision"))
+    p = with_db(dsub.add_parser("grant-readonly", help="let a PostgreSQL role read everything and change nothing"))
+    p.add_argument("role", help="the role to create or grant to")
 
     p = sub.add_parser("cache", help="list the artifact cache (and optionally shrink it)")
     p.add_argument("--config", required=True, type=Path, help="the config whose cache_dir to look at")
     p.add_argument("--limit-gb", type=float, help="evict least recently used entries down to this size")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p = sub.add_parser("demo-repo", help="create the bundled example's git repository")
-    p.add_argument("path", type=Path)
+    p.add_argument("path", type=Path, help="where to create it")
     return parser
 
 
+# Commands that store something; only these create or migrate a schema.
+WRITING_COMMANDS = frozenset({"compare", "verify", "triage", "serve", "watch", "worker"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``abwatch`` console script."""
+    """Entry point of the ``abwatch`` console script (exit codes: README, "Operations")."""
     args = _parser().parse_args(argv)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+    liveness.stop_on_sigterm()
     try:
         return _dispatch(args, err)
     except (ConfigError, RepoError, RecordError, db.SchemaError, driver.DriverError, RunnerUnavailable) as exc:
         err.print(f"abwatch: error: {exc}", markup=False)
         return EXIT_USAGE
+    except KeyboardInterrupt as exc:
+        err.print(f"abwatch: interrupted ({exc or 'SIGINT'}); the run is marked interrupted, "
+                  "what it measured is kept", markup=False)
+        return driver.EXIT_INTERRUPTED
+    except Exception as exc:  # the one place an unexpected error becomes a message and a code
+        if os.environ.get("ABWATCH_DEBUG"):
+            traceback.print_exc()
+        err.print(f"abwatch: {_describe(exc, getattr(args, 'db', None))}", markup=False)
+        return driver.EXIT_INTERNAL
+
+
+def _describe(exc: Exception, db_arg: str | None) -> str:
+    """One line naming an unexpected error's cause: the database (password masked), the file."""
+    if isinstance(exc, SQLAlchemyError):
+        where = mask_url(db.resolve_database_url(db_arg))
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        return f"database error at {where}: {type(exc).__name__}: {first}"
+    if isinstance(exc, OSError) and exc.filename:
+        return f"error: {exc.strerror or exc}: {exc.filename}"
+    return (f"internal error: {type(exc).__name__}: {mask_url(str(exc))} "
+            "(set ABWATCH_DEBUG=1 for the traceback)")
 
 
 def _dispatch(args: argparse.Namespace, err: Console) -> int:
     if args.command == "demo-repo":
-        from service.demo import make_demo_repo
+        from abwatch.service.demo import make_demo_repo
         tags = make_demo_repo(args.path)
         err.print(f"example repository at {args.path} with tags {', '.join(tags)}", markup=False)
         return 0
+    out = report.stdout_console()
     if args.command == "cache":
-        return _cache_command(args, err)
+        return _cache_command(args, err, out)
     url = db.resolve_database_url(args.db)
     if args.command == "db":
-        return _db_command(args, url)
-    config = load_config(args.config) if args.command == "compare" else None
-    engine = db.make_engine(url)
-    db.ensure_schema(engine)
-    # Reports piped to a file or CI log get a wide table instead of rich's default 80 columns.
-    out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+        return _db_command(args, url, err)
+    config = load_config(args.config) if args.command in ("compare", "serve", "watch", "worker") else None
+    engine = db.open_database(url, write=args.command in WRITING_COMMANDS
+                              or (args.command == "records" and args.records_command == "import"))
+    for note in liveness.reap_quietly(engine):
+        err.print(f"abwatch: {note}", markup=False)
+    if args.command == "serve":
+        return _serve(args, config, engine)
+    if args.command in ("watch", "worker"):
+        return _watch_command(args, config, engine, err)
     with db.session_scope(engine) as session:
         if args.command == "compare":
-            with RichProgress(err) as progress:
+            with report.RichProgress(err) as progress:
                 outcome = driver.run_compare(session, config, args.control, args.treatment, progress=progress)
-            _print_outcome(out, outcome, args.json)
+            # rendered from the stored rows, so `abwatch show` prints the very same report
+            report.print_outcome(out, stored.load_outcome(session, outcome.run_id), args.json, args.ops)
             return outcome.exit_code
         if args.command == "verify":
-            with RichProgress(err) as progress:
-                outcome, regressions = driver.run_verify(session, args.run_id, progress=progress)
-            if args.json:
-                print(json.dumps({**outcome.to_json(), "regressions": [_regression_json(r) for r in regressions]}))
-            else:
-                _print_outcome(out, outcome, False)
-                _print_regressions(out, regressions)
-            confirmed = any(r.state == RegressionState.REGRESS for r in regressions)
-            return driver.EXIT_BUILD_FAILED if outcome.exit_code == 3 else int(confirmed)
+            return _verify_command(args, session, err, out)
+        if args.command == "show":
+            report.print_outcome(out, stored.load_outcome(session, args.run_id), args.json, args.ops)
+            return 0
+        if args.command == "runs":
+            rows = stored.list_runs(session, args.limit)
+            print(json.dumps(report.runs_json(rows))) if args.json else report.print_runs(out, rows)
+            return 0
+        if args.command == "builds":
+            return _builds_command(args, session, out)
         if args.command == "regressions":
             query = select(Regression).order_by(Regression.id)
             if args.state:
                 query = query.where(Regression.state == RegressionState(args.state))
             rows = list(session.scalars(query))
             if args.json:
-                print(json.dumps([_regression_json(r) for r in rows]))
+                print(json.dumps([report.regression_json(r) for r in rows]))
             else:
-                _print_regressions(out, rows)
+                report.print_regressions(out, rows)
+            return 0
+        if args.command == "status":
+            from abwatch.service import watch
+            found = watch.status(session)
+            print(json.dumps(found)) if args.json else report.print_status(out, found)
             return 0
         if args.command == "records":
             return _records_command(args, session, err)
+        if args.command == "triage":
+            return _triage_command(args, session, out)
         if args.command == "history":
-            return _history_command(args, session, out)
+            return _history_command(args, session, out, err)
     raise AssertionError(args.command)
 
 
-def _cache_command(args: argparse.Namespace, err: Console) -> int:
-    from dataclasses import asdict
+def _watch_command(args: argparse.Namespace, config, engine, err: Console) -> int:
+    from abwatch.service import daemon, watch
 
-    from builders.cache import ArtifactCache
+    if config.repo is None:
+        raise ConfigError(f"{args.config}: repo: a watch needs [repo]")
+    progress = report.LineProgress(err)
+    if args.command == "worker":
+        if engine.dialect.name != "postgresql":
+            raise ConfigError("abwatch worker needs PostgreSQL (--db or $ABWATCH_DATABASE_URL); "
+                              "on SQLite `abwatch watch` runs the jobs itself")
+        device = args.device or watch.device_names(config)[0]
+        return daemon.work(engine, config, device, progress=progress)
+    if args.once:
+        return daemon.once(engine, config, work=not args.no_work, progress=progress)
+    return daemon.forever(engine, config, work=not args.no_work, progress=progress)
+
+
+def _verify_command(args: argparse.Namespace, session, err: Console, out: Console) -> int:
+    try:
+        with report.RichProgress(err) as progress:
+            outcome, regressions = driver.run_verify(session, args.run_id, progress=progress)
+    except driver.NothingToVerify as exc:
+        # not a usage error: the run exists and simply has nothing left to check
+        if args.json:
+            print(json.dumps({"run_id": args.run_id, "verified": None, "regressions": [], "message": str(exc)}))
+        err.print(f"abwatch: {exc}", markup=False)
+        return 0
+    shown = stored.load_outcome(session, outcome.run_id)
+    if args.json:
+        print(json.dumps({**report.outcome_json(shown),
+                          "regressions": [report.regression_json(r) for r in regressions]}))
+    else:
+        report.print_outcome(out, shown, False, args.ops)
+        report.print_regressions(out, regressions)
+    confirmed = any(r.state == RegressionState.REGRESS for r in regressions)
+    return driver.EXIT_BUILD_FAILED if outcome.exit_code == 3 else int(confirmed)
+
+
+def _builds_command(args: argparse.Namespace, session, out: Console) -> int:
+    if args.log is not None:
+        build = stored.get_build(session, args.log)
+        sys.stdout.write(build.log if build.log.endswith("\n") or not build.log else build.log + "\n")
+        return 0
+    rows = stored.list_builds(session, args.failed, args.limit)
+    print(json.dumps(report.builds_json(rows))) if args.json else report.print_builds(out, rows)
+    return 0
+
+
+def _cache_command(args: argparse.Namespace, err: Console, out: Console) -> int:
+    from abwatch.builders.cache import ArtifactCache
 
     cache = ArtifactCache(load_config(args.config).cache_dir / "artifacts")
     if args.limit_gb is not None:
@@ -181,21 +306,53 @@ def _cache_command(args: argparse.Namespace, err: Console) -> int:
         err.print(f"evicted {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}", markup=False)
     entries, size = cache.describe(), cache.size_bytes()
     if args.json:
-        print(json.dumps({"root": str(cache.root), "bytes": size, "entries": [asdict(e) for e in entries]}))
+        print(json.dumps(report.cache_json(cache, entries, size)))
         return 0
-    table = Table(title=f"{cache.root}: {len(entries)} entries, {size / 2**20:.1f} MiB on disk")
-    for column in ("key", "builder", "sha", "last used", "files", "packed"):
-        table.add_column(column)
-    for e in entries:
-        table.add_row(e.key, e.builder or "", (e.sha or "")[:12], e.last_used[:19], str(e.files), str(e.packed_files))
-    Console(highlight=False).print(table)
+    report.print_cache(out, cache, entries, size)
     return 0
 
 
-def _db_command(args: argparse.Namespace, url: str) -> int:
+def _serve(args: argparse.Namespace, config, engine) -> int:
+    import uvicorn
+
+    from abwatch.service.api import create_app
+
+    app = create_app(engine, config.server, config.alerts)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def _triage_command(args: argparse.Namespace, session, out: Console) -> int:
+    import getpass
+
+    from abwatch.service import triage
+
+    try:
+        changed = triage.triage(session, args.regression_id, args.status, who=args.who or getpass.getuser(),
+                                issue_url=args.issue, note=args.note)
+    except triage.TriageError as exc:
+        raise driver.DriverError(str(exc)) from None
+    for r in changed:
+        out.print(f"regression {r.id} ({r.workload.name}): triaged as {r.triage.value}", markup=False)
+    return 0
+
+
+def _db_command(args: argparse.Namespace, url: str, err: Console) -> int:
+    if args.db_command == "grant-readonly":
+        engine = db.make_engine(url)
+        db.ensure_schema(engine)
+        for statement in db.grant_readonly(engine, args.role):
+            print(statement)
+        return 0
     if args.db_command == "upgrade":
         db.upgrade(url, args.revision)
     elif args.db_command == "downgrade":
+        if args.revision is None:
+            raise driver.DriverError("db downgrade needs --revision (e.g. the one before `abwatch db current`); "
+                                     "--revision base drops every table and needs --yes")
+        if args.revision == "base" and not args.yes:
+            raise driver.DriverError("db downgrade --revision base drops every table and all data in them; "
+                                     "add --yes to confirm")
         db.downgrade(url, args.revision)
     print(db.current_revision(db.make_engine(url)) or "(empty)")
     return 0
@@ -203,10 +360,18 @@ def _db_command(args: argparse.Namespace, url: str) -> int:
 
 def _records_command(args: argparse.Namespace, session, err: Console) -> int:
     if args.records_command == "import":
-        rows = import_records(session, args.file)
-        err.print(f"imported {len(rows)} record(s) from {args.file}", markup=False)
+        if args.format == "aoe":
+            rows, skipped = interchange.import_aoe(session, args.file, args.hardware)
+        else:
+            rows, skipped = import_records(session, args.file)
+        err.print(f"imported {len(rows)} record(s) from {args.file}"
+                  + (f"; {skipped} already stored, skipped" if skipped else ""), markup=False)
         return 0
-    if args.output:
+    if args.format == "parquet":
+        if not args.output:
+            raise RecordError("records export --format parquet: give the file to write with --output")
+        count = interchange.export_parquet(session, args.output, args.run_id, args.workload)
+    elif args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             count = export_records(session, handle, args.run_id, args.workload)
     else:
@@ -215,103 +380,28 @@ def _records_command(args: argparse.Namespace, session, err: Console) -> int:
     return 0
 
 
-def _history_command(args: argparse.Namespace, session, out: Console) -> int:
+def _history_command(args: argparse.Namespace, session, out: Console, err: Console) -> int:
     points = history.series(session, args.workload, args.device)
     if not points:
         raise driver.DriverError(f"no history for workload {args.workload!r}"
                                  + (f" on device {args.device!r}" if args.device else ""))
-    found = history.steps(points, max_pvalue=args.max_pvalue)
+    skipped = 0
+    line = None if args.all_branches else history.first_parent_line(session, args.workload)
+    if line is not None:
+        kept = history.on_line(points, line[1])
+        skipped, points = len(points) - len(kept), kept
+        if not points:
+            raise driver.DriverError(f"no measured commit of {args.workload!r} is on {line[0]}'s first-parent "
+                                     "line; --all-branches shows them all")
+    try:
+        found = history.steps(points, max_pvalue=args.max_pvalue)
+    except ImportError as exc:
+        raise driver.DriverError(str(exc)) from None
     if args.json:
-        print(json.dumps({
-            "workload": args.workload,
-            "series": [{"sha": p.sha, "median_ms": p.median_ms, "runs": p.runs,
-                        "committed_at": p.committed_at.isoformat() if p.committed_at else None} for p in points],
-            "steps": [{"last_before": s.last_before.sha, "first_after": s.first_after.sha,
-                       "change_pct": s.change_pct, "p_value": s.p_value} for s in found],
-        }))
+        print(json.dumps({**report.history_json(args.workload, points, found), "left_out": skipped}))
         return 0
-    out.print(f"{args.workload}: {len(points)} commits, {len(found)} step change(s)", markup=False)
-    for s in found:
-        out.print(f"  {s.change_pct:+.2f}% (p={s.p_value:.2g}) starts after {s.last_before.sha[:12]} "
-                  f"at {s.first_after.sha[:12]} {s.first_after.summary}", markup=False)
+    report.print_history(out, args.workload, points, found, skipped)
     return 0
-
-
-def _print_outcome(out: Console, outcome: CompareOutcome, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(outcome.to_json()))
-        return
-    for b in outcome.builds:
-        note = " (cached)" if b.cached else ""
-        out.print(f"{b.side:9} {b.ref} {b.sha[:12]} {b.status}{note}", markup=False)
-    table = Table(title=f"run {outcome.run_id} ({outcome.run_type}): {outcome.status}")
-    for column in ("workload", "verdict", "change", "CI", "p", "control ms", "treatment ms", "n", "regression"):
-        table.add_column(column)
-    for r in outcome.results:
-        v = r.verdict
-        table.add_row(
-            r.workload, f"[{VERDICT_STYLE[v.verdict.value]}]{v.verdict.value}[/]",
-            "-" if v.change_pct is None else f"{v.change_pct:+.2f}%",
-            "-" if v.ci_pct is None else f"[{v.ci_pct[0]:+.2f}, {v.ci_pct[1]:+.2f}]",
-            "-" if v.p_value is None else f"{v.p_value:.2g}",
-            "-" if v.control_median_ms is None else f"{v.control_median_ms:.3f}",
-            "-" if v.treatment_median_ms is None else f"{v.treatment_median_ms:.3f}",
-            f"{v.control_n}/{v.treatment_n}", "-" if r.regression_id is None else str(r.regression_id),
-        )
-    out.print(table)
-    for r in outcome.results:
-        if r.failure:
-            out.print(f"{r.workload}: {r.failure}", markup=False)
-        _print_tvm_details(out, r)
-
-
-def _print_tvm_details(out: Console, r) -> None:
-    """Compile times, the output error, and for a regression the operators that explain it."""
-    details = r.details
-    if not details:
-        return
-    compile_ms, error = details["compile_ms"], details["error"]
-    out.print(f"{r.workload}: compile {compile_ms['control']:.0f} ms -> {compile_ms['treatment']:.0f} ms; "
-              f"output max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g}"
-              + (" — OUTPUT MISMATCH (correctness regression)" if error["mismatch"] else ""), markup=False)
-    if r.verdict.verdict.value != "regression" or not details["ops"]:
-        return
-    table = Table(title=f"{r.workload}: operators behind the change")
-    for column in ("operator", "type", "control µs", "treatment µs", "change", "share of change"):
-        table.add_column(column)
-    fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
-    for op in details["ops"][:10]:
-        table.add_row(op["name"], op["type"], fmt(op["control_us"], ".1f"), fmt(op["treatment_us"], ".1f"),
-                      fmt(op["change_pct"], "+.1f") + ("%" if op["change_pct"] is not None else ""),
-                      fmt(op["share_pct"], ".0f") + ("%" if op["share_pct"] is not None else ""))
-    out.print(table)
-
-
-def _regression_json(r: Regression) -> dict:
-    return {
-        "id": r.id, "workload": r.workload.name, "kind": r.kind, "state": r.state.value, "change_pct": r.change_pct,
-        "run_id": r.run_id, "control_sha": r.control_commit.sha, "treatment_sha": r.treatment_commit.sha,
-        "benchmark_verdict": r.benchmark_verdict, "verify_verdict": r.verify_verdict,
-        "events": [
-            {"from": e.from_state.value if e.from_state else None, "to": e.to_state.value,
-             "run_id": e.run_id, "reason": e.reason, "at": e.at.isoformat()}
-            for e in r.events
-        ],
-    }
-
-
-def _print_regressions(out: Console, rows: list[Regression]) -> None:
-    table = Table(title="regressions")
-    for column in ("id", "workload", "state", "change", "commits", "history"):
-        table.add_column(column)
-    for r in rows:
-        history = "\n".join(
-            f"{e.at:%Y-%m-%d %H:%M} {e.from_state.value if e.from_state else '-'}→{e.to_state.value}: {e.reason}"
-            for e in r.events
-        )
-        table.add_row(str(r.id), r.workload.name, r.state.value, f"{r.change_pct:+.2f}%",
-                      f"{r.control_commit.sha[:10]}..{r.treatment_commit.sha[:10]}", history)
-    out.print(table)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -67,6 +67,7 @@ class TvmWheelBuildConfig(_Strict):
     kind: Literal["tvm-wheel"] = "tvm-wheel"
     packages: list[str] = Field(default_factory=list, description="more pip requirements, e.g. onnx")
     timeout_s: float = Field(default=900.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict, description="added to the allow-listed environment")
 
     def config_hash(self) -> str:
         """Hash of what changes the venv (the cache key part besides the version)."""
@@ -99,11 +100,14 @@ class TvmSourceBuildConfig(_Strict):
     cache_limit_gb: float = Field(default=20.0, gt=0)
     pack_deltas: bool = Field(default=True, description="keep older builds' large files as binary deltas")
     timeout_s: float = Field(default=7200.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict, description="added to the allow-listed environment")
 
     def config_hash(self) -> str:
         """Hash of what changes the artifact (not limits, mirrors, parallelism or packing)."""
         payload = self.model_dump(exclude={"submodule_rewrites", "submodules", "jobs", "cache_limit_gb",
                                            "timeout_s", "pack_deltas"})
+        if not payload["env"]:  # keeps the keys of builds made before `env` existed
+            del payload["env"]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def workspace_hash(self) -> str:
@@ -147,7 +151,24 @@ class CommandWorkloadConfig(_Strict):
     kind: Literal["command"] = "command"
     command: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
+    pass_env: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
+        default_factory=list, description="names of abwatch's own environment variables passed to the "
+        "workload (read when it runs, never stored); nothing else of that environment is passed")
     timeout_s: float | None = Field(default=None, gt=0)
+
+
+# What each model reads from ``options`` (runners/tvm_worker.py); any other key is an error.
+MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
+    "builtin:mlp": ("hidden", "classes", "weight_scale"),
+    "builtin:cnn": ("classes", "weight_scale"),
+    "builtin:resnet18": ("classes", "weight_scale"),
+    "builtin:transformer": ("heads", "weight_scale"),
+    "te:matmul": ("m", "k", "n"),
+    "te:conv2d": ("out_channels", "kernel"),
+    "onnx": (),
+}
+# What ``treatment_options`` may override for the treatment side.
+TREATMENT_OVERRIDES = ("options", "dtype")
 
 
 class TvmWorkloadConfig(_Strict):
@@ -155,7 +176,9 @@ class TvmWorkloadConfig(_Strict):
 
     ``model``: ``builtin:<mlp|cnn|resnet18|transformer>``, ``te:<matmul|conv2d>`` or
     ``onnx:<path>`` (with ``md5``). ``treatment_options`` apply to the treatment side only
-    (e.g. ``{dtype = "float16"}``), to study or provoke a difference on purpose.
+    (``{dtype = "float16"}``, ``{options = {hidden = 640}}``), to study or provoke a difference
+    on purpose; only the keys in :data:`TREATMENT_OVERRIDES` and each model's
+    :data:`MODEL_OPTIONS` are accepted.
     """
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:\-]+$")
@@ -172,10 +195,34 @@ class TvmWorkloadConfig(_Strict):
     atol: float = Field(default=1e-5, ge=0)
     timeout_s: float | None = Field(default=None, gt=0)
 
+    @field_validator("treatment_options")
+    @classmethod
+    def _known_overrides(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # A key the worker does not read would turn the run into a silent A/A comparison.
+        for key in value:
+            if key not in TREATMENT_OVERRIDES:
+                raise ValueError(f"unknown key {key!r} (the treatment may override: "
+                                 f"{', '.join(TREATMENT_OVERRIDES)}; model options go in options = {{...}})")
+        if not isinstance(value.get("options", {}), dict):
+            raise ValueError("options: expected a table of model options")
+        if not isinstance(value.get("dtype", ""), str):
+            raise ValueError("dtype: expected a string such as \"float16\"")
+        return value
+
     @model_validator(mode="after")
     def _onnx_needs_md5(self) -> "TvmWorkloadConfig":
         if self.model.startswith("onnx:") and self.md5 is None:
             raise ValueError("an onnx: model needs its md5")
+        known = MODEL_OPTIONS.get("onnx" if self.model.startswith("onnx:") else self.model)
+        if known is None:
+            raise ValueError(f"model: unknown model {self.model!r} "
+                             f"(known: {', '.join(sorted(MODEL_OPTIONS))}:<path>)")
+        for where, options in (("options", self.options),
+                               ("treatment_options.options", self.treatment_options.get("options", {}))):
+            for key in options:
+                if key not in known:
+                    model = self.model if known else "onnx models"
+                    raise ValueError(f"{where}: unknown key {key!r} for {model} (known: {', '.join(known) or 'none'})")
         return self
 
 
@@ -251,6 +298,68 @@ class RunnerConfig(_Strict):
         return self
 
 
+class AlertsConfig(_Strict):
+    """Webhooks told when a regression is confirmed (``regress``) or ``fixed``."""
+
+    webhooks: list[str] = Field(default_factory=list, description="URLs that get a JSON POST")
+    secret_env: str = Field(default="ABWATCH_ALERT_SECRET",
+                            description="environment variable holding the HMAC-SHA256 signing secret")
+    timeout_s: float = Field(default=5.0, gt=0, le=60, description="per attempt (connect and read)")
+    attempts: int = Field(default=3, ge=1, le=10)
+    backoff_s: float = Field(default=1.0, ge=0, le=60, description="first retry's wait; doubles each time")
+    dashboard_url: str | None = Field(default=None, description="base URL for links in messages")
+
+
+class ServerConfig(_Strict):
+    """``abwatch serve``: the API's write token and request limits."""
+
+    token_env: str = Field(default="ABWATCH_API_TOKEN", description="environment variable with the bearer token")
+    max_body_mb: float = Field(default=10.0, gt=0, description="largest request body accepted")
+
+
+class WatchConfig(_Strict):
+    """``abwatch watch``: which commits of the branch to test, against what, and how far to escalate.
+
+    ``control``: ``previous`` (the last commit of the branch this watch tested and built),
+    ``parent`` (the commit's first parent), ``week-start`` (the first tested commit whose
+    commit time falls in the same UTC week as the new commit's) or ``fixed:<ref>``.
+    ``schedule`` (a 5-field cron expression) switches to nightly mode: the branch head once
+    per tick; without it every ``step``-th new commit is tested, polled every ``interval_s``.
+    """
+
+    control: str = Field(default="previous", pattern=r"^(previous|parent|week-start|fixed:.+)$")
+    start: str | None = Field(default=None, description="first commit to test; default: the head when first seen")
+    step: int = Field(default=1, ge=1)
+    interval_s: float = Field(default=300.0, gt=0)
+    schedule: str | None = None
+    timezone: str = "UTC"
+    verify: bool = True
+    bisect: bool = True
+    max_builds_per_range: int = Field(default=16, ge=1)
+    devices: list[str] = Field(default_factory=list, description="default: the runner's device")
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is not None:
+            from apscheduler.triggers.cron import CronTrigger
+            try:
+                CronTrigger.from_crontab(value, timezone="UTC")
+            except ValueError as exc:
+                raise ValueError(f"not a cron expression ({exc})") from None
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}") from None
+        return value
+
+
 class Config(_Strict):
     """The whole validated configuration."""
 
@@ -260,6 +369,9 @@ class Config(_Strict):
     run: RunConfig = RunConfig()
     stats: StatsConfig = StatsConfig()
     runner: RunnerConfig = RunnerConfig()
+    alerts: AlertsConfig = AlertsConfig()
+    server: ServerConfig = ServerConfig()
+    watch: WatchConfig = WatchConfig()
     cache_dir: Path = DEFAULT_CACHE_DIR
 
     @model_validator(mode="after")

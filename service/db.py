@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -12,9 +13,12 @@ from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
-import migrations
+from abwatch import migrations
+from abwatch.service.redact import mask_url
 
 DEFAULT_DATABASE_URL = "sqlite:///abwatch.db"
 ENV_DATABASE_URL = "ABWATCH_DATABASE_URL"
@@ -24,14 +28,41 @@ class SchemaError(Exception):
     """The database exists but is not at the schema this abwatch expects."""
 
 
+class DatabaseUrlError(SchemaError):
+    """A database URL abwatch cannot use (not a URL, or a driver it does not ship)."""
+
+
 def resolve_database_url(cli_url: str | None) -> str:
     """``--db`` wins, then ``$ABWATCH_DATABASE_URL``, then the embedded SQLite file."""
     return cli_url or os.environ.get(ENV_DATABASE_URL) or DEFAULT_DATABASE_URL
 
 
+def normalize_url(url: str) -> str:
+    """``url`` with the driver abwatch ships: ``postgresql://`` and ``postgres://`` mean psycopg2.
+
+    SQLAlchemy would pick psycopg 3 for a bare ``postgresql://`` (not installed), and does not
+    know ``postgres://`` at all, although both are what PostgreSQL's documentation and most
+    hosting services hand out. Raises :class:`DatabaseUrlError` for what cannot be a URL.
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise DatabaseUrlError(f"{mask_url(url)!r} is not a database URL; "
+                               "use sqlite:///FILE or postgresql://USER@HOST/DATABASE") from None
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    return parsed.render_as_string(hide_password=False)
+
+
 def make_engine(url: str) -> Engine:
     """An engine; SQLite gets foreign keys enforced, as PostgreSQL has them."""
-    engine = create_engine(url, future=True)
+    url = normalize_url(url)
+    try:
+        engine = create_engine(url, future=True)
+    except (NoSuchModuleError, ImportError) as exc:
+        raise DatabaseUrlError(f"{make_url(url).render_as_string()}: unknown database driver "
+                               f"{make_url(url).drivername!r} ({exc}); abwatch supports sqlite:/// "
+                               "and postgresql:// (psycopg2)") from None
     if engine.dialect.name == "sqlite":
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection, _record) -> None:  # pragma: no cover - trivial
@@ -46,7 +77,7 @@ def alembic_config(url: str) -> AlembicConfig:
     config = AlembicConfig()
     config.set_main_option("script_location", str(Path(migrations.__file__).parent))
     # '%' must be escaped for configparser interpolation (passwords may contain it).
-    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
     return config
 
 
@@ -80,10 +111,17 @@ def ensure_schema(engine: Engine) -> None:
         return
     if current is None:
         tables = set(inspect(engine).get_table_names())
+        if tables == {"alembic_version"}:
+            # what `abwatch db downgrade --revision base` leaves: say how to come back
+            raise SchemaError(
+                f"{engine.url.render_as_string()}: schema was downgraded to base (no tables); "
+                "run `abwatch db upgrade` to create it again"
+            )
         if tables:
             raise SchemaError(
                 f"{engine.url.render_as_string()}: database has tables {sorted(tables)[:5]} "
-                "but no abwatch schema version; refusing to touch it"
+                "but no abwatch schema version; refusing to touch it (an abwatch database "
+                "downgraded by hand: `abwatch db upgrade`)"
             )
         upgrade(url)
         return
@@ -91,6 +129,33 @@ def ensure_schema(engine: Engine) -> None:
         f"{engine.url.render_as_string()}: schema is at {current}, this abwatch needs {head}; "
         "run `abwatch db upgrade`"
     )
+
+
+def check_schema(engine: Engine) -> None:
+    """For commands that only read: the database must be at head already; never migrates."""
+    current = current_revision(engine)
+    head = head_revision(engine.url.render_as_string(hide_password=False))
+    if current == head:
+        return
+    where = engine.url.render_as_string()
+    if current is None:
+        raise SchemaError(f"{where}: no abwatch schema here; a command that only reads does not create one "
+                          "(run `abwatch db upgrade`, or a command that writes such as `abwatch compare`)")
+    raise SchemaError(f"{where}: schema is at {current}, this abwatch needs {head}; run `abwatch db upgrade`")
+
+
+def open_database(url: str, *, write: bool) -> Engine:
+    """An engine on ``url`` whose schema is at head.
+
+    Commands that write migrate an empty database (never one that holds other tables);
+    commands that only read never migrate anything.
+    """
+    engine = make_engine(url)
+    if write:
+        ensure_schema(engine)
+    else:
+        check_schema(engine)
+    return engine
 
 
 @contextmanager
@@ -104,3 +169,45 @@ def session_scope(engine: Engine) -> Iterator[Session]:
         except BaseException:
             session.rollback()
             raise
+
+
+READONLY_PASSWORD_ENV = "ABWATCH_READONLY_PASSWORD"
+_ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+def grant_readonly(engine: Engine, role: str) -> list[str]:
+    """Make ``role`` (created if missing) able to read every table and view and do nothing else.
+
+    PostgreSQL only. The role gets CONNECT, USAGE on the schema, SELECT on all tables and
+    views (and on ones later migrations create), and read-only transactions by default.
+    Its password, if any, comes from ``$ABWATCH_READONLY_PASSWORD``. Returns the statements run.
+    """
+    if engine.dialect.name != "postgresql":
+        raise SchemaError(f"{engine.url.render_as_string()}: grant-readonly needs PostgreSQL "
+                          "(an SQLite file is read-only by its file permissions)")
+    if not _ROLE_NAME.fullmatch(role):
+        raise SchemaError(f"role {role!r}: a role name is letters, digits and '_' (not starting with a digit)")
+    quote = engine.dialect.identifier_preparer.quote_identifier
+    name = quote(role)
+    password = os.environ.get(READONLY_PASSWORD_ENV)
+    with engine.begin() as connection:
+        database = quote(connection.exec_driver_sql("SELECT current_database()").scalar_one())
+        exists = connection.exec_driver_sql("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).first()
+        statements = [] if exists else [f"CREATE ROLE {name} LOGIN NOINHERIT"]
+        statements += [
+            f"GRANT CONNECT ON DATABASE {database} TO {name}",
+            f"REVOKE CREATE, TEMPORARY ON DATABASE {database} FROM {name}",
+            f"GRANT USAGE ON SCHEMA public TO {name}",
+            f"REVOKE CREATE ON SCHEMA public FROM {name}",
+            f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {name}",
+            # tables and views the migrations add later are readable too
+            f"ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO {name}",
+            f"ALTER ROLE {name} SET default_transaction_read_only = on",
+        ]
+        for statement in statements:
+            connection.exec_driver_sql(statement)
+        if password:
+            # psycopg2 quotes the parameter client-side, so the password is never spliced in by hand
+            connection.exec_driver_sql(f"ALTER ROLE {name} PASSWORD %s", (password,))
+            statements.append(f"ALTER ROLE {name} PASSWORD '***'")
+    return statements

@@ -13,27 +13,33 @@ import random
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Callable, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from builders import Builder, BuildFailed, make_builder
-from runners import make_runner
-from runners.base import Runner
-from runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
-from service import attribution, lifecycle, noise, stats
-from service.config import CommandWorkloadConfig, Config
-from service.models import (
+from abwatch.builders import Builder, BuildFailed, make_builder
+from abwatch.runners import make_runner
+from abwatch.runners.base import Runner
+from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
+from abwatch.service import alerts, attribution, lifecycle, liveness, noise, stats
+from abwatch.service.config import CommandWorkloadConfig, Config
+from abwatch.service.models import (
     Build, BuildStatus, Comparison, Invocation, InvocationStatus, RegressionState, Run,
-    RunStatus, RunType, Sample, Side, VerdictKind, utcnow,
+    RunStatus, RunType, Side, VerdictKind, utcnow,
 )
-from service.records import to_row
-from service.run_records import run_record
-from service.repo import CommitInfo
-from service.store import get_commit, get_device, get_repository, get_workload
+from abwatch.service.records import to_row
+from abwatch.service.redact import mask_url
+from abwatch.service.run_records import run_record
+from abwatch.service.repo import CommitInfo
+from abwatch.service.store import get_commit, get_device, get_repository, get_workload, write_samples
 
+# The exit codes of every abwatch command (README, "Operations").
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_BUILD_FAILED = 0, 1, 2, 3
+EXIT_INCOMPLETE = 4  # a workload could not be judged (crashed, hung, no valid sample)
+EXIT_INTERNAL = 5  # an unexpected error: database unreachable, disk full, a bug
+EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM; the run is marked interrupted
+MAX_REF_LENGTH = 256  # the refs' column width
 
 
 class Progress(Protocol):
@@ -56,6 +62,10 @@ class NullProgress:
 
 class DriverError(Exception):
     """A request the driver cannot carry out (bad run id, nothing to verify, ...)."""
+
+
+class NothingToVerify(DriverError):
+    """The run exists but has no suspected regression left to verify: not an error of the caller."""
 
 
 @dataclass(frozen=True)
@@ -96,12 +106,14 @@ class CompareOutcome:
 
     @property
     def exit_code(self) -> int:
-        """3 if a build failed, 1 if any regression, else 0."""
+        """3 if a build failed, 1 if any regression, 4 if a workload could not be judged, else 0."""
         if self.status == RunStatus.BUILD_FAILED.value:
             return EXIT_BUILD_FAILED
         if any(r.verdict.verdict == stats.Outcome.REGRESSION or r.correctness_regression_id
                for r in self.results):
             return EXIT_REGRESSION
+        if self.status == RunStatus.INCOMPLETE.value:
+            return EXIT_INCOMPLETE
         return EXIT_OK
 
     def to_json(self) -> dict:
@@ -148,6 +160,14 @@ def _result_json(result: WorkloadResult) -> dict:
     }
 
 
+def masked_config(config: Config) -> dict:
+    """The config as stored with a run: JSON, with credentials in the repository URL masked."""
+    data = config.model_dump(mode="json")
+    if data.get("repo"):  # configs of release wheels have no repository
+        data["repo"]["url"] = mask_url(data["repo"]["url"])
+    return data
+
+
 def run_compare(
     session: Session,
     config: Config,
@@ -157,10 +177,18 @@ def run_compare(
     run_type: RunType = RunType.BENCHMARK,
     parent_run_id: int | None = None,
     progress: Progress | None = None,
+    on_started: Callable[[Run], None] | None = None,
 ) -> CompareOutcome:
-    """One A/B run of ``treatment_ref`` against ``control_ref``, stored in full."""
+    """One A/B run of ``treatment_ref`` against ``control_ref``, stored in full.
+
+    ``on_started(run)`` is called once the run row is committed (verify moves its
+    regressions to ``verify`` there, naming the run that verifies them).
+    """
     progress = progress or NullProgress()
     # Everything that can fail on bad input happens before the first row is written.
+    for ref in (control_ref, treatment_ref):
+        if len(ref) > MAX_REF_LENGTH:
+            raise DriverError(f"ref {ref[:40]!r}... is {len(ref)} characters long; at most {MAX_REF_LENGTH}")
     builder = make_builder(config)
     control, treatment = builder.resolve(control_ref), builder.resolve(treatment_ref)
     runner: Runner = make_runner(config)
@@ -174,21 +202,31 @@ def run_compare(
             control_commit_id=get_commit(session, repository, control).id,
             treatment_commit_id=get_commit(session, repository, treatment).id,
             device_id=get_device(session, device_info).id, parent_run_id=parent_run_id,
-            seed=seed, config=config.model_dump(mode="json"),
+            seed=seed, config=masked_config(config),
         )
+        liveness.claim(run)
         session.add(run)
         session.commit()
         progress.message(f"run {run.id} ({run_type.value}): {control_ref} -> {treatment_ref}")
         try:
-            with ExitStack() as held:  # both artifacts stay whole and in the cache until the run ends
+            if on_started is not None:
+                on_started(run)
+            # both artifacts stay whole and in the cache until the run ends
+            with ExitStack() as held, liveness.Heartbeat(session.get_bind(), run.id):
                 return _carry_out(session, config, builder, runner, run, device_info, seed,
                                   {Side.CONTROL: (control_ref, control), Side.TREATMENT: (treatment_ref, treatment)},
                                   progress, held)
         except BaseException as exc:
-            # Whatever stopped the run (a bug, Ctrl-C), it must not stay 'running' forever.
+            # Whatever stopped the run (Ctrl-C, SIGTERM, a bug), it must not stay 'running'
+            # forever; every invocation that finished is committed already and stays.
             session.rollback()
-            run.status, run.error, run.finished_at = RunStatus.FAILED, f"{type(exc).__name__}: {exc}", utcnow()
+            if isinstance(exc, KeyboardInterrupt):
+                run.status, run.error = RunStatus.INTERRUPTED, f"interrupted ({exc or 'SIGINT'})"
+            else:
+                run.status, run.error = RunStatus.FAILED, f"{type(exc).__name__}: {exc}"
+            run.finished_at = utcnow()
             session.commit()
+            progress.message(f"run {run.id} {run.status.value}; the invocations it finished are kept")
             raise
     finally:
         runner.teardown()
@@ -216,7 +254,10 @@ def _carry_out(session: Session, config: Config, builder: Builder, runner: Runne
         _store_result(session, config, run, workload, m, verdict, device_info, progress)
         for (workload, m, _), verdict in zip(measured, verdicts)
     ]
-    run.status = RunStatus.COMPLETED
+    unjudged = [r.workload for r in results if r.failure]
+    run.status = RunStatus.INCOMPLETE if unjudged else RunStatus.COMPLETED
+    if unjudged:
+        run.error = f"not judged (no valid samples): {', '.join(unjudged)}"
     run.finished_at = utcnow()
     session.commit()
     return CompareOutcome(run.id, run_type.value, run.status.value, builds, results)
@@ -291,17 +332,19 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
         )
         session.add(invocation)
         session.flush()
-        session.add_all([
-            Sample(invocation_id=invocation.id, run_id=run.id, workload_id=row.id, side=side,
-                   order_index=next(order), runtime_ms=value, warmup=slot.warmup)
-            for value in result.samples
-        ])
+        # raw samples go through the bulk path (COPY on PostgreSQL): they are most of the data
+        write_samples(session, [(invocation.id, run.id, row.id, side.value, next(order), value, slot.warmup)
+                                for value in result.samples])
+        # One short transaction per invocation: a kill loses at most the one running now,
+        # and no transaction stays open while the next process runs.
+        session.commit()
         progress.invocation(workload.name, next(done), total)
 
     paths = {side.value: path for side, path in artifacts.items()}
     started = time.monotonic()
     floor = config.run.repetitions if run.run_type == RunType.VERIFY else None
     start, why = noise.starting_repetitions(session, config, row.id, run.device_id, floor)
+    session.commit()  # nothing stays open while the workload's processes run
     progress.message(f"  {workload.name}: {why}")
     schedule = interleaved_schedule(start, config.run.warmup, rng)
     measurement, reps, look = None, 0, 0
@@ -371,8 +414,10 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         # A wrong answer is its own regression, whatever the speed verdict says.
         progress.message(f"  {workload.name}: OUTPUT MISMATCH max_abs={error['max_abs']} max_rel={error['max_rel']}")
         if run.run_type == RunType.BENCHMARK:
+            why = (f"outputs differ: max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g} "
+                   f"(rtol {workload.rtol:g}, atol {workload.atol:g})")
             correctness_id = lifecycle.open_regression(session, run, comparison, kind="correctness",
-                                                       reason=f"outputs differ: {error}").id
+                                                       reason=why).id
     if verdict.verdict == stats.Outcome.SAME:
         noise.learn(session, row.id, run.device_id, m.samples, m.groups)
     for side in (Side.CONTROL, Side.TREATMENT):
@@ -397,7 +442,7 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         raise DriverError(f"run {run_id} does not exist")
     pending = lifecycle.pending_for_run(session, run_id)
     if not pending:
-        raise DriverError(f"run {run_id} has no suspected regressions (state 'benchmark') to verify")
+        raise NothingToVerify(f"nothing to verify: run {run_id} has no suspected regressions (state 'benchmark')")
     config = Config.model_validate(original.config)
     names = {r.workload.name for r in pending}
     config = config.model_copy(update={
@@ -407,18 +452,26 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
             "seed": None,
         }),
     })
-    for regression in pending:
-        lifecycle.transition(session, regression, RegressionState.VERIFY, original,
-                             f"verification of run {run_id} started")
-    session.commit()
+
+    def started(verify_run: Run) -> None:
+        # The event names the verify run: if its process dies, the next command that opens
+        # the database sees the run is not running and returns these to `benchmark`.
+        for regression in pending:
+            lifecycle.transition(session, regression, RegressionState.VERIFY, verify_run,
+                                 f"verification of run {run_id} started (verify run {verify_run.id})")
+        session.commit()
+
     # The exact commits of the original run, even if its refs have moved since.
     try:
         outcome = run_compare(session, config, original.control_commit.sha, original.treatment_commit.sha,
-                              run_type=RunType.VERIFY, parent_run_id=run_id, progress=progress)
-    except Exception:
+                              run_type=RunType.VERIFY, parent_run_id=run_id, progress=progress,
+                              on_started=started)
+    except BaseException:
+        session.rollback()
         for regression in pending:
-            lifecycle.transition(session, regression, RegressionState.BENCHMARK, None,
-                                 "verification could not run; back to suspected")
+            if regression.state == RegressionState.VERIFY:
+                lifecycle.transition(session, regression, RegressionState.BENCHMARK, None,
+                                     "verification could not finish; back to suspected")
         session.commit()
         raise
     verify_run = session.get(Run, outcome.run_id)
@@ -439,4 +492,9 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         word = "reproduced" if state is RegressionState.REGRESS else "not reproduced"
         lifecycle.transition(session, regression, state, verify_run, f"{word}; {first}; {second}")
     session.commit()
+    confirmed = [r.id for r in pending if r.state == RegressionState.REGRESS]
+    if confirmed and config.alerts.webhooks:
+        # after the commit, outside any transaction; bounded timeouts, failures only stored
+        progress.message(f"alerting {len(config.alerts.webhooks)} webhook(s) about {len(confirmed)} regression(s)")
+        alerts.notify(session.get_bind(), confirmed, "regress", config.alerts)
     return outcome, pending

@@ -12,11 +12,15 @@ import statistics as pystats
 from dataclasses import dataclass
 from datetime import datetime
 
+from pathlib import Path
+
+import git
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import stats
-from service.models import Commit, Record
+from abwatch.service import stats
+from abwatch.service.models import Commit, Record, Run
+from abwatch.service.repo import RepoError, RepoMirror
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,33 @@ def series(session: Session, workload: str, hardware: str | None = None) -> list
     ]
     # commit time orders the history; ties (same second) keep the sha order stable
     return sorted(points, key=lambda p: (p.committed_at is None, p.committed_at or datetime.min, p.sha))
+
+
+def first_parent_line(session: Session, workload: str) -> tuple[str, set[str]] | None:
+    """(branch, shas) of the configured branch's first-parent line, as of the newest run that
+    measured ``workload``; None where there is no git history (release builds) or no mirror."""
+    run = session.scalar(
+        select(Run).join(Record, Record.run_id == Run.id).where(Record.workload == workload)
+        .order_by(Run.id.desc()).limit(1))
+    if run is None:
+        return None
+    config = run.config or {}
+    build, repo = config.get("build", {}), config.get("repo") or {}
+    if build.get("kind") == "tvm-wheel" or not repo.get("url") or not config.get("cache_dir"):
+        return None
+    branch = repo.get("branch", "main")
+    try:
+        mirror = RepoMirror(repo["url"], Path(config["cache_dir"]))
+        if not (mirror.path / "HEAD").exists():
+            return None  # never fetched here: nothing to filter by, and no reason to clone now
+        return branch, set(mirror.repo.git.rev_list("--first-parent", f"refs/heads/{branch}").split())
+    except (RepoError, git.GitCommandError):
+        return None
+
+
+def on_line(points: list[Point], line: set[str]) -> list[Point]:
+    """The points whose commit is on the line."""
+    return [p for p in points if p.sha in line]
 
 
 def steps(points: list[Point], **options) -> list[Step]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.models import Comparison, Regression, RegressionEvent, RegressionState, Run, utcnow
+from abwatch.service.models import Comparison, Regression, RegressionEvent, RegressionState, Run, utcnow
 
 S = RegressionState
 
@@ -18,7 +18,8 @@ TRANSITIONS: dict[RegressionState | None, frozenset[RegressionState]] = {
     S.BENCHMARK: frozenset({S.VERIFY}),
     # Back to BENCHMARK when the verify run could not judge (its build failed, it hung).
     S.VERIFY: frozenset({S.REGRESS, S.CLEARED, S.BENCHMARK}),
-    S.REGRESS: frozenset(),
+    S.REGRESS: frozenset({S.FIXED}),  # a later commit brought the workload back
+    S.FIXED: frozenset(),
     S.CLEARED: frozenset(),
 }
 

@@ -18,6 +18,8 @@ from sqlalchemy import (
     Enum,
     Float,
     ForeignKey,
+    ForeignKeyConstraint,
+    Index,
     Integer,
     MetaData,
     String,
@@ -80,7 +82,10 @@ class RunStatus(str, enum.Enum):
     RUNNING = "running"
     COMPLETED = "completed"
     BUILD_FAILED = "build_failed"
-    FAILED = "failed"
+    FAILED = "failed"  # stopped by an unexpected error (recorded in ``error``)
+    INCOMPLETE = "incomplete"  # finished, but at least one workload could not be judged
+    INTERRUPTED = "interrupted"  # stopped by SIGINT/SIGTERM; what was measured is kept
+    ABANDONED = "abandoned"  # its process died (kill -9, power loss); found by a later command
 
 
 class Side(str, enum.Enum):
@@ -108,12 +113,26 @@ class VerdictKind(str, enum.Enum):
 
 
 class RegressionState(str, enum.Enum):
-    """Escalation states: suspected, being verified, confirmed, or cleared."""
+    """Escalation states: suspected, being verified, confirmed, cleared, or fixed by a later commit."""
 
     BENCHMARK = "benchmark"
     VERIFY = "verify"
     REGRESS = "regress"
     CLEARED = "cleared"
+    FIXED = "fixed"
+
+
+class TriageStatus(str, enum.Enum):
+    """A person's decision about a confirmed regression (Perfherder / Skia Perf triage)."""
+
+    ACKNOWLEDGED = "acknowledged"
+    EXPECTED = "expected"
+    INVALID = "invalid"
+    WONTFIX = "wontfix"
+
+
+# A regression triaged as one of these is not a real problem: no more alerts, shown apart.
+SILENCED_TRIAGE = frozenset({TriageStatus.EXPECTED, TriageStatus.INVALID})
 
 
 class Repository(Base):
@@ -182,6 +201,7 @@ class Run(Base):
     """One A/B run: a control build and a treatment build, interleaved on one device."""
 
     __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_device_id_started_at", "device_id", "started_at"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     run_type: Mapped[RunType] = mapped_column(_enum(RunType, "run_type"))
     status: Mapped[RunStatus] = mapped_column(_enum(RunStatus, "run_status"))
@@ -199,6 +219,11 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Who runs it, so a later command can tell a live run from one whose process died.
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    process_started_at: Mapped[float | None] = mapped_column(Float)  # epoch seconds (psutil)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     control_commit: Mapped[Commit] = relationship(foreign_keys=[control_commit_id])
     treatment_commit: Mapped[Commit] = relationship(foreign_keys=[treatment_commit_id])
     device: Mapped[Device | None] = relationship()
@@ -208,6 +233,8 @@ class Invocation(Base):
     """One workload process of one side; ``position`` is its place in the interleaved order."""
 
     __tablename__ = "invocations"
+    # the target of samples' one foreign key, which also checks their run and workload
+    __table_args__ = (UniqueConstraint("id", "run_id", "workload_id"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
@@ -223,21 +250,36 @@ class Sample(Base):
     """One raw timing, kept forever; warm-up invocations' samples are kept too, flagged."""
 
     __tablename__ = "samples"
+    # One composite foreign key instead of three: PostgreSQL checks each sample row with a
+    # trigger per foreign key, and three checks made the bulk write 3x slower (measured in
+    # benchmarks/store.py); this one also proves run_id and workload_id match the invocation.
+    __table_args__ = (ForeignKeyConstraint(
+        ["invocation_id", "run_id", "workload_id"],
+        ["invocations.id", "invocations.run_id", "invocations.workload_id"]),)
     id: Mapped[int] = mapped_column(primary_key=True)
-    invocation_id: Mapped[int] = mapped_column(ForeignKey("invocations.id"), index=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
-    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    invocation_id: Mapped[int] = mapped_column(index=True)
+    run_id: Mapped[int] = mapped_column(index=True)
+    workload_id: Mapped[int] = mapped_column()
     side: Mapped[Side] = mapped_column(_enum(Side, "side"))
     order_index: Mapped[int] = mapped_column(Integer)
     runtime_ms: Mapped[float] = mapped_column(Float)
     warmup: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
+# What a workload's series reads from each comparison: kept in its index on PostgreSQL, so
+# a two-year series is an index-only scan instead of thousands of scattered heap pages.
+SERIES_COLUMNS = ["control_median_ms", "treatment_median_ms", "control_n", "treatment_n", "verdict",
+                  "change_pct", "ci_low_pct", "ci_high_pct"]
+
+
 class Comparison(Base):
     """The statistics' verdict for one workload of one run."""
 
     __tablename__ = "comparisons"
-    __table_args__ = (UniqueConstraint("run_id", "workload_id"),)
+    # (workload, newest run first) answers "latest verdict per workload and device" by index
+    __table_args__ = (UniqueConstraint("run_id", "workload_id"),
+                      Index("ix_comparisons_workload_id_run_id", "workload_id", "run_id",
+                            postgresql_include=SERIES_COLUMNS))
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
@@ -260,13 +302,15 @@ class Regression(Base):
 
     __tablename__ = "regressions"
     id: Mapped[int] = mapped_column(primary_key=True)
-    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
     device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"))
     control_commit_id: Mapped[int] = mapped_column(ForeignKey("commits.id"))
     treatment_commit_id: Mapped[int] = mapped_column(ForeignKey("commits.id"))
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     comparison_id: Mapped[int] = mapped_column(ForeignKey("comparisons.id"))
-    state: Mapped[RegressionState] = mapped_column(_enum(RegressionState, "regression_state"))
+    state: Mapped[RegressionState] = mapped_column(_enum(RegressionState, "regression_state"), index=True)
+    # the latest triage decision, if a person made one (the decisions are triage_events)
+    triage: Mapped[TriageStatus | None] = mapped_column(_enum(TriageStatus, "triage_status"))
     # "speed" (slower) or "correctness" (outputs differ from the control's beyond tolerance)
     kind: Mapped[str] = mapped_column(String(16), default="speed", server_default="speed")
     change_pct: Mapped[float] = mapped_column(Float)
@@ -275,12 +319,20 @@ class Regression(Base):
     # The verdicts behind the state: the benchmark run's, then the verify run's.
     benchmark_verdict: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     verify_verdict: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Named by bisection (or the range itself when it is one commit); null while unknown.
+    culprit_commit_id: Mapped[int | None] = mapped_column(ForeignKey("commits.id"))
+    # Regressions with the same culprit on one device share a group: the lowest regression id.
+    group_id: Mapped[int | None] = mapped_column(Integer, index=True)
     workload: Mapped[Workload] = relationship()
+    device: Mapped[Device | None] = relationship()
     control_commit: Mapped[Commit] = relationship(foreign_keys=[control_commit_id])
     treatment_commit: Mapped[Commit] = relationship(foreign_keys=[treatment_commit_id])
+    culprit_commit: Mapped[Commit | None] = relationship(foreign_keys=[culprit_commit_id])
+    bisection: Mapped[list["BisectionStep"]] = relationship(order_by="BisectionStep.position")
     events: Mapped[list["RegressionEvent"]] = relationship(
         order_by="RegressionEvent.id", back_populates="regression"
     )
+    triage_events: Mapped[list["TriageEvent"]] = relationship(order_by="TriageEvent.id")
 
 
 class RegressionEvent(Base):
@@ -297,6 +349,35 @@ class RegressionEvent(Base):
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     regression: Mapped[Regression] = relationship(back_populates="events")
+
+
+class TriageEvent(Base):
+    """One triage decision: who decided what about a regression, when, and why."""
+
+    __tablename__ = "triage_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    regression_id: Mapped[int] = mapped_column(ForeignKey("regressions.id"), index=True)
+    status: Mapped[TriageStatus] = mapped_column(_enum(TriageStatus, "triage_event_status"))
+    who: Mapped[str] = mapped_column(String(256))
+    issue_url: Mapped[str | None] = mapped_column(String(1024))
+    note: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class AlertDelivery(Base):
+    """One attempt to deliver an alert to a webhook: what was sent, and what came back."""
+
+    __tablename__ = "alert_deliveries"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    regression_id: Mapped[int | None] = mapped_column(ForeignKey("regressions.id"), index=True)
+    event: Mapped[str] = mapped_column(String(32))
+    url: Mapped[str] = mapped_column(String(1024))
+    attempt: Mapped[int] = mapped_column(Integer)
+    ok: Mapped[bool] = mapped_column(Boolean)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class NoiseProfile(Base):
@@ -332,4 +413,80 @@ class Record(Base):
     timestamp: Mapped[Any] = mapped_column(JSON)
     schema_version: Mapped[str] = mapped_column(String(16))
     fields: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # sha256 of the record's content: the same record imported twice is stored once
+    record_key: Mapped[str | None] = mapped_column(String(64), index=True, unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class JobStatus(str, enum.Enum):
+    """Where a queued job is; ``running`` jobs whose worker died go back to ``queued``."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class WatchProgress(Base):
+    """What the watch has seen and tested of one branch, per device and configuration."""
+
+    __tablename__ = "watch_progress"
+    __table_args__ = (UniqueConstraint("repository_id", "branch", "device", "config_hash"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    repository_id: Mapped[int] = mapped_column(ForeignKey("repositories.id"))
+    branch: Mapped[str] = mapped_column(String(256))
+    device: Mapped[str] = mapped_column(String(256))
+    config_hash: Mapped[str] = mapped_column(String(64))
+    last_seen_sha: Mapped[str | None] = mapped_column(String(64))
+    last_tested_sha: Mapped[str | None] = mapped_column(String(64))
+    message: Mapped[str | None] = mapped_column(Text)  # the last loud event (a force-push, ...)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    repository: Mapped[Repository] = relationship()
+
+
+class WatchedCommit(Base):
+    """One commit the watch took up for a branch: queued, then ok / build_failed / failed."""
+
+    __tablename__ = "watched_commits"
+    __table_args__ = (UniqueConstraint("progress_id", "commit_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    progress_id: Mapped[int] = mapped_column(ForeignKey("watch_progress.id"), index=True)
+    commit_id: Mapped[int] = mapped_column(ForeignKey("commits.id"))
+    status: Mapped[str] = mapped_column(String(16))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    control_sha: Mapped[str | None] = mapped_column(String(64))
+    tested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    commit: Mapped[Commit] = relationship()
+
+
+class Job(Base):
+    """One unit of work on one device, claimed with ``FOR UPDATE SKIP LOCKED``."""
+
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    device: Mapped[str] = mapped_column(String(256), index=True)
+    status: Mapped[JobStatus] = mapped_column(_enum(JobStatus, "job_status"), index=True)
+    dedupe_key: Mapped[str] = mapped_column(String(512), unique=True)
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(256))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class BisectionStep(Base):
+    """One commit tried while bisecting a regression's range, and what it showed."""
+
+    __tablename__ = "bisection_steps"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    regression_id: Mapped[int] = mapped_column(ForeignKey("regressions.id"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    commit_id: Mapped[int] = mapped_column(ForeignKey("commits.id"))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    verdict: Mapped[str] = mapped_column(String(32))  # a verdict, or build_failed (skipped)
+    change_pct: Mapped[float | None] = mapped_column(Float)
+    commit: Mapped[Commit] = relationship()

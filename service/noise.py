@@ -6,9 +6,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import stats
-from service.config import Config
-from service.models import NoiseProfile, utcnow
+from abwatch.service import stats
+from abwatch.service.config import Config
+from abwatch.service.models import NoiseProfile, utcnow
 
 MIN_START = 4  # fewer processes than this cannot give a useful first look
 MEMORY = 20  # observations a profile averages over before it starts to follow drift

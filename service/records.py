@@ -8,6 +8,7 @@ verbatim in ``records.fields`` so that an imported record exports back unchanged
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -17,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.config import format_validation_error
-from service.models import Record
+from abwatch.service.config import format_validation_error
+from abwatch.service.models import Record
 
 SCHEMA_VERSION = "0.1"
 CORE_FIELDS = (
@@ -79,7 +80,9 @@ def to_row(record: BenchmarkRecord, run_id: int | None = None, side=None) -> Rec
     """The database row of a validated record; fields given in the input are kept verbatim."""
     given = record.model_dump(exclude_unset=True)
     fields = {key: value for key, value in given.items() if key not in CORE_FIELDS}
+    core = {key: given.get(key, getattr(record, key)) for key in CORE_FIELDS}
     return Record(
+        record_key=record_key({**core, **fields}),
         run_id=run_id,
         side=side,
         workload=record.workload,
@@ -92,6 +95,29 @@ def to_row(record: BenchmarkRecord, run_id: int | None = None, side=None) -> Rec
         schema_version=record.schema_version,
         fields=fields,
     )
+
+
+def record_key(record: dict[str, Any]) -> str:
+    """The record's identity: sha256 of its canonical JSON (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def add_new(session: Session, rows: list[Record]) -> tuple[list[Record], int]:
+    """Add the rows whose record is not stored yet (nor repeated among ``rows``); return the
+    added rows and how many were skipped as already there."""
+    keys = [row.record_key for row in rows]
+    stored: set[str] = set()
+    for start in range(0, len(keys), 500):
+        stored.update(session.scalars(select(Record.record_key).where(Record.record_key.in_(keys[start:start + 500]))))
+    new, seen = [], set(stored)
+    for row in rows:
+        if row.record_key in seen:
+            continue
+        seen.add(row.record_key)
+        new.append(row)
+    session.add_all(new)
+    session.flush()
+    return new, len(rows) - len(new)
 
 
 def to_dict(row: Record) -> dict[str, Any]:
@@ -143,15 +169,14 @@ def validate_objects(objects: Iterable[tuple[str, Any]]) -> list[BenchmarkRecord
     return records
 
 
-def import_records(session: Session, path: Path) -> list[Record]:
-    """Validate all records in ``path`` and store them; on any error store none."""
+def import_records(session: Session, path: Path) -> tuple[list[Record], int]:
+    """Validate all records in ``path`` and store the ones not stored yet; on any error store
+    none. Returns the stored rows and how many records were already there (importing a file
+    twice stores it once)."""
     objects = _load_objects(Path(path))
     if not objects:
         raise RecordError(f"{path}: no records found")
-    rows = [to_row(record) for record in validate_objects(objects)]
-    session.add_all(rows)
-    session.flush()
-    return rows
+    return add_new(session, [to_row(record) for record in validate_objects(objects)])
 
 
 def export_records(session: Session, out: TextIO, run_id: int | None = None,

@@ -7,6 +7,7 @@ commit messages are never put into a shell string.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +16,12 @@ from pathlib import Path
 from typing import Iterator
 
 import git
+import psutil
+
+from abwatch.service.redact import mask_url
+
+
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
 
 
 class RepoError(Exception):
@@ -36,7 +43,9 @@ class RepoMirror:
 
     def __init__(self, url: str, cache_dir: Path) -> None:
         self.url = url
-        digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+        self.display_url = mask_url(url)  # what errors print and rows store
+        # keyed by the masked URL: a stored (masked) URL finds the same mirror again
+        digest = hashlib.sha256(self.display_url.encode()).hexdigest()[:16]
         self.path = Path(cache_dir) / "repos" / f"{digest}.git"
         self._repo: git.Repo | None = None
 
@@ -57,7 +66,7 @@ class RepoMirror:
             git.Repo.clone_from(self.url, tmp, mirror=True)
         except git.GitCommandError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise RepoError(f"cannot clone repository {self.url}: {_stderr(exc)}") from None
+            raise RepoError(f"cannot clone repository {self.display_url}: {_stderr(exc)}") from None
         tmp.rename(self.path)
         return git.Repo(self.path)
 
@@ -66,7 +75,24 @@ class RepoMirror:
         try:
             self.repo.git.fetch("--prune", "origin")  # a mirror fetches refs/*
         except git.GitCommandError as exc:
-            raise RepoError(f"cannot fetch repository {self.url}: {_stderr(exc)}") from None
+            raise RepoError(f"cannot fetch repository {self.display_url}: {_stderr(exc)}") from None
+
+    def fetch_for(self, ref: str) -> None:
+        """Fetch before resolving ``ref``; a full sha already in the mirror needs no fetch.
+
+        Verify re-runs the exact commits of a stored run whose URL was stored masked: the
+        repository may not be reachable with it, but the commits are already here.
+        """
+        try:
+            self.fetch()
+        except RepoError:
+            if not (_FULL_SHA.fullmatch(ref) and (self.path / "HEAD").exists()):
+                raise
+            try:
+                self.repo.git.cat_file("-e", f"{ref}^{{commit}}")
+            except git.GitCommandError:
+                raise RepoError(f"commit {ref} is not in the mirror of {self.display_url} "
+                                "and the repository cannot be fetched") from None
 
     def resolve(self, ref: str) -> CommitInfo:
         """The commit ``ref`` (branch, tag or sha) names; RepoError naming the ref if none."""
@@ -75,7 +101,7 @@ class RepoMirror:
         try:
             sha = self.repo.git.rev_parse("--verify", "--quiet", f"{ref}^{{commit}}")
         except git.GitCommandError:
-            raise RepoError(f"unknown ref {ref!r} in repository {self.url}") from None
+            raise RepoError(f"unknown ref {ref!r} in repository {self.display_url}") from None
         commit = self.repo.commit(sha)
         return CommitInfo(
             sha=commit.hexsha,
@@ -87,6 +113,7 @@ class RepoMirror:
     @contextmanager
     def worktree(self, sha: str, dest: Path) -> Iterator[Path]:
         """A clean, detached checkout of ``sha`` at ``dest``, removed afterwards."""
+        self.repo.git.worktree("prune")  # forget checkouts whose directories are gone (a killed build's)
         self.repo.git.worktree("add", "--detach", "--force", str(dest), sha)
         try:
             yield dest
@@ -95,6 +122,21 @@ class RepoMirror:
             self.repo.git.worktree("prune")
 
 
+def remove_stale_checkouts(parent: Path) -> list[Path]:
+    """Remove checkout directories ``<pid>-*`` under ``parent`` whose process is gone.
+
+    A build killed with ``kill -9`` cannot clean up after itself; the next build does.
+    """
+    removed = []
+    for path in parent.glob("*-*") if parent.is_dir() else ():
+        pid = path.name.partition("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def _stderr(exc: git.GitCommandError) -> str:
-    text = (exc.stderr or "").strip().removeprefix("stderr:").strip().strip("'").strip()
-    return text or str(exc)
+    text = (exc.stderr or "").strip().removeprefix("stderr:").strip().strip("'").strip() or str(exc)
+    # git repeats the URL it was given, credentials included
+    return " ".join(mask_url(word) for word in text.split(" "))

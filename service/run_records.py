@@ -5,9 +5,9 @@ from __future__ import annotations
 import statistics
 import time
 
-from service.config import Config
-from service.models import Build, Run
-from service.records import BenchmarkRecord
+from abwatch.service.config import Config
+from abwatch.service.models import Build, Run
+from abwatch.service.records import BenchmarkRecord
 
 
 def engine_name(config: Config) -> str:
@@ -47,7 +47,8 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
     if tvm:
         metrics.update(compilation_ms=tvm["compile_ms"][side], max_abs_error=tvm["error"]["max_abs"],
                        max_rel_error=tvm["error"]["max_rel"],
-                       ops={op["name"]: op[f"{side}_us"] for op in tvm["ops"]})
+                       ops={op["name"]: op[f"{side}_us"] for op in tvm["ops"]},
+                       op_features=tvm.get("op_features", {}).get(side, {}))
         runtime_config.update(num_threads=worker.get("num_threads"), target=worker.get("target"))
         engine_config.update(tvm_version=worker.get("tvm_version"), features=worker.get("features"),
                              target=worker.get("target"))

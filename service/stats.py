@@ -259,8 +259,9 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
                     control_median_ms=v.control_median_ms, treatment_median_ms=v.treatment_median_ms,
                     threshold_pct=v.threshold_pct, alpha=v.alpha, confidence=v.confidence)
         decided = _decide(v.change_pct, v.ci_pct, v.p_value, base, p_decide=float(p_adj))
+        # the reason names the p that decided, so it is not mistaken for the raw one
         out[i] = replace(decided, p_adjusted=float(p_adj), correction="benjamini-hochberg",
-                         stop_reason=v.stop_reason)
+                         stop_reason=v.stop_reason, reason=decided.reason.replace("p=", "BH-adjusted p="))
     return out
 
 
@@ -295,11 +296,18 @@ class StepChange:
     p_value: float
 
 
+OTAVA_MISSING = ("change points need Apache Otava's algorithm: pip install --no-deps 'apache-otava==0.8.0' "
+                 "(numpy and scipy are all it needs; its other dependencies are integrations abwatch does not use)")
+
+
 def change_points(values: Sequence[float], *, window: int = 30, max_pvalue: float = 0.001,
                   min_magnitude_pct: float = 0.0) -> list[StepChange]:
     """Step changes in a series (one value per commit), by Apache Otava's E-Divisive
     variant (Fleming et al., "Hunter"): windowed split, then merge of weak points."""
-    from otava.analysis import compute_change_points  # heavy import, only when needed
+    try:
+        from otava.analysis import compute_change_points  # heavy import, only when needed
+    except ImportError:
+        raise ImportError(OTAVA_MISSING) from None
 
     series = [float(x) for x in _as_samples(values, "series")]
     if len(series) < 4:

@@ -7,6 +7,8 @@ databases). If it cannot be reached the tests that need it fail; they are never 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import uuid
@@ -17,8 +19,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from service import db
-from service.demo import Step, make_demo_repo
+from abwatch.service import db
+from abwatch.service.demo import Step, make_demo_repo
 
 PG_ADMIN_URL = os.environ.get(
     "ABWATCH_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
@@ -132,6 +134,7 @@ artifacts = "out"
 name = "loop"
 kind = "command"
 command = ["./bench", "10"]
+pass_env = ["FLAKY_SLOWDOWN"]  # the "flaky" commit's slowdown, set by the tests
 [run]
 repetitions = {repetitions}
 warmup = 1
@@ -145,3 +148,140 @@ threshold_pct = {threshold_pct}
         return path
 
     return write
+
+
+def _filled_config(path: Path, repo: Path, cache: Path) -> Path:
+    """A small-budget config for the filled database's runs."""
+    path.write_text(f"""
+cache_dir = {json.dumps(str(cache))}
+[repo]
+url = {json.dumps(str(repo))}
+[build]
+kind = "command"
+command = ["sh", "build.sh"]
+artifacts = "out"
+[[workloads]]
+name = "lcg-loop"
+kind = "command"
+command = ["./bench", "5"]
+pass_env = ["FLAKY_SLOWDOWN"]
+[run]
+repetitions = 6
+warmup = 1
+timeout_s = 30
+seed = 11
+noise_aware = false
+max_repetitions = 48
+[stats]
+threshold_pct = 5.0
+""")
+    return path
+
+
+@pytest.fixture(scope="session")
+def filled_pg_url(pg_admin, bench_repo, tmp_path_factory):
+    """A PostgreSQL database filled by real ``abwatch compare`` runs of the C benchmark:
+    base→noop (same), noop→slower (a regression, then verified), slower→faster (faster).
+    Returns ``(url, {"same": run_id, "regression": run_id, "verify": run_id, "faster": run_id})``.
+    """
+    from abwatch.service.cli import main
+
+    url = _create_database(pg_admin)
+    work = tmp_path_factory.mktemp("filled")
+    config = _filled_config(work / "abwatch.toml", bench_repo, work / "cache")
+    runs = {}
+
+    def compare(name: str, control: str, treatment: str, expect: int) -> None:
+        out = work / f"{name}.json"
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            code = main(["compare", "--config", str(config), "--control", control,
+                         "--treatment", treatment, "--json", "--db", url])
+        out.write_text(buffer.getvalue())
+        assert code == expect, buffer.getvalue()
+        runs[name] = json.loads(buffer.getvalue())["run_id"]
+
+    compare("same", "base", "noop", 0)
+    compare("regression", "noop", "slower", 1)
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(["verify", str(runs["regression"]), "--json", "--db", url]) == 1, buffer.getvalue()
+    runs["verify"] = json.loads(buffer.getvalue())["run_id"]
+    compare("faster", "slower", "faster", 0)
+    yield url, runs
+    _drop_database(pg_admin, url)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def live_server(url: str, work: Path, *, token: str | None = "s3cret-token", max_body_mb: float = 1.0,
+                extra_config: str = ""):
+    """``abwatch serve`` as a real process (uvicorn on 127.0.0.1) on the database ``url``;
+    yields its base URL once it answers, and stops it after."""
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / "serve.toml"
+    config.write_text(f"""
+[repo]
+url = {json.dumps(str(work))}
+[build]
+kind = "command"
+command = ["true"]
+[[workloads]]
+name = "lcg-loop"
+kind = "command"
+command = ["true"]
+[server]
+max_body_mb = {max_body_mb}
+{extra_config}
+""")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "ABWATCH_API_TOKEN"}
+    if token is not None:
+        env["ABWATCH_API_TOKEN"] = token
+    log = open(work / "server.log", "w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "abwatch.service.cli", "serve", "--config", str(config), "--db", url,
+         "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(base + "/openapi.json", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"abwatch serve did not start: {(work / 'server.log').read_text()}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def filled_server(filled_pg_url, tmp_path_factory):
+    """The API and dashboard served on the filled database: ``(base_url, runs, token)``."""
+    url, runs = filled_pg_url
+    with live_server(url, tmp_path_factory.mktemp("server")) as base:
+        yield base, runs, "s3cret-token"

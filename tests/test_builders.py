@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from builders import BuildFailed, CommandBuilder
-from builders.cache import MARKER
-from service.config import CommandBuildConfig, CommandWorkloadConfig, Config, RepoConfig
-from service.repo import RepoError, RepoMirror
+from abwatch.builders import BuildFailed, CommandBuilder
+from abwatch.builders.cache import MARKER
+from abwatch.service.config import CommandBuildConfig, CommandWorkloadConfig, Config, RepoConfig
+from abwatch.service.repo import RepoError, RepoMirror
 
 
 def builder_for(repo_url: str, cache_dir: Path, command=("sh", "build.sh"), artifacts="out") -> CommandBuilder:
@@ -98,7 +98,7 @@ def test_unknown_ref_and_bad_repository(bench_repo, tmp_path):
 
 
 def test_mirror_sees_new_commits_after_fetch(tmp_path):
-    from service.demo import Step, make_demo_repo
+    from abwatch.service.demo import Step, make_demo_repo
 
     make_demo_repo(tmp_path / "src", (Step("one", "one"),))
     mirror = RepoMirror(str(tmp_path / "src"), tmp_path / "cache")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from builders.cache import ArtifactCache
-from builders.objects import ObjectStore, sha256_file
+from abwatch.builders.cache import ArtifactCache
+from abwatch.builders.objects import ObjectStore, sha256_file
 
 SIZE = 2 << 20
 
@@ -145,7 +145,7 @@ def test_rebuilt_object_with_a_bad_hash_is_an_error(tmp_path):
 def test_cache_command_lists_and_shrinks(tmp_path, capsys):
     import json
 
-    from service.cli import main
+    from abwatch.service.cli import main
 
     config = tmp_path / "c.toml"
     config.write_text(f'cache_dir = "{tmp_path / "cache"}"\n[repo]\nurl = "."\n[build]\ncommand = ["true"]\n'

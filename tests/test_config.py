@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.config import ConfigError, load_config
+from abwatch.service.config import ConfigError, load_config
 
 VALID = """
 [repo]
@@ -85,3 +85,58 @@ def test_adaptive_budget_and_looks(tmp_path):
     assert run.looks == 1
     with pytest.raises(ConfigError, match="max_repetitions must be >= repetitions"):
         load_config(write(tmp_path, VALID + "\n[run]\nrepetitions = 6\nmax_repetitions = 3\n"))
+
+
+TVM = """
+[build]
+kind = "tvm-wheel"
+
+[[workloads]]
+name = "mlp"
+kind = "tvm"
+model = "builtin:mlp"
+"""
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("treatment_options = {hidden = 640}",
+         "workloads[0].treatment_options: value error, unknown key 'hidden' (the treatment may override: options, dtype"),
+        ("treatment_options = {input_shape = [8, 256]}",
+         "workloads[0].treatment_options: value error, unknown key 'input_shape'"),
+        ("treatment_options = {options = {hiden = 640}}",
+         "treatment_options.options: unknown key 'hiden' for builtin:mlp (known: hidden, classes, weight_scale)"),
+        ("options = {heads = 2}", "options: unknown key 'heads' for builtin:mlp"),
+        ("treatment_options = {dtype = 16}", "dtype: expected a string"),
+    ],
+)
+def test_treatment_and_model_options_reject_unknown_keys(tmp_path, line, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, TVM + line + "\n"))
+    assert message in str(info.value) and "abwatch.toml" in str(info.value)
+
+
+def test_unknown_model_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="unknown model 'builtin:vgg'"):
+        load_config(write(tmp_path, TVM.replace("builtin:mlp", "builtin:vgg")))
+
+
+def test_supported_treatment_overrides_reach_the_treatment_worker_only(tmp_path):
+    """What the treatment may override really changes what its worker compiles (the spec sent
+    to runners/tvm_worker.py); the control's spec stays the workload's own. The compiled
+    effect is checked with real TVM in tests/test_tvm.py (heads=3 fails to compile, float16
+    changes the outputs)."""
+    from abwatch.runners.tvm_sessions import TvmSessions
+
+    config = load_config(write(tmp_path, TVM + 'options = {hidden = 64}\n'
+                               'treatment_options = {options = {hidden = 640}, dtype = "float16"}\n'))
+    workload = config.workloads[0]
+    sessions = TvmSessions(config.runner, {"kind": "llvm"}, "cpu")
+    try:
+        control = sessions.spec(workload, {})
+        treatment = sessions.spec(workload, workload.treatment_options)
+    finally:
+        sessions.close()
+    assert control["options"] == {"hidden": 64} and control["dtype"] == "float32"
+    assert treatment["options"] == {"hidden": 640} and treatment["dtype"] == "float16"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import time
 
-from runners import CpuRunner
-from service.config import CommandWorkloadConfig, RunnerConfig
+from abwatch.runners import CpuRunner
+from abwatch.service.config import CommandWorkloadConfig, RunnerConfig
 
 
 def workload(*command, **kw) -> CommandWorkloadConfig:

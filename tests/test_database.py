@@ -8,8 +8,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError, StatementError
 
-from service import db
-from service.models import Base, Device, Workload
+from abwatch.service import db
+from abwatch.service.models import Base, Device, Workload
 
 TABLES = {
     "repositories", "commits", "builds", "devices", "workloads", "runs", "invocations",
@@ -59,7 +59,7 @@ def test_ensure_schema_refuses_an_old_revision(sqlite_url):
 def test_enums_are_stored_by_value_and_checked(session):
     session.add(Workload(name="w", kind="command", spec={}))
     session.flush()
-    from service.models import Build, BuildStatus, Commit, Repository
+    from abwatch.service.models import Build, BuildStatus, Commit, Repository
 
     repo = Repository(url="/r")
     session.add(repo)

@@ -6,9 +6,9 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
-from service import history
-from service.models import Commit, Record, Repository, Run, RunStatus, RunType
-from service.stats import change_points
+from abwatch.service import history
+from abwatch.service.models import Commit, Record, Repository, Run, RunStatus, RunType
+from abwatch.service.stats import change_points
 
 
 def test_change_points_find_a_step_and_ignore_noise():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service import lifecycle
-from service.models import (
+from abwatch.service import lifecycle
+from abwatch.service.models import (
     Comparison, Commit, RegressionState, Repository, Run, RunStatus, RunType,
     VerdictKind, Workload,
 )

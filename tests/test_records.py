@@ -8,16 +8,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from service.cli import main
-from service.models import Record
-from service.records import RecordError, export_records, import_records
+from abwatch.service.cli import main
+from abwatch.service.models import Record
+from abwatch.service.records import RecordError, export_records, import_records
 
 SEED = Path(__file__).parent / "data" / "seed_record_v0_1.json"
 
 
 def test_seed_example_round_trips_with_no_field_lost(session, tmp_path):
     original = json.loads(SEED.read_text())
-    [row] = import_records(session, SEED)
+    [row], skipped = import_records(session, SEED)
+    assert skipped == 0
     assert row.workload == "arcface_resnet100" and row.engine_version == "1.0.0"
     out = tmp_path / "out.jsonl"
     with out.open("w") as handle:
@@ -74,3 +75,26 @@ def test_cli_import_export_on_sqlite(capsys, sqlite_url, tmp_path):
     out = tmp_path / "all.jsonl"
     assert main(["records", "export", "--format", "jsonl", "-o", str(out), "--db", sqlite_url]) == 0
     assert [json.loads(line) for line in out.read_text().splitlines()] == [json.loads(SEED.read_text())]
+
+
+def test_importing_the_same_records_twice_stores_them_once(capsys, sqlite_url, tmp_path):
+    """Idempotent by record key (a hash of the record's content), across files and inside one."""
+    record = json.loads(SEED.read_text())
+    other = dict(record, workload="second")
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text("\n".join(json.dumps(r) for r in (record, other, record)) + "\n")
+    assert main(["records", "import", str(twice), "--db", sqlite_url]) == 0
+    err = capsys.readouterr().err
+    assert "imported 2 record(s)" in err and "1 already stored, skipped" in err
+    assert main(["records", "import", str(SEED), "--db", sqlite_url]) == 0
+    err = capsys.readouterr().err
+    assert "imported 0 record(s)" in err and "1 already stored, skipped" in err
+    out = tmp_path / "all.jsonl"
+    assert main(["records", "export", "-o", str(out), "--db", sqlite_url]) == 0
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["workload"] for r in exported) == ["arcface_resnet100", "second"]
+    # a changed value is another record
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(dict(record, runtime_ms_mean=record["runtime_ms_mean"] + 1)))
+    assert main(["records", "import", str(changed), "--db", sqlite_url]) == 0
+    assert "imported 1 record(s)" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from service.stats import Outcome, compare
+from abwatch.service.stats import Outcome, compare
 
 
 def noisy(rng, n, median, cv=0.01):
@@ -156,7 +156,7 @@ def test_too_few_processes_is_unknown():
 def test_fdr_matches_scipy_and_statsmodels_reference_values():
     """BH-adjusted p-values for a small vector, against values worked out by hand from
     the BH definition (p * m / rank, made monotone from the largest p down)."""
-    from service.stats import adjust_fdr
+    from abwatch.service.stats import adjust_fdr
 
     ps = [0.01, 0.04, 0.03, 0.005, 0.2]
     expected = [0.025, 0.05, 0.05, 0.025, 0.2]
@@ -171,7 +171,7 @@ def test_fdr_matches_scipy_and_statsmodels_reference_values():
 
 
 def test_fdr_keeps_a_strong_signal_and_passes_untested_through():
-    from service.stats import adjust_fdr
+    from abwatch.service.stats import adjust_fdr
 
     rng = np.random.default_rng(10)
     strong = compare(noisy(rng, 60, 10.0), noisy(rng, 60, 11.0))
@@ -182,7 +182,7 @@ def test_fdr_keeps_a_strong_signal_and_passes_untested_through():
 
 
 def test_sequential_levels_split_alpha_across_looks():
-    from service.stats import sequential_levels
+    from abwatch.service.stats import sequential_levels
 
     assert sequential_levels(0.01, 0.99, 1) == (0.01, 0.99)
     alpha, confidence = sequential_levels(0.01, 0.99, 4)
@@ -193,7 +193,7 @@ def test_sequential_levels_split_alpha_across_looks():
 
 def test_repeated_looks_at_corrected_levels_keep_aa_false_positives_down():
     """Peeking after every batch at the corrected level: A/A flags stay within alpha."""
-    from service.stats import sequential_levels
+    from abwatch.service.stats import sequential_levels
 
     rng = np.random.default_rng(11)
     looks = 4
@@ -212,7 +212,7 @@ def test_repeated_looks_at_corrected_levels_keep_aa_false_positives_down():
 
 
 def test_process_cv_uses_process_medians():
-    from service.stats import process_cv
+    from abwatch.service.stats import process_cv
 
     values = [10.0, 10.0, 30.0] + [11.0, 11.0, 0.5] + [12.0, 12.0, 12.0]  # outliers inside processes
     assert process_cv(values, [0] * 3 + [1] * 3 + [2] * 3) == pytest.approx(np.std([10, 11, 12], ddof=1) / 11)
@@ -221,7 +221,7 @@ def test_process_cv_uses_process_medians():
 
 
 def test_planned_repetitions_grow_with_noise_and_shrink_with_the_target():
-    from service.stats import planned_repetitions
+    from abwatch.service.stats import planned_repetitions
 
     # 2 * (z_.995 + z_.95)^2 * (cv/target)^2 * pi/3: 2 * (2.5758 + 1.6449)^2 * 0.25 * 1.0472 = 9.32
     assert planned_repetitions(0.01, 2.0, 0.01, 0.95) == 10
@@ -276,7 +276,7 @@ def test_paired_estimate_is_near_the_truth():
 def test_fdr_agrees_with_statsmodels_on_random_p_values():
     from statsmodels.stats.multitest import multipletests
 
-    from service.stats import adjust_fdr
+    from abwatch.service.stats import adjust_fdr
 
     rng = np.random.default_rng(15)
     ps = list(np.concatenate([rng.uniform(0, 1, 15), rng.uniform(0, 0.001, 5)]))

@@ -17,11 +17,11 @@ import time
 import pytest
 from sqlalchemy import select
 
-from builders import TvmWheelBuilder
-from service import db
-from service.cli import main
-from service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
-from service.models import Record, Regression
+from abwatch.builders import TvmWheelBuilder
+from abwatch.service import db
+from abwatch.service.cli import main
+from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
+from abwatch.service.models import Record, Regression
 
 OLD, NEW = "0.26.0", "0.27.0.post1"
 
@@ -162,7 +162,8 @@ def test_changed_outputs_are_a_correctness_regression(capsys, tmp_path, tvm_cach
     with db.session_scope(engine) as session:
         regression = session.get(Regression, result["correctness_regression_id"])
         assert regression.kind == "correctness" and regression.state.value == "benchmark"
-        assert "outputs differ" in regression.events[0].reason
+        reason = regression.events[0].reason
+        assert "outputs differ: max abs error" in reason and "{" not in reason  # words, not a dict
 
 
 def test_unknown_release_is_a_clear_error(capsys, tmp_path, tvm_cache, sqlite_url):
@@ -302,4 +303,9 @@ options = {out_channels = 8}
     assert sum(op["type"] == "conv2d" for op in by_name["resnet18"]["ops"]) >= 5
     assert any("attention" in op["name"] or "matmul" in op["name"] for op in by_name["block"]["ops"])
     assert [op["name"] for op in by_name["conv"]["ops"]] == ["conv2d"]
+    # operators keep what TVM says about them, so attribution can name them precisely
+    assert by_name["conv"]["ops"][0]["features"] == "conv2d 1x8x16x16 float32"
+    convs = [op for op in by_name["resnet18"]["ops"] if op["type"] == "conv2d"]
+    assert all(op["shapes"] and op["dtypes"][0] == "float32" and op["threads"] == "1" for op in convs)
+    assert any(op["features"] == "conv2d 1x3x32x32 float32" for op in convs), [op["features"] for op in convs]
     assert by_name["conv"]["compile_ms"]["control"] > 0

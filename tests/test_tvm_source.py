@@ -18,11 +18,11 @@ import git
 import pytest
 from sqlalchemy import select
 
-from builders import BuildFailed, TvmSourceBuilder
-from service import db
-from service.cli import main
-from service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
-from service.models import Build, BuildStatus
+from abwatch.builders import BuildFailed, TvmSourceBuilder
+from abwatch.service import db
+from abwatch.service.cli import main
+from abwatch.service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
+from abwatch.service.models import Build, BuildStatus
 
 FAKE_REMOTE = "https://example.invalid/apache/"
 

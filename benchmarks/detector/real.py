@@ -8,11 +8,11 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.detector.rules import Trial
-from builders import CommandBuilder
-from runners import CpuRunner
-from runners.harness import CONTROL, interleaved_schedule
-from service.config import CommandBuildConfig, CommandWorkloadConfig, Config, RepoConfig, RunnerConfig
-from service.demo import Step, make_demo_repo
+from abwatch.builders import CommandBuilder
+from abwatch.runners import CpuRunner
+from abwatch.runners.harness import CONTROL, interleaved_schedule
+from abwatch.service.config import CommandBuildConfig, CommandWorkloadConfig, Config, RepoConfig, RunnerConfig
+from abwatch.service.demo import Step, make_demo_repo
 
 WORK = 2_000_000  # ~2 ms a sample
 

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy import stats as sps
 
-from service import stats
+from abwatch.service import stats
 
 
 @dataclass(frozen=True)

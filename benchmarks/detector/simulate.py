@@ -7,7 +7,7 @@ import random
 import numpy as np
 
 from benchmarks.detector.rules import Trial
-from runners.harness import CONTROL, interleaved_schedule
+from abwatch.runners.harness import CONTROL, interleaved_schedule
 
 SHAPES = ("lognormal", "bimodal", "drift", "heavy-tail", "phases")
 

@@ -1,0 +1,156 @@
+"""Child processes of builds and workloads: a clean environment and a time limit that holds.
+
+Everything abwatch runs on behalf of the code under test goes through :func:`run_process`
+(or starts its long-lived process with :func:`child_env` and :func:`kill_tree`):
+
+* the child gets an environment built from an allow-list plus what the config names, so
+  secrets in abwatch's own environment (``ABWATCH_DATABASE_URL`` and its password, tokens)
+  never reach a build script or a benchmark that may print them into a stored log;
+* the child starts in its own session (process group), and a timeout kills the group and
+  every descendant still attached to it;
+* output is read by threads, so a descendant that keeps stdout open after the timeout
+  cannot hold the caller: reading stops at the limit, whatever is still open.
+
+This module imports nothing from abwatch, so builders and runners can use it freely.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import psutil
+
+# What a build or a benchmark may see of abwatch's own environment. Everything else
+# (database URLs, tokens, cloud credentials) must be named in the config to be passed.
+SAFE_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE", "TMPDIR",
+    "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "NVIDIA_VISIBLE_DEVICES",
+    "CC", "CXX", "CCACHE_DIR", "PKG_CONFIG_PATH",
+    # package installs of the tvm-wheel builder honour the machine's pip setup and proxies
+    "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONFIG_FILE", "PIP_NO_INDEX",
+    "PIP_TRUSTED_HOST", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+})
+SAFE_ENV_PREFIXES = ("LC_",)
+GRACE_S = 2.0  # how long the reader threads may still take after the child is killed
+
+
+def child_env(*extra: Mapping[str, str]) -> dict[str, str]:
+    """The allow-listed part of this process's environment, updated with ``extra`` in order."""
+    env = {name: value for name, value in os.environ.items()
+           if name in SAFE_ENV or name.startswith(SAFE_ENV_PREFIXES)}
+    for mapping in extra:
+        env.update(mapping)
+    return env
+
+
+TAG_VAR = "ABWATCH_PROCESS_TAG"
+
+
+def passed(names: Sequence[str]) -> dict[str, str]:
+    """The variables ``names`` of this process's environment that are set (a config's ``pass_env``)."""
+    return {name: os.environ[name] for name in names if name in os.environ}
+
+
+def kill_tree(pid: int, tag: str | None = None) -> None:
+    """Kill process ``pid``, its process group and every descendant that is still findable.
+
+    A descendant that started its own session and whose parent already exited is no longer
+    a child of anything we know; with ``tag`` (the value of ``$ABWATCH_PROCESS_TAG`` that
+    :func:`run_process` gave the child, which its descendants inherit) it is found anyway.
+    """
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    if tag is not None:
+        descendants += _tagged(tag)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the child leads its own group (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for proc in descendants:  # also those that started a session of their own
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(TAG_VAR) == tag:
+                found.append(proc)
+        except psutil.Error:  # gone, or not ours to read
+            continue
+    return found
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    """How a bounded child process ended."""
+
+    returncode: int | None  # None when it was killed at the time limit
+    stdout: str
+    stderr: str
+    wall_s: float
+    timed_out: bool
+
+
+def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str, str],
+                timeout_s: float, merge_stderr: bool = False) -> ProcessResult:
+    """Run ``argv`` (an argument list, never a shell string) for at most ``timeout_s`` seconds.
+
+    Raises ``OSError`` when the program cannot be started. With ``merge_stderr`` the
+    child's stderr goes into ``stdout`` (build logs keep the order of both).
+    """
+    start = time.monotonic()
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        list(argv), cwd=cwd, env={**env, TAG_VAR: tag}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, start_new_session=True,
+    )
+    streams = {"stdout": proc.stdout} if merge_stderr else {"stdout": proc.stdout, "stderr": proc.stderr}
+    chunks: dict[str, list[bytes]] = {name: [] for name in streams}
+    readers = [threading.Thread(target=_read_all, args=(stream, chunks[name]), daemon=True)
+               for name, stream in streams.items()]
+    for reader in readers:
+        reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_tree(proc.pid, tag)
+        proc.wait()
+    except BaseException:  # interrupted: the child must not outlive the run that started it
+        kill_tree(proc.pid, tag)
+        proc.wait()
+        raise
+    # The child has ended; a descendant may still hold the pipes. Wait for the readers only
+    # as long as the limit allows, then leave them (they are daemons) and close our ends.
+    deadline = start + timeout_s + GRACE_S
+    for reader in readers:
+        reader.join(timeout=max(0.0, deadline - time.monotonic()) if not timed_out else GRACE_S)
+    if any(reader.is_alive() for reader in readers):
+        kill_tree(proc.pid, tag)  # whatever still holds the pipes belongs to this child
+    text = {name: b"".join(parts).decode(errors="replace") for name, parts in chunks.items()}
+    return ProcessResult(None if timed_out else proc.returncode, text["stdout"], text.get("stderr", ""),
+                         time.monotonic() - start, timed_out)
+
+
+def _read_all(stream, into: list[bytes]) -> None:
+    try:
+        for block in iter(lambda: stream.read1(65536), b""):
+            into.append(block)
+    except (OSError, ValueError):  # closed under us after the limit
+        pass

@@ -1,0 +1,311 @@
+"""The watch: poll a branch, queue its new commits, A/B-test each against its control, escalate.
+
+A *pass* (:func:`poll`) fetches the repository and queues one ``test`` job per new commit
+and device (every ``step``-th commit, or the head once per tick in nightly mode). A job
+(:func:`test_commit`) picks the control by the ``[watch] control`` rule at the time it runs,
+compares through :func:`~service.driver.run_compare` (the one way a comparison happens),
+verifies a suspected regression with :func:`~service.driver.run_verify`, bisects a confirmed
+one (:mod:`service.bisect`), and marks earlier regressions ``fixed`` when the commit brings
+the workload back. Progress lives in ``watch_progress`` and ``watched_commits``.
+
+Other parts hook into :data:`LISTENERS`: each is called as ``listener(engine, ids, event, config)``
+after the job's transaction committed, with ``event`` ``"regress"`` (confirmed) or ``"fixed"``;
+the configured webhooks are told of both already (``regress`` by ``run_verify``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+import git
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from abwatch.service import alerts, bisect, driver, lifecycle, queue
+from abwatch.service.config import Config
+from abwatch.service.models import (
+    Commit, Job, Regression, RegressionState, Run, RunStatus, WatchedCommit, WatchProgress, Workload, utcnow,
+)
+from abwatch.service.repo import CommitInfo, RepoError, RepoMirror
+from abwatch.service.store import get_commit, get_repository
+
+OK, BUILD_FAILED, FAILED, QUEUED, BASELINE = "ok", "build_failed", "failed", "queued", "baseline"
+GOOD = (OK, BASELINE)  # statuses a later commit may be compared with
+
+
+# Called after commit with (engine, regression ids, "regress" | "fixed", config).
+LISTENERS: list[Callable] = []
+
+
+def device_names(config: Config) -> list[str]:
+    """The devices a watch queues jobs for: ``[watch] devices``, else the runner's own."""
+    if config.watch.devices:
+        return list(config.watch.devices)
+    runner = config.runner
+    return [runner.device or (runner.key if runner.kind == "rpc" else None) or socket.gethostname()]
+
+
+def for_device(config: Config, device: str) -> Config:
+    """``config`` with its runner pinned to ``device`` (the name the runs are stored under)."""
+    return config.model_copy(update={"runner": config.runner.model_copy(update={"device": device})})
+
+
+def config_hash(config: Config) -> str:
+    """What makes two watches of one branch different: builds, workloads, runner, statistics."""
+    payload = config.model_dump(mode="json", include={"build", "workloads", "run", "stats", "runner"})
+    payload["runner"].pop("device", None)
+    payload["run"].pop("seed", None)
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def mirror_of(config: Config) -> RepoMirror:
+    """The local mirror of the watched repository."""
+    return RepoMirror(config.repo.url, config.cache_dir)
+
+
+def first_parents(mirror: RepoMirror, base: str | None, head: str) -> list[str]:
+    """First-parent commits after ``base`` up to ``head``, oldest first."""
+    spec = f"{base}..{head}" if base else head
+    out = mirror.repo.git.rev_list("--first-parent", "--reverse", spec)
+    return out.split() if out else []
+
+
+def is_ancestor(mirror: RepoMirror, old: str, new: str) -> bool:
+    """Whether ``old`` is reachable from ``new`` (false also when ``old`` is gone)."""
+    try:
+        mirror.repo.git.merge_base("--is-ancestor", old, new)
+        return True
+    except git.GitCommandError:
+        return False
+
+
+def week_start(moment: datetime) -> datetime:
+    """Monday 00:00 UTC of ``moment``'s week."""
+    day = moment.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return day - timedelta(days=day.weekday())
+
+
+@dataclass
+class PassReport:
+    """What one pass queued and said."""
+
+    queued: list[tuple[str, str]] = field(default_factory=list)  # (device, sha)
+    messages: list[str] = field(default_factory=list)
+
+
+def _progress_row(session: Session, config: Config, device: str) -> WatchProgress:
+    repository = get_repository(session, config.repo.url)
+    key = dict(repository_id=repository.id, branch=config.repo.branch, device=device,
+               config_hash=config_hash(config))
+    row = session.scalar(select(WatchProgress).filter_by(**key))
+    if row is None:
+        row = WatchProgress(**key, updated_at=utcnow())
+        session.add(row)
+        session.flush()
+    return row
+
+
+def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: str,
+                 report: PassReport, nightly: bool) -> list[str]:
+    """The commits this pass takes up for ``row``, oldest first."""
+    if row.last_seen_sha is None:
+        start = mirror.resolve(config.watch.start).sha if config.watch.start else head
+        if not is_ancestor(mirror, start, head):
+            raise RepoError(f"[watch] start {config.watch.start!r} is not on branch {config.repo.branch!r}")
+        later = [] if nightly else first_parents(mirror, start, head)[config.watch.step - 1::config.watch.step]
+        return [start] + later
+    if row.last_seen_sha == head:
+        return []
+    base = row.last_seen_sha
+    if not is_ancestor(mirror, base, head):
+        try:
+            merge_base = mirror.repo.git.merge_base(base, head)
+        except git.GitCommandError:
+            merge_base = None
+        text = (f"branch {config.repo.branch!r} was force-pushed: the last commit seen, {base[:12]}, is no longer "
+                f"on it; going on from {'the fork point ' + merge_base[:12] if merge_base else 'the new head'} "
+                f"(the commits tested since then are kept, no longer used as controls)")
+        print(f"abwatch watch: WARNING: {text}", file=sys.stderr)
+        row.message = f"{utcnow().isoformat(timespec='seconds')} {text}"
+        report.messages.append(text)
+        base = merge_base
+    if nightly:
+        return [head]
+    new = first_parents(mirror, base, head)
+    return new[config.watch.step - 1::config.watch.step]
+
+
+def poll(session: Session, config: Config, *, nightly: bool | None = None) -> PassReport:
+    """Fetch the repository and queue a ``test`` job per new commit and device."""
+    nightly = config.watch.schedule is not None if nightly is None else nightly
+    report = PassReport()
+    mirror = mirror_of(config)
+    mirror.fetch()
+    head = mirror.resolve(f"refs/heads/{config.repo.branch}")
+    repository = get_repository(session, config.repo.url)
+    for device in device_names(config):
+        row = _progress_row(session, config, device)
+        new = _new_commits(mirror, config, row, head.sha, report, nightly)
+        for sha in new:
+            commit = get_commit(session, repository, mirror.resolve(sha))
+            job = queue.enqueue(session, "test", device, {"progress_id": row.id, "sha": sha},
+                                f"test:{row.id}:{sha}")
+            if job is not None:
+                session.add(WatchedCommit(progress_id=row.id, commit_id=commit.id, status=QUEUED))
+                report.queued.append((device, sha))
+        if new:
+            row.last_seen_sha = new[-1] if not nightly else head.sha
+        row.updated_at = utcnow()
+        session.commit()
+    return report
+
+
+def _tested(session: Session, row: WatchProgress) -> list[tuple[WatchedCommit, Commit]]:
+    """The commits of ``row`` that a later one may be compared with, newest first."""
+    return list(session.execute(
+        select(WatchedCommit, Commit).join(Commit, Commit.id == WatchedCommit.commit_id)
+        .where(WatchedCommit.progress_id == row.id, WatchedCommit.status.in_(GOOD))
+        .order_by(WatchedCommit.id.desc())).all())
+
+
+def pick_control(session: Session, config: Config, mirror: RepoMirror, row: WatchProgress,
+                 info: CommitInfo) -> str | None:
+    """The control sha the ``[watch] control`` rule picks for ``info``; None: the commit is a baseline."""
+    rule = config.watch.control
+    if rule.startswith("fixed:"):
+        return mirror.resolve(rule.removeprefix("fixed:")).sha
+    if rule == "parent":
+        parents = mirror.repo.commit(info.sha).parents
+        return parents[0].hexsha if parents else None
+    good = [(w, c) for w, c in _tested(session, row) if c.sha != info.sha and is_ancestor(mirror, c.sha, info.sha)]
+    if not good:
+        return None
+    if rule == "week-start":
+        monday = week_start(info.committed_at)
+        this_week = [c for _, c in good if c.committed_at and week_start(c.committed_at) == monday]
+        if this_week:
+            return this_week[-1].sha  # the first tested commit of the week (the list is newest first)
+    return good[0][1].sha  # previous (and week-start's first commit of a week)
+
+
+def _fixes(session: Session, config: Config, outcome: driver.CompareOutcome) -> list[int]:
+    """Mark ``regress`` regressions fixed when this run's improvement undoes them."""
+    run = session.get(Run, outcome.run_id)
+    fixed = []
+    for result in outcome.results:
+        v = result.verdict
+        if v.verdict.value != "improvement" or v.change_pct is None:
+            continue
+        for regression in session.scalars(
+                select(Regression).join(Regression.workload)
+                .where(Regression.state == RegressionState.REGRESS, Regression.kind == "speed",
+                       Regression.device_id == run.device_id, Workload.name == result.workload)):
+            # back within the threshold of where it was before the regression
+            net = (1 + regression.change_pct / 100) * (1 + v.change_pct / 100)
+            if net <= 1 + config.stats.threshold_pct / 100:
+                lifecycle.transition(session, regression, RegressionState.FIXED, run,
+                                     f"run {run.id}: {v.change_pct:+.2f}% undoes {regression.change_pct:+.2f}%")
+                fixed.append(regression.id)
+    return fixed
+
+
+def test_commit(session: Session, config: Config, job: Job, progress: driver.Progress | None = None) -> dict:
+    """The ``test`` job: compare one commit with its control and escalate what it finds."""
+    progress = progress or driver.NullProgress()
+    row = session.get(WatchProgress, job.payload["progress_id"])
+    sha = job.payload["sha"]
+    config = for_device(config, job.device)
+    mirror = mirror_of(config)
+    info = mirror.resolve(sha)
+    commit = get_commit(session, get_repository(session, config.repo.url), info)
+    watched = session.scalar(select(WatchedCommit).filter_by(progress_id=row.id, commit_id=commit.id))
+    control = pick_control(session, config, mirror, row, info)
+    watched.control_sha, watched.tested_at = control, utcnow()
+    if control is None:  # the first commit of a watch: built so later ones can be compared with it
+        watched.status = _baseline(config, sha, progress)
+        if watched.status == BASELINE:
+            row.last_tested_sha = sha
+        session.commit()
+        return {"sha": sha, "status": watched.status}
+    outcome = driver.run_compare(session, config, control, sha, progress=progress)
+    watched.run_id = outcome.run_id
+    result: dict = {"sha": sha, "control": control, "run_id": outcome.run_id, "confirmed": [], "fixed": []}
+    if outcome.status == RunStatus.BUILD_FAILED.value:
+        # recorded, never a regression; the next commit is compared with the last good one
+        watched.status = BUILD_FAILED
+        session.commit()
+        return {**result, "status": BUILD_FAILED}
+    hung = [r.workload for r in outcome.results if r.failure]
+    watched.status = FAILED if hung else OK
+    if not hung:
+        row.last_tested_sha = sha
+    result["fixed"] = _fixes(session, config, outcome)
+    session.commit()
+    pending = lifecycle.pending_for_run(session, outcome.run_id)
+    if pending and config.watch.verify:
+        verify_outcome, checked = driver.run_verify(session, outcome.run_id, progress=progress)
+        confirmed = [r for r in checked if r.state == RegressionState.REGRESS]
+        result["confirmed"] = [r.id for r in confirmed]
+        if confirmed and config.watch.bisect:
+            bisect.find_culprit(session, config, mirror, confirmed, verify_outcome.run_id, progress)
+    session.commit()
+    engine = session.get_bind()
+    if result["fixed"] and config.alerts.webhooks:  # `regress` alerts are sent by run_verify
+        alerts.notify(engine, result["fixed"], "fixed", config.alerts)
+    for listener in LISTENERS:
+        for event in ("regress", "fixed"):
+            ids = result["confirmed" if event == "regress" else "fixed"]
+            if ids:
+                listener(engine, ids, event, config)
+    return {**result, "status": watched.status, "hung": hung}
+
+
+def _baseline(config: Config, sha: str, progress: driver.Progress) -> str:
+    """Build the watch's first commit; its status."""
+    from abwatch.builders import BuildFailed, make_builder
+
+    progress.message(f"baseline {sha[:12]}: building")
+    try:
+        make_builder(config).build(sha)
+    except BuildFailed as exc:
+        progress.message(f"baseline {sha[:12]}: build FAILED: {exc}")
+        return BUILD_FAILED
+    return BASELINE
+
+
+def handlers(config: Config, progress: driver.Progress | None = None) -> dict:
+    """The job kinds a worker of this config runs."""
+    return {"test": lambda session, job: test_commit(session, config, job, progress)}
+
+
+def status(session: Session) -> dict:
+    """What is watched (last seen/tested commit per branch, device, config) and the queue per device.
+
+    The shape of ``abwatch status --json``; a stable, documented reading for other tools.
+    """
+    branches = []
+    for row in session.scalars(select(WatchProgress).order_by(WatchProgress.id)):
+        counts: dict[str, int] = {}
+        for (state,) in session.execute(select(WatchedCommit.status).where(WatchedCommit.progress_id == row.id)):
+            counts[state] = counts.get(state, 0) + 1
+        branches.append({
+            "repository": row.repository.url, "branch": row.branch, "device": row.device,
+            "config_hash": row.config_hash, "last_seen": row.last_seen_sha, "last_tested": row.last_tested_sha,
+            "commits": counts, "message": row.message, "updated_at": row.updated_at.isoformat(),
+        })
+    running = [
+        {"job": j.id, "device": j.device, "sha": j.payload.get("sha"), "worker": j.worker,
+         "claimed_at": j.claimed_at.isoformat() if j.claimed_at else None}
+        for j in session.scalars(select(Job).where(Job.status == "running").order_by(Job.id))
+    ]
+    open_regressions = session.scalar(
+        select(func.count()).select_from(Regression)
+        .where(Regression.state.in_([RegressionState.BENCHMARK, RegressionState.VERIFY, RegressionState.REGRESS])))
+    return {"watched": branches, "queue": queue.counts(session), "running": running,
+            "open_regressions": open_regressions}

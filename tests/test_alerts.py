@@ -1,0 +1,162 @@
+"""Alerts: webhooks on a local HTTP server (127.0.0.1), reached through a real verify run."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from sqlalchemy import select
+
+from abwatch.service import alerts, db, triage
+from abwatch.service.cli import main
+from abwatch.service.config import AlertsConfig
+from abwatch.service.models import AlertDelivery, Regression
+
+SECRET = "webhook-secret"
+
+
+class Receiver(BaseHTTPRequestHandler):
+    """/ok answers 200; /flaky answers 503 twice, then 200; /gone answers 410.
+    Every request is kept with whether its signature verified."""
+
+    received: list[dict] = []
+    flaky_left = 2
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        signed = alerts.verify_signature(SECRET, body, self.headers.get(alerts.SIGNATURE_HEADER, ""))
+        Receiver.received.append({"path": self.path, "body": json.loads(body), "signed": signed,
+                                  "event": self.headers.get("X-Abwatch-Event")})
+        status = 200
+        if self.path == "/flaky" and Receiver.flaky_left > 0:
+            Receiver.flaky_left -= 1
+            status = 503
+        elif self.path == "/gone":
+            status = 410
+        self.send_response(status)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def receiver():
+    Receiver.received, Receiver.flaky_left = [], 2
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def black_hole():
+    """A port that accepts connections and never answers (a hung endpoint)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
+    sock.close()
+
+
+def closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/hook"
+
+
+def test_a_confirmed_regression_alerts_every_webhook(receiver, black_hole, write_config, tmp_path, monkeypatch,
+                                                     capsys):
+    monkeypatch.setenv("ABWATCH_ALERT_SECRET", SECRET)
+    refused = closed_port()
+    config = write_config(repetitions=6)
+    config.write_text(config.read_text() + f"""
+[alerts]
+webhooks = ["{receiver}/ok", "{receiver}/flaky", "{black_hole}", "{refused}", "{receiver}/gone"]
+timeout_s = 1.0
+attempts = 3
+backoff_s = 0.05
+dashboard_url = "http://dash.example"
+""")
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    assert main(["compare", "--config", str(config), "--control", "noop", "--treatment", "slower",
+                 "--json", "--db", url]) == 1
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    assert Receiver.received == []  # a suspected regression is not alerted
+    started = time.monotonic()
+    assert main(["verify", str(run_id), "--json", "--db", url]) == 1
+    assert time.monotonic() - started < 120  # the hung endpoint cost its bounded timeouts, no more
+
+    ok = [r for r in Receiver.received if r["path"] == "/ok"]
+    assert len(ok) == 1 and ok[0]["signed"] and ok[0]["event"] == "regress"
+    document = ok[0]["body"]
+    assert document["event"] == "regress" and document["regression"]["workload"] == "loop"
+    assert "slower" in document["text"] and "Do 20% more work" in document["text"]
+    assert document["regression"]["url"].startswith("http://dash.example/regressions/")
+    assert [r["path"] for r in Receiver.received].count("/flaky") == 3  # two 503s, then accepted
+    assert [r["path"] for r in Receiver.received].count("/gone") == 1  # a 410 is not retried
+
+    engine = db.make_engine(url)
+    with db.session_scope(engine) as session:
+        rows = list(session.scalars(select(AlertDelivery).order_by(AlertDelivery.id)))
+        by_url: dict[str, list[AlertDelivery]] = {}
+        for row in rows:
+            by_url.setdefault(row.url, []).append(row)
+        assert [(d.attempt, d.ok) for d in by_url[f"{receiver}/ok"]] == [(1, True)]
+        assert [(d.ok, d.status_code) for d in by_url[f"{receiver}/flaky"]] == [
+            (False, 503), (False, 503), (True, 200)]
+        assert [d.ok for d in by_url[black_hole]] == [False] * 3
+        assert all("Timeout" in d.error for d in by_url[black_hole])
+        assert [d.ok for d in by_url[refused]] == [False] * 3
+        assert all("ConnectionError" in d.error for d in by_url[refused])
+        assert [(d.ok, d.status_code) for d in by_url[f"{receiver}/gone"]] == [(False, 410)]
+        assert all(d.payload["delivery"] == document["delivery"] for d in rows)
+        regression_id = rows[0].regression_id
+
+        # triaged as expected: no more alerts for it
+        triage.triage(session, regression_id, "expected", who="ana", note="known trade-off")
+    before = len(Receiver.received)
+    sent = alerts.notify(engine, [regression_id], "fixed",
+                         AlertsConfig(webhooks=[f"{receiver}/ok"], attempts=1))
+    assert sent == [] and len(Receiver.received) == before
+    engine.dispose()
+
+
+def test_unsigned_without_a_secret_and_a_fixed_alert(receiver, filled_pg_url, monkeypatch):
+    monkeypatch.delenv("ABWATCH_ALERT_SECRET", raising=False)
+    url, _ = filled_pg_url
+    engine = db.make_engine(url)
+    with db.session_scope(engine) as session:
+        regression_id = session.scalars(select(Regression.id)).first()
+    sent = alerts.notify(engine, [regression_id], "fixed", AlertsConfig(webhooks=[f"{receiver}/ok"]))
+    assert [(a.ok, a.status_code) for a in sent] == [(True, 200)]
+    (request,) = Receiver.received
+    assert not request["signed"] and request["event"] == "fixed"
+    assert "is fixed" in request["body"]["text"]
+    with pytest.raises(ValueError, match="alert event 'bogus'"):
+        with db.session_scope(engine) as session:
+            alerts.payload(session.get(Regression, regression_id), "bogus")
+    engine.dispose()
+
+
+def test_dead_endpoints_cost_one_delivery_bound_not_their_sum(black_hole, filled_pg_url):
+    """Six hung endpoints, two attempts of 1 s each: one after the other that is 12 s;
+    side by side it is one delivery's bound (~2 s)."""
+    url, _ = filled_pg_url
+    engine = db.make_engine(url)
+    with db.session_scope(engine) as session:
+        regression_id = session.scalars(select(Regression.id)).first()
+    config = AlertsConfig(webhooks=[f"{black_hole}?n={i}" for i in range(6)], timeout_s=1.0, attempts=2,
+                          backoff_s=0.05)
+    started = time.monotonic()
+    sent = alerts.notify(engine, [regression_id], "fixed", config)
+    took = time.monotonic() - started
+    assert len(sent) == 12 and not any(a.ok for a in sent)
+    assert took < 8, f"dead endpoints blocked for {took:.1f}s"
+    engine.dispose()

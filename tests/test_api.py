@@ -1,0 +1,160 @@
+"""The REST API, served by a real `abwatch serve` process on a database of real runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import requests
+from sqlalchemy import text
+
+from abwatch.service import db
+from conftest import live_server
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def get(base: str, path: str, **params):
+    response = requests.get(base + path, params=params, timeout=30)
+    assert response.status_code == 200, (path, response.status_code, response.text)
+    return response.json()
+
+
+def test_runs_and_one_runs_full_report(filled_server):
+    base, runs, _ = filled_server
+    listed = get(base, "/api/runs")
+    assert [r["id"] for r in listed] == sorted(runs.values(), reverse=True)
+    assert next(r for r in listed if r["id"] == runs["regression"])["verdicts"] == {"regression": 1}
+    report = get(base, f"/api/runs/{runs['regression']}")
+    assert report["treatment_ref"] == "slower" and report["status"] == "completed"
+    (result,) = report["results"]
+    assert result["workload"] == "lcg-loop" and result["verdict"] == "regression"
+    low, high = result["ci_pct"]
+    assert 0 < low <= result["change_pct"] <= high
+    assert result["regression_id"] == report["regressions"][0]["id"]
+    medians = report["process_medians_ms"]["lcg-loop"]
+    assert len(medians["control"]) == result["control"]["n"] // 5  # five samples a process
+    assert statistics.median(medians["treatment"]) > statistics.median(medians["control"])
+    assert {b["side"]: b["ref"] for b in report["builds"]} == {"control": "noop", "treatment": "slower"}
+    missing = requests.get(f"{base}/api/runs/999999", timeout=10)
+    assert missing.status_code == 404 and "run 999999 does not exist" in missing.json()["detail"]
+
+
+def test_regressions_with_filters(filled_server):
+    base, runs, _ = filled_server
+    (regression,) = get(base, "/api/regressions")
+    assert regression["state"] == "regress" and regression["run_id"] == runs["regression"]
+    device = regression["device"]
+    assert get(base, "/api/regressions", state="regress", workload="lcg-loop", device=device) == [regression]
+    assert get(base, "/api/regressions", state="cleared") == []
+    assert get(base, "/api/regressions", workload="other") == []
+    assert get(base, "/api/regressions", device="no-such-board") == []
+    assert get(base, "/api/regressions", since="2000-01-01T00:00:00Z") == [regression]
+    assert get(base, "/api/regressions", since="2999-01-01T00:00:00Z") == []
+    bad = requests.get(f"{base}/api/regressions", params={"state": "bogus"}, timeout=10)
+    assert bad.status_code == 422
+    detail = get(base, f"/api/regressions/{regression['id']}")
+    assert [e["to"] for e in detail["events"]] == ["benchmark", "verify", "regress"]
+    assert detail["culprit"]["summary"] == "Do 20% more work"
+
+
+def test_series_with_change_points_records_and_watch(filled_server):
+    base, runs, _ = filled_server
+    (workload,) = get(base, "/api/workloads")
+    assert workload["name"] == "lcg-loop" and len(workload["devices"]) == 1
+    series = get(base, "/api/workloads/lcg-loop/series")
+    (device,) = series["devices"]
+    assert [p["summary"] for p in device["points"]] == [
+        "Baseline", "Reword the README only", "Do 20% more work", "Do 20% less work"]
+    assert "change_points" in device and device["regressions"][0]["run_id"] == runs["regression"]
+    records = get(base, "/api/records", run=runs["regression"])
+    assert len(records) == 2 and {r["schema_version"] for r in records} == {"0.1"}
+    assert {r["metadata"]["side"] for r in records} == {"control", "treatment"}
+    watch = get(base, "/api/watch")
+    assert watch["watched"][0]["run_id"] == runs["faster"] and watch["open_regressions"] == 1
+    schema = get(base, "/openapi.json")
+    assert {"/api/runs", "/api/runs/{run_id}", "/api/regressions", "/api/records",
+            "/api/workloads/{workload}/series", "/api/watch"} <= set(schema["paths"])
+
+
+def _record(workload: str, mean: float = 1.5) -> dict:
+    return {"workload": workload, "engine": "tvm", "hardware": "remote-board", "runtime_ms_mean": mean,
+            "runtime_ms_std": 0.1, "timestamp": 1700000000.0, "schema_version": "0.1",
+            "metrics": {"compilation_ms": 1234.0}}
+
+
+def test_post_records_needs_the_token_limits_size_and_is_all_or_nothing(fresh_pg_url, tmp_path):
+    engine = db.make_engine(fresh_pg_url)
+    db.ensure_schema(engine)
+
+    def stored() -> int:
+        with engine.connect() as connection:
+            return connection.execute(text("SELECT count(*) FROM records")).scalar_one()
+
+    with live_server(fresh_pg_url, tmp_path / "srv", max_body_mb=0.05) as base:
+        url = base + "/api/records"
+        good = [_record("remote-a"), _record("remote-b")]
+        assert requests.post(url, json=good, timeout=10).status_code == 401
+        wrong = requests.post(url, json=good, headers={"Authorization": "Bearer nope"}, timeout=10)
+        assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+        auth = {"Authorization": "Bearer s3cret-token"}
+        bad = good + [{**_record("remote-c"), "runtime_ms_mean": "fast"}]
+        refused = requests.post(url, json=bad, headers=auth, timeout=10)
+        assert refused.status_code == 422
+        assert "record 3: runtime_ms_mean" in refused.json()["detail"]
+        assert stored() == 0
+        big = [_record(f"w{i}") for i in range(400)]
+        assert len(json.dumps(big)) > 0.05 * 2**20
+        assert requests.post(url, json=big, headers=auth, timeout=10).status_code == 413
+        assert requests.post(url, data=b"{not json", headers=auth, timeout=10).status_code == 400
+        assert stored() == 0
+        accepted = requests.post(url, json=good, headers=auth, timeout=10)
+        assert accepted.status_code == 201 and accepted.json()["imported"] == 2
+        one = requests.post(url, json=_record("remote-d"), headers=auth, timeout=10)
+        assert one.status_code == 201 and one.json()["imported"] == 1
+        assert stored() == 3
+        again = requests.post(url, json=good, headers=auth, timeout=10)  # idempotent by record key
+        assert again.status_code == 201 and again.json()["imported"] == 0 and stored() == 3
+        back = requests.get(url, params={"workload": "remote-a"}, timeout=10).json()
+        assert back == [good[0]]
+    engine.dispose()
+
+
+def test_writes_are_refused_when_no_token_is_configured(fresh_pg_url, tmp_path):
+    with live_server(fresh_pg_url, tmp_path / "srv", token=None) as base:
+        response = requests.post(base + "/api/records", json=_record("x"),
+                                 headers={"Authorization": "Bearer "}, timeout=10)
+        assert response.status_code == 401 and "ABWATCH_API_TOKEN is not set" in response.json()["detail"]
+
+
+def _fuzz(base: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    st = Path(sys.executable).with_name("st")
+    return subprocess.run(
+        [str(st), "run", base + "/openapi.json", "--checks", "not_a_server_error", "--max-examples", "25",
+         "--seed", "1", "--workers", "1", "--request-timeout", "30", "--no-shrink",
+         "--report", "junit", "--report-dir", str(tmp_path), *extra],
+        capture_output=True, text=True, timeout=900)
+
+
+def _assert_clean(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    counts = re.search(r"(\d+) generated, (\d+) passed", result.stdout)
+    assert counts and counts[1] == counts[2] and int(counts[1]) >= 100, result.stdout[-3000:]
+
+
+def test_fuzzing_the_read_api_finds_no_server_errors(filled_server, tmp_path):
+    """Schemathesis against the live app on real runs (no token: writes answer 401)."""
+    base, _, _ = filled_server
+    result = _fuzz(base, tmp_path)
+    _assert_clean(result)
+
+
+def test_fuzzing_with_the_token_finds_no_server_errors(fresh_pg_url, tmp_path):
+    """Schemathesis with the write token, on a database of its own (it may store records)."""
+    with live_server(fresh_pg_url, tmp_path / "srv") as base:
+        result = _fuzz(base, tmp_path, "--header", "Authorization: Bearer s3cret-token")
+    _assert_clean(result)

@@ -1,0 +1,129 @@
+"""The dashboard in a real headless Chromium (Debian's chromium + chromedriver, via selenium),
+served by a real `abwatch serve` process on a database filled by real `abwatch compare` runs.
+Every page is checked for its content and rendered charts, and screenshotted."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import requests
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium driven through the system chromedriver."""
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "install Debian's chromium and chromium-driver (.ci/run does)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service(driver), options=options)
+    browser.set_page_load_timeout(60)
+    yield browser
+    browser.quit()
+
+
+def open_page(browser, url: str, shots: Path, name: str, charts: int = 0):
+    """Load ``url``, wait for ``charts`` plotly charts to draw, check nothing failed, screenshot."""
+    browser.get(url)
+    wait = WebDriverWait(browser, 30)
+    if charts:
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .main-svg")) >= charts)
+    # script errors fail the page; a refused fetch (a 401 the test provoked, a 404 page) is not one
+    errors = [e for e in browser.get_log("browser")
+              if e["level"] == "SEVERE" and "Failed to load resource" not in e["message"]]
+    assert errors == [], errors
+    shots.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(shots / f"{name}.png"))
+    return wait
+
+
+def assets_are_local(browser, base: str) -> None:
+    """Every script and stylesheet the page loaded came from the app itself."""
+    urls = browser.execute_script(
+        "return [...document.scripts].map(s => s.src).filter(Boolean)"
+        ".concat([...document.querySelectorAll('link[rel=stylesheet]')].map(l => l.href))")
+    assert urls and all(u.startswith(base + "/static/") for u in urls), urls
+
+
+def test_overview(browser, filled_server, tmp_path):
+    base, runs, _ = filled_server
+    open_page(browser, base + "/", tmp_path, "overview")
+    assets_are_local(browser, base)
+    watched = browser.find_element(By.ID, "watched").text
+    assert f"run {runs['faster']}" in watched and "Do 20% less work" in watched
+    open_regs = browser.find_element(By.ID, "open-regressions").text
+    assert "Open regressions (1)" in open_regs and "lcg-loop" in open_regs and "regress" in open_regs
+    assert "improvement" in browser.find_element(By.ID, "latest").text
+    rows = browser.find_elements(By.CSS_SELECTOR, "#runs table tr")
+    assert len(rows) == 1 + len(runs)
+
+
+def test_workload_trend_marks_regressions_and_clicks_through_to_the_run(browser, filled_server, tmp_path):
+    base, runs, _ = filled_server
+    open_page(browser, base + "/workloads/lcg-loop", tmp_path, "trend", charts=1)
+    chart = browser.find_element(By.CSS_SELECTOR, ".trend-chart")
+    traces = browser.execute_script("return arguments[0].data.map(t => [t.name, t.y.length])", chart)
+    assert traces == [["median ms", 4], ["regression", 1]]
+    assert len(chart.find_elements(By.CSS_SELECTOR, "g.scatterlayer path.point")) == 5
+    # clicking the regression marker (a real mouse click at its place) opens the run that found it
+    marker = chart.find_elements(By.CSS_SELECTOR, "g.scatterlayer g.trace")[1].find_element(By.CSS_SELECTOR, "path.point")
+    ActionChains(browser).move_to_element(marker).pause(0.5).click().perform()
+    WebDriverWait(browser, 20).until(EC.url_contains("/runs/"), message=browser.current_url)
+    assert browser.current_url.endswith(f"/runs/{runs['regression']}")
+
+
+def test_run_page(browser, filled_server, tmp_path):
+    base, runs, _ = filled_server
+    open_page(browser, f"{base}/runs/{runs['regression']}", tmp_path, "run", charts=1)
+    verdicts = browser.find_element(By.ID, "verdicts").text
+    assert "regression" in verdicts and "lcg-loop" in verdicts and "[+" in verdicts
+    chart = browser.find_element(By.CSS_SELECTOR, ".process-chart")
+    names = browser.execute_script("return arguments[0].data.map(t => t.name)", chart)
+    assert names == ["control", "treatment"]
+    points = chart.find_elements(By.CSS_SELECTOR, "g.scatterlayer path.point")
+    report = requests.get(f"{base}/api/runs/{runs['regression']}", timeout=10).json()
+    medians = report["process_medians_ms"]["lcg-loop"]
+    assert len(points) == len(medians["control"]) + len(medians["treatment"])
+    assert "noop" in browser.find_element(By.ID, "builds").text
+
+
+def test_regression_page_and_triage_from_the_browser(browser, filled_server, tmp_path):
+    base, runs, token = filled_server
+    (regression,) = requests.get(base + "/api/regressions", timeout=10).json()
+    open_page(browser, f"{base}/regressions/{regression['id']}", tmp_path, "regression", charts=1)
+    assert [r.text.split()[2] for r in browser.find_elements(By.CSS_SELECTOR, "#events tr")[1:]] == [
+        "benchmark", "verify", "regress"]
+    assert "Do 20% more work" in browser.find_element(By.ID, "culprit").text
+    assert browser.find_element(By.ID, "bisection").text
+    form = browser.find_element(By.ID, "triage-form")
+    Select(form.find_element(By.NAME, "as")).select_by_visible_text("acknowledged")
+    form.find_element(By.NAME, "who").send_keys("ana")
+    form.find_element(By.NAME, "note").send_keys("looking into the loop")
+    form.find_element(By.NAME, "token").send_keys("wrong")
+    form.find_element(By.CSS_SELECTOR, "button").click()
+    WebDriverWait(browser, 20).until(lambda b: "refused" in b.find_element(By.ID, "triage-status").text)
+    assert requests.get(f"{base}/api/regressions/{regression['id']}", timeout=10).json()["triage_events"] == []
+    form.find_element(By.NAME, "token").clear()
+    form.find_element(By.NAME, "token").send_keys(token)
+    form.find_element(By.CSS_SELECTOR, "button").click()
+    WebDriverWait(browser, 20).until(lambda b: "looking into the loop" in b.find_element(By.ID, "triage").text)
+    open_page(browser, f"{base}/regressions/{regression['id']}", tmp_path, "regression-triaged", charts=1)
+    detail = requests.get(f"{base}/api/regressions/{regression['id']}", timeout=10).json()
+    assert detail["triage"] == "acknowledged"
+    assert [(t["status"], t["who"]) for t in detail["triage_events"]] == [("acknowledged", "ana")]
+
+
+def test_missing_pages_say_so(browser, filled_server, tmp_path):
+    base, _, _ = filled_server
+    open_page(browser, base + "/runs/999999", tmp_path, "missing")
+    assert "run 999999 does not exist" in browser.find_element(By.TAG_NAME, "main").text

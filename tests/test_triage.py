@@ -1,0 +1,44 @@
+"""Triage from the command line: decisions stored beside the state history, shown apart."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import text
+
+from abwatch.service import db, queries
+from abwatch.service.cli import main
+
+
+def test_triage_command_stores_who_when_why_and_sets_invalid_apart(write_config, tmp_path, capsys, monkeypatch):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    config = write_config(repetitions=6)
+    assert main(["compare", "--config", str(config), "--control", "noop", "--treatment", "slower",
+                 "--json", "--db", url]) == 1
+    regression_id = json.loads(capsys.readouterr().out)["results"][0]["regression_id"]
+    assert regression_id is not None
+    monkeypatch.setenv("USER", "ana")
+    assert main(["triage", str(regression_id), "--as", "acknowledged", "--db", url]) == 0
+    assert main(["triage", str(regression_id), "--as", "invalid", "--issue", "https://bugs.example/42",
+                 "--note", "the machine was busy", "--who", "bo", "--db", url]) == 0
+    assert f"regression {regression_id} (loop): triaged as invalid" in capsys.readouterr().out
+
+    engine = db.make_engine(url)
+    with db.session_scope(engine) as session:
+        detail = queries.regression_detail(session, regression_id)
+        assert detail["state"] == "benchmark" and detail["triage"] == "invalid"
+        assert [(t["status"], t["who"], t["issue_url"], t["note"]) for t in detail["triage_events"]] == [
+            ("acknowledged", "ana", None, ""),
+            ("invalid", "bo", "https://bugs.example/42", "the machine was busy")]
+        assert len(detail["events"]) == 1  # the state history is untouched
+        overview = queries.overview(session)
+        assert overview["open_regressions"] == []
+        assert [r["id"] for r in overview["silenced_regressions"]] == [regression_id]
+        assert session.execute(text("SELECT triage FROM regression_history")).scalar_one() == "invalid"
+    engine.dispose()
+
+    assert main(["triage", "9999", "--as", "expected", "--db", url]) == 2
+    assert "regression 9999 does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["triage", str(regression_id), "--as", "ignored", "--db", url])
