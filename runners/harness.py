@@ -8,9 +8,10 @@ disadvantage) fall on both sides equally, unlike running all of A then all of B.
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import dataclass, field
+
+from abwatch.runners.safejson import BadValue, loads, milliseconds
 
 CONTROL = "control"
 TREATMENT = "treatment"
@@ -46,12 +47,10 @@ def interleaved_schedule(repetitions: int, warmup: int, rng: random.Random, star
 
 
 def _number(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise OutputError(f"{where}: runtime_ms must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise OutputError(f"{where}: runtime_ms must be finite and >= 0, got {value!r}")
-    return value
+    try:
+        return milliseconds(value, where)
+    except BadValue as exc:
+        raise OutputError(str(exc)) from None
 
 
 def parse_output(stdout: str) -> tuple[tuple[float, ...], tuple[dict, ...]]:
@@ -67,9 +66,11 @@ def parse_output(stdout: str) -> tuple[tuple[float, ...], tuple[dict, ...]]:
             continue
         where = f"output line {number}"
         try:
-            obj = json.loads(line)
+            obj = loads(line, where)
         except json.JSONDecodeError:
             raise OutputError(f"{where} is not JSON: {line[:120]!r}") from None
+        except BadValue as exc:
+            raise OutputError(str(exc)) from None
         if not isinstance(obj, dict):
             raise OutputError(f"{where} is not a JSON object")
         if "runtime_raw" in obj:

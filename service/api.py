@@ -23,6 +23,7 @@ from abwatch.service import queries, triage as triage_mod
 from abwatch.service.config import ServerConfig
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations at run time
 from abwatch.service.models import Record, RegressionState, TriageStatus
+from abwatch.runners.safejson import BadValue, loads
 from abwatch.service.records import RecordError, add_new, to_dict, to_row, validate_objects
 
 # Text that reaches PostgreSQL must not hold NUL; ids must fit its integer.
@@ -191,14 +192,14 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None) 
         all or nothing: one bad record rejects the request, naming the record and field."""
         raw = await api.body(request)
         try:
-            payload = json.loads(raw)
+            payload = loads(raw, "request body")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise HTTPException(400, f"request body is not JSON: {exc}") from None
+        except BadValue as exc:
+            raise HTTPException(422, str(exc)) from None
         items = payload if isinstance(payload, list) else [payload]
         if not items:
             raise HTTPException(422, "no records in the request")
-        if b"\\u0000" in raw:  # PostgreSQL text cannot hold NUL
-            raise HTTPException(422, "records must not contain NUL characters (\\u0000)")
         try:
             valid = validate_objects((f"record {i + 1}", obj) for i, obj in enumerate(items))
         except RecordError as exc:

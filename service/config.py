@@ -29,7 +29,7 @@ class ConfigError(Exception):
 class _Strict(BaseModel):
     """Base for config sections: unknown keys are errors (they are usually typos)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RepoConfig(_Strict):
@@ -437,6 +437,7 @@ def parse_config(data: dict, source: str, base_dir: Path) -> Config:
         updates["repo"] = config.repo.model_copy(update={"url": str((base_dir / url).resolve())})
     if not config.cache_dir.is_absolute():
         updates["cache_dir"] = (base_dir / config.cache_dir).resolve()
+    _check_cache_dir(updates.get("cache_dir", config.cache_dir), source)
     workloads = [
         w.model_copy(update={"model": "onnx:" + str((base_dir / w.model[5:]).resolve())})
         if w.kind == "tvm" and w.model.startswith("onnx:") and not Path(w.model[5:]).is_absolute() else w
@@ -445,6 +446,17 @@ def parse_config(data: dict, source: str, base_dir: Path) -> Config:
     if workloads != config.workloads:
         updates["workloads"] = workloads
     return config.model_copy(update=updates)
+
+
+def _check_cache_dir(path: Path, source: str) -> None:
+    """The cache directory, or its nearest existing ancestor, must be a directory: a file
+    there would fail much later, half-way through a build."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                where = "" if candidate == path else f" ({candidate} is a file)"
+                raise ConfigError(f"{source}: cache_dir: {path} is not a directory{where}")
+            return
 
 
 def load_config(path: str | os.PathLike) -> Config:

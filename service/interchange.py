@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from abwatch.runners.safejson import BadValue, loads
 from abwatch.service.config import format_validation_error
 from abwatch.service.models import Record
 from abwatch.service.records import (
@@ -115,9 +116,11 @@ def aoe_records(path: Path, hardware: str = "ascend") -> list[dict[str, Any]]:
     :class:`RecordError` naming the file and the key."""
     path = Path(path)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = loads(path.read_text(encoding="utf-8"), str(path))
     except (OSError, UnicodeDecodeError) as exc:
         raise RecordError(f"{path}: cannot read: {exc}") from None
+    except BadValue as exc:
+        raise RecordError(str(exc)) from None
     except json.JSONDecodeError as exc:
         raise RecordError(f"{path}: invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     if not isinstance(document, list) or not all(isinstance(x, dict) for x in document):

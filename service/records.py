@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from abwatch.runners.safejson import MAX_MS, BadValue, check, loads
 from abwatch.service.config import format_validation_error
 from abwatch.service.models import Record
 
@@ -41,14 +42,15 @@ class BenchmarkRecord(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="allow")
 
-    workload: str = Field(min_length=1)
-    engine: str = Field(min_length=1)
-    hardware: str = Field(min_length=1)
+    # lengths are the columns' (the same limit on SQLite, which would not enforce them)
+    workload: str = Field(min_length=1, max_length=256)
+    engine: str = Field(min_length=1, max_length=64)
+    hardware: str = Field(min_length=1, max_length=256)
     runtime_ms_mean: float
     runtime_ms_std: float
     timestamp: float | str
     schema_version: str
-    engine_version: str | None = None
+    engine_version: str | None = Field(default=None, max_length=128)
     metadata: dict[str, Any] = Field(default_factory=dict)
     workload_args: dict[str, Any] = Field(default_factory=dict)
     workload_metadata: dict[str, Any] = Field(default_factory=dict)
@@ -64,8 +66,8 @@ class BenchmarkRecord(BaseModel):
     @field_validator("runtime_ms_mean", "runtime_ms_std")
     @classmethod
     def _finite(cls, value: float) -> float:
-        if not math.isfinite(value) or value < 0:
-            raise ValueError("must be a finite number >= 0")
+        if not math.isfinite(value) or not 0 <= value <= MAX_MS:
+            raise ValueError(f"must be a finite number between 0 and {MAX_MS:g}")
         return value
 
     @field_validator("schema_version")
@@ -134,9 +136,11 @@ def _load_objects(path: Path) -> list[tuple[str, Any]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise RecordError(f"{path}: cannot read: {exc}") from None
     try:
-        whole = json.loads(text)
+        whole = loads(text, str(path))
     except json.JSONDecodeError:
         whole = None
+    except BadValue as exc:
+        raise RecordError(str(exc)) from None
     if isinstance(whole, list):
         return [(f"{path}: record {i + 1}", obj) for i, obj in enumerate(whole)]
     if isinstance(whole, dict):  # one object: a pretty-printed file, or a one-line JSONL file
@@ -147,9 +151,11 @@ def _load_objects(path: Path) -> list[tuple[str, Any]]:
         if not line.strip():
             continue
         try:
-            objects.append((f"{path}: line {number}", json.loads(line)))
+            objects.append((f"{path}: line {number}", loads(line, f"{path}: line {number}")))
         except json.JSONDecodeError as exc:
             raise RecordError(f"{path}: line {number}: invalid JSON: {exc.msg}") from None
+        except BadValue as exc:
+            raise RecordError(str(exc)) from None
     return objects
 
 
@@ -159,6 +165,11 @@ def validate_objects(objects: Iterable[tuple[str, Any]]) -> list[BenchmarkRecord
     for where, obj in objects:
         if not isinstance(obj, dict):
             errors.append(f"{where}: (top level): expected a JSON object")
+            continue
+        try:  # values every path must refuse (files, API bodies, converted reports)
+            check(obj, where)
+        except BadValue as exc:
+            errors.append(str(exc))
             continue
         try:
             records.append(BenchmarkRecord.model_validate(obj))
@@ -189,6 +200,9 @@ def export_records(session: Session, out: TextIO, run_id: int | None = None,
         query = query.where(Record.workload == workload)
     count = 0
     for row in session.scalars(query):
-        out.write(json.dumps(to_dict(row), sort_keys=False) + "\n")
+        try:  # allow_nan=False: a row stored before the edge checks must not make invalid JSON
+            out.write(json.dumps(to_dict(row), sort_keys=False, allow_nan=False) + "\n")
+        except ValueError:
+            raise RecordError(f"record {row.id}: holds a value that is not valid JSON (NaN or Infinity)") from None
         count += 1
     return count
