@@ -1,6 +1,7 @@
 """Builders turn a commit into an artifact; registered by kind in :data:`BUILDERS`."""
 
 from abwatch.builders.base import Artifact, Builder, BuildFailed
+from abwatch.builders.spec import BuildSettings
 from abwatch.builders.command import CommandBuilder
 from abwatch.builders.tvm_source import TvmSourceBuilder
 from abwatch.builders.tvm_wheel import TvmWheelBuilder
@@ -12,8 +13,8 @@ BUILDERS: dict[str, type[Builder]] = {
 }
 
 
-def make_builder(config) -> Builder:
-    """The builder the config's ``build.kind`` names."""
+def make_builder(config: BuildSettings) -> Builder:
+    """The builder the config's ``build.kind`` names (``config``: the whole ``Config`` will do)."""
     return BUILDERS[config.build.kind](config)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from abwatch.builders.cache import ArtifactCache
-from abwatch.service.repo import CommitInfo
+from abwatch.builders.spec import BuildSettings, BuildSpec, CommitInfo
 
 
 @dataclass(frozen=True)
@@ -32,23 +32,43 @@ class BuildFailed(Exception):
         self.duration_s = duration_s
 
 
+S = TypeVar("S", bound=BuildSpec)
+
+
+def section(settings: BuildSettings, kind: type[S]) -> S:
+    """``settings.build``, which a builder of ``kind``'s sections must have been given."""
+    if not isinstance(settings.build, kind):
+        raise TypeError(f"a {kind.__name__} builder was given a {type(settings.build).__name__}")
+    return settings.build
+
+
+def repo_url(settings: BuildSettings) -> str:
+    """The repository a git-based builder builds from (the config's validation requires one)."""
+    if settings.repo is None:
+        raise TypeError(f"a {settings.build.kind} build needs [repo]")
+    return settings.repo.url
+
+
 class Builder(abc.ABC):
     """Turns a ref into an :class:`Artifact`, building each cache key at most once.
 
-    Subclasses take the whole :class:`~service.config.Config` and set ``repository_url``
-    (what the database calls the repository: a git URL, or ``pypi:apache-tvm``).
+    Subclasses take the settings they build with (:class:`~builders.spec.BuildSettings`:
+    the repository, their ``build`` section, the cache directory; the service's whole
+    ``Config`` is one), keep their section as ``config`` and set ``repository_url`` (what
+    the database calls the repository: a git URL, or ``pypi:apache-tvm``).
     """
 
     kind: ClassVar[str]
     repository_url: str
+    config: BuildSpec
 
     @abc.abstractmethod
     def resolve(self, ref: str) -> CommitInfo:
         """What ``ref`` names (a commit, or a release); an error naming the ref if nothing."""
 
-    @abc.abstractmethod
     def config_hash(self) -> str:
         """Hash of the build configuration (part of every cache key)."""
+        return self.config.config_hash()
 
     @abc.abstractmethod
     def cache_key(self, sha: str) -> str:

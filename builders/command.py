@@ -8,11 +8,11 @@ import platform
 import tempfile
 from pathlib import Path
 
-from abwatch.builders.base import Artifact, Builder, BuildFailed
+from abwatch.builders.base import Artifact, Builder, BuildFailed, repo_url, section
 from abwatch.builders.cache import ArtifactCache
-from abwatch.service.config import Config
-from abwatch.service.procs import child_env, run_process
-from abwatch.service.repo import CommitInfo, RepoMirror, remove_stale_checkouts
+from abwatch.builders.procs import child_env, run_process
+from abwatch.builders.repo import RepoMirror, remove_stale_checkouts
+from abwatch.builders.spec import BuildSettings, CommandBuildConfig, CommitInfo
 
 LOG_LIMIT = 200_000  # characters of build output kept in the database
 
@@ -22,9 +22,9 @@ class CommandBuilder(Builder):
 
     kind = "command"
 
-    def __init__(self, config: Config) -> None:
-        self.config = config.build
-        self.repo = RepoMirror(config.repo.url, config.cache_dir)
+    def __init__(self, config: BuildSettings) -> None:
+        self.config: CommandBuildConfig = section(config, CommandBuildConfig)
+        self.repo = RepoMirror(repo_url(config), config.cache_dir)
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
         self.checkouts = config.cache_dir / "checkouts"
         self.repository_url = self.repo.display_url
@@ -35,9 +35,6 @@ class CommandBuilder(Builder):
             self.repo.fetch_for(ref)
             self._fetched = True
         return self.repo.resolve(ref)
-
-    def config_hash(self) -> str:
-        return self.config.config_hash()
 
     def cache_key(self, sha: str) -> str:
         # The toolchain part: what the build command runs on (machine and OS).

@@ -23,13 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from abwatch.builders.base import Artifact, Builder, BuildFailed
+from abwatch.builders.base import Artifact, Builder, BuildFailed, repo_url, section
 from abwatch.builders.cache import ArtifactCache, flocked
-from abwatch.service.config import Config
-from abwatch.service.procs import child_env, run_process
-from abwatch.service.repo import CommitInfo, RepoMirror
+from abwatch.builders.procs import child_env, run_process
+from abwatch.builders.repo import RepoMirror
+from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmSourceBuildConfig
 
-ARTIFACT_INFO = "abwatch-artifact.json"
 LOG_LIMIT = 400_000
 RUNTIME_TARGET = "tvm_runtime"
 
@@ -45,9 +44,9 @@ class TvmSourceBuilder(Builder):
 
     kind = "tvm-source"
 
-    def __init__(self, config: Config) -> None:
-        self.config = config.build
-        self.repo = RepoMirror(config.repo.url, config.cache_dir)
+    def __init__(self, config: BuildSettings) -> None:
+        self.config: TvmSourceBuildConfig = section(config, TvmSourceBuildConfig)
+        self.repo = RepoMirror(repo_url(config), config.cache_dir)
         self.repository_url = self.repo.display_url
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
         self.workspace = config.cache_dir / "tvm-source" / self.config.workspace_hash()
@@ -60,9 +59,6 @@ class TvmSourceBuilder(Builder):
             self.repo.fetch_for(ref)
             self._fetched = True
         return self.repo.resolve(ref)
-
-    def config_hash(self) -> str:
-        return self.config.config_hash()
 
     def toolchain(self) -> str:
         """CMake, compiler and (with USE_LLVM) LLVM versions: part of every cache key."""

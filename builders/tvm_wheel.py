@@ -16,11 +16,11 @@ import shutil
 import sys
 import time
 
-from abwatch.builders.base import Artifact, Builder, BuildFailed
-from abwatch.service.procs import child_env, run_process
+from abwatch.builders.base import Artifact, Builder, BuildFailed, section
 from abwatch.builders.cache import ArtifactCache
-from abwatch.service.config import Config
-from abwatch.service.repo import CommitInfo, RepoError
+from abwatch.builders.procs import child_env, run_process
+from abwatch.builders.repo import RepoError
+from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmWheelBuildConfig
 
 # apache-tvm release -> the apache-tvm-ffi release it works with (each pair checked here:
 # it installs, imports and compiles a kernel).
@@ -33,7 +33,6 @@ FFI_PINS: dict[str, str] = {
 }
 # What the harness worker and the RPC tracker/server need beside TVM itself.
 RUNTIME_PACKAGES = ("numpy", "tornado", "psutil", "cloudpickle")
-ARTIFACT_INFO = "abwatch-artifact.json"
 LOG_LIMIT = 200_000
 
 
@@ -43,8 +42,8 @@ class TvmWheelBuilder(Builder):
     kind = "tvm-wheel"
     repository_url = "pypi:apache-tvm"
 
-    def __init__(self, config: Config) -> None:
-        self.config = config.build
+    def __init__(self, config: BuildSettings) -> None:
+        self.config: TvmWheelBuildConfig = section(config, TvmWheelBuildConfig)
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
 
     def resolve(self, ref: str) -> CommitInfo:
@@ -53,9 +52,6 @@ class TvmWheelBuilder(Builder):
             raise RepoError(f"unknown apache-tvm version {ref!r} (tvm-wheel knows: {known})")
         return CommitInfo(sha=ref, summary=f"apache-tvm {ref} (tvm-ffi {FFI_PINS[ref]})",
                           author="PyPI", committed_at=None)
-
-    def config_hash(self) -> str:
-        return self.config.config_hash()
 
     def cache_key(self, sha: str) -> str:
         toolchain = f"{sys.version_info[:2]}-{platform.machine()}-{platform.system()}"

@@ -1,5 +1,6 @@
 """Runners execute workloads on a device; registered by kind in :data:`RUNNERS`."""
 
+from abwatch.builders.spec import RunnerSettings
 from abwatch.runners.base import InvocationResult, Runner, RunnerUnavailable
 from abwatch.runners.cpu import CpuRunner
 from abwatch.runners.gpu import GpuRunner
@@ -12,7 +13,7 @@ RUNNERS: dict[str, type[Runner]] = {
 }
 
 
-def make_runner(config) -> Runner:
+def make_runner(config: RunnerSettings) -> Runner:
     """The runner the config's ``runner.kind`` names, for its ``runner`` section."""
     return RUNNERS[config.runner.kind](config.runner)
 

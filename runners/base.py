@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from abwatch.service.config import CommandWorkloadConfig, TvmWorkloadConfig
+from abwatch.builders.spec import CommandWorkloadConfig, TvmWorkloadConfig
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,12 @@ import os
 import socket
 from pathlib import Path
 
+from abwatch.builders.procs import child_env, passed, run_process
+from abwatch.builders.spec import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig
 from abwatch.runners.base import InvocationResult, Runner
 from abwatch.runners.harness import OutputError, parse_output
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
-from abwatch.service.procs import child_env, passed, run_process
-from abwatch.service.config import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig
 
 STDERR_TAIL = 4000  # characters of a failed invocation's stderr kept as its message
 

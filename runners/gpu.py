@@ -12,10 +12,10 @@ import socket
 import subprocess
 from pathlib import Path
 
+from abwatch.builders.spec import RunnerConfig
 from abwatch.runners.base import InvocationResult, Runner, RunnerUnavailable
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
-from abwatch.service.config import RunnerConfig
 
 
 def cuda_devices() -> list[str]:

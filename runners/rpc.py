@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import socket
 
+from abwatch.builders.spec import RunnerConfig
 from abwatch.runners.base import InvocationResult, Runner, RunnerUnavailable
 from abwatch.runners.sysinfo import software_config
 from abwatch.runners.tvm_sessions import TvmSessions
-from abwatch.service.config import RunnerConfig
 
 
 class RpcRunner(Runner):

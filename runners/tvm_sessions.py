@@ -20,12 +20,11 @@ import threading
 import time
 from pathlib import Path
 
+from abwatch.builders.procs import child_env, kill_tree
+from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig, TvmWorkloadConfig
 from abwatch.runners.base import InvocationResult
-from abwatch.service.procs import child_env, kill_tree
-from abwatch.service.config import RunnerConfig, TvmWorkloadConfig
 
 WORKER = Path(__file__).with_name("tvm_worker.py")
-ARTIFACT_INFO = "abwatch-artifact.json"
 COMPILE_TIMEOUT_S = 900.0
 
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from abwatch.service import driver, stats
 from abwatch.service.config import Config
 from abwatch.service.models import BisectionStep, Regression, RunType
-from abwatch.service.repo import RepoMirror
+from abwatch.builders.repo import RepoMirror
 from abwatch.service.store import get_commit, get_repository
 
 BAD, GOOD, SKIP = "bad", "good", "skip"

@@ -25,8 +25,8 @@ from abwatch.service.driver import EXIT_USAGE
 from abwatch.service.models import Regression, RegressionState, TriageStatus
 from abwatch.service.records import RecordError, export_records, import_records
 from abwatch.runners import RunnerUnavailable
-from abwatch.service.redact import mask_url
-from abwatch.service.repo import RepoError
+from abwatch.builders.redact import mask_url
+from abwatch.builders.repo import RepoError
 
 
 JSON_HELP = "print one JSON object (or array) on stdout instead of tables; progress stays on stderr"

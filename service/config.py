@@ -8,15 +8,18 @@ explicitly to the layers that need it; nothing reads global state.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
 
-from pydantic import (
-    BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator,
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+# The models builders and runners share live in builders.spec (the bottom layer); the
+# config re-uses them, and service code may import them from here or from there.
+from abwatch.builders.spec import (  # noqa: F401  (re-exported)
+    BUILD_KINDS, MODEL_OPTIONS, TREATMENT_OVERRIDES, WORKLOAD_KINDS, BuildConfig, CommandBuildConfig,
+    CommandWorkloadConfig, RepoConfig, RunnerConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
+    TvmWorkloadConfig, WorkloadConfig, StrictModel,
 )
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abwatch"
@@ -26,213 +29,7 @@ class ConfigError(Exception):
     """A configuration file that cannot be read or does not validate."""
 
 
-class _Strict(BaseModel):
-    """Base for config sections: unknown keys are errors (they are usually typos)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class RepoConfig(_Strict):
-    """The git repository under watch."""
-
-    url: str = Field(min_length=1)
-    branch: str = "main"
-
-
-class CommandBuildConfig(_Strict):
-    """Build by running a command in a clean checkout of the commit."""
-
-    kind: Literal["command"] = "command"
-    command: list[str] = Field(min_length=1)
-    artifacts: str = "."
-    timeout_s: float = Field(default=1800.0, gt=0)
-    env: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("artifacts")
-    @classmethod
-    def _relative(cls, value: str) -> str:
-        if Path(value).is_absolute() or ".." in Path(value).parts:
-            raise ValueError("must be a path inside the checkout")
-        return value
-
-    def config_hash(self) -> str:
-        """Hash of everything that changes what a build produces (the cache key part)."""
-        payload = self.model_dump(exclude={"timeout_s"})
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class TvmWheelBuildConfig(_Strict):
-    """Install a released apache-tvm wheel (refs are versions, e.g. ``0.27.0.post1``) into a venv."""
-
-    kind: Literal["tvm-wheel"] = "tvm-wheel"
-    packages: list[str] = Field(default_factory=list, description="more pip requirements, e.g. onnx")
-    timeout_s: float = Field(default=900.0, gt=0)
-    env: dict[str, str] = Field(default_factory=dict, description="added to the allow-listed environment")
-
-    def config_hash(self) -> str:
-        """Hash of what changes the venv (the cache key part besides the version)."""
-        payload = {"kind": self.kind, "packages": sorted(self.packages)}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class TvmSourceBuildConfig(_Strict):
-    """Build TVM from source at a commit with CMake + Ninja (+ ccache), incrementally.
-
-    ``cmake`` entries become ``set(KEY VALUE)`` lines of ``config.cmake`` (``USE_LLVM``,
-    ``USE_CUDA``, ...). ``submodule_rewrites`` maps URL prefixes to mirrors (git's
-    ``url.<mirror>.insteadOf <prefix>``). ``python_packages`` go into the artifact's venv;
-    ``{ffi_version}`` is replaced by the tag of the ``3rdparty/tvm-ffi`` submodule.
-    """
-
-    kind: Literal["tvm-source"] = "tvm-source"
-    cmake: dict[str, str] = Field(default_factory=lambda: {"USE_LLVM": "ON"})
-    runtime_only: bool = False
-    targets: list[str] = Field(default_factory=list, description="default: all, or the runtime only")
-    libraries: list[str] = Field(default_factory=lambda: ["*.so", "lib/*.so"],
-                                 description="globs in the build directory kept as lib/")
-    python_dir: str = "python"
-    python_packages: list[str] = Field(
-        default_factory=lambda: ["numpy", "apache-tvm-ffi=={ffi_version}", "tornado", "psutil", "cloudpickle"])
-    submodule_rewrites: dict[str, str] = Field(default_factory=dict)
-    submodules: list[str] | None = Field(
-        default=None, description="submodule paths to check out (recursively); default: all")
-    jobs: int | None = Field(default=None, ge=1)
-    cache_limit_gb: float = Field(default=20.0, gt=0)
-    pack_deltas: bool = Field(default=True, description="keep older builds' large files as binary deltas")
-    timeout_s: float = Field(default=7200.0, gt=0)
-    env: dict[str, str] = Field(default_factory=dict, description="added to the allow-listed environment")
-
-    def config_hash(self) -> str:
-        """Hash of what changes the artifact (not limits, mirrors, parallelism or packing)."""
-        payload = self.model_dump(exclude={"submodule_rewrites", "submodules", "jobs", "cache_limit_gb",
-                                           "timeout_s", "pack_deltas"})
-        if not payload["env"]:  # keeps the keys of builds made before `env` existed
-            del payload["env"]
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-    def workspace_hash(self) -> str:
-        """Hash of what changes the compiled output: configurations that share it share a build dir."""
-        payload = self.model_dump(include={"cmake", "runtime_only", "targets"})
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-BUILD_KINDS = ("command", "tvm-wheel", "tvm-source")
-WORKLOAD_KINDS = ("command", "tvm")
-
-
-def _kind_of(default: str, kinds: tuple[str, ...]):
-    """Discriminator that treats a missing ``kind`` as ``default`` (old configs stay valid)."""
-
-    def pick(value: Any) -> str:
-        if isinstance(value, dict):
-            return value.get("kind", default)
-        return getattr(value, "kind", default)
-
-    expected = ", ".join(repr(k) for k in kinds)
-    return Discriminator(pick, custom_error_type="unknown_kind",
-                         custom_error_message=f"unknown kind; expected one of {expected}")
-
-
-BuildConfig = Annotated[
-    Union[Annotated[CommandBuildConfig, Tag("command")], Annotated[TvmWheelBuildConfig, Tag("tvm-wheel")],
-          Annotated[TvmSourceBuildConfig, Tag("tvm-source")]],
-    _kind_of("command", BUILD_KINDS),
-]
-
-
-class CommandWorkloadConfig(_Strict):
-    """A workload run as a command inside the build's artifact directory.
-
-    Each invocation prints one JSON object per line with ``runtime_ms`` (or a whole
-    TVM v0.1 record whose ``runtime_raw`` holds the samples).
-    """
-
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:\-]+$")
-    kind: Literal["command"] = "command"
-    command: list[str] = Field(min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
-    pass_env: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
-        default_factory=list, description="names of abwatch's own environment variables passed to the "
-        "workload (read when it runs, never stored); nothing else of that environment is passed")
-    timeout_s: float | None = Field(default=None, gt=0)
-
-
-# What each model reads from ``options`` (runners/tvm_worker.py); any other key is an error.
-MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
-    "builtin:mlp": ("hidden", "classes", "weight_scale"),
-    "builtin:cnn": ("classes", "weight_scale"),
-    "builtin:resnet18": ("classes", "weight_scale"),
-    "builtin:transformer": ("heads", "weight_scale"),
-    "te:matmul": ("m", "k", "n"),
-    "te:conv2d": ("out_channels", "kernel"),
-    "onnx": (),
-}
-# What ``treatment_options`` may override for the treatment side.
-TREATMENT_OVERRIDES = ("options", "dtype")
-
-
-class TvmWorkloadConfig(_Strict):
-    """A TVM model compiled once per build and timed by the harness worker in that build.
-
-    ``model``: ``builtin:<mlp|cnn|resnet18|transformer>``, ``te:<matmul|conv2d>`` or
-    ``onnx:<path>`` (with ``md5``). ``treatment_options`` apply to the treatment side only
-    (``{dtype = "float16"}``, ``{options = {hidden = 640}}``), to study or provoke a difference
-    on purpose; only the keys in :data:`TREATMENT_OVERRIDES` and each model's
-    :data:`MODEL_OPTIONS` are accepted.
-    """
-
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:\-]+$")
-    kind: Literal["tvm"] = "tvm"
-    model: str = Field(pattern=r"^(builtin|te|onnx):.+")
-    md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
-    input_shape: list[int] | None = None
-    dtype: str = "float32"
-    options: dict[str, Any] = Field(default_factory=dict)
-    treatment_options: dict[str, Any] = Field(default_factory=dict)
-    number: int = Field(default=5, ge=1, description="calls per sample (time_evaluator number)")
-    samples: int = Field(default=5, ge=1, description="samples per batch (time_evaluator repeat)")
-    rtol: float = Field(default=1e-4, ge=0)
-    atol: float = Field(default=1e-5, ge=0)
-    timeout_s: float | None = Field(default=None, gt=0)
-
-    @field_validator("treatment_options")
-    @classmethod
-    def _known_overrides(cls, value: dict[str, Any]) -> dict[str, Any]:
-        # A key the worker does not read would turn the run into a silent A/A comparison.
-        for key in value:
-            if key not in TREATMENT_OVERRIDES:
-                raise ValueError(f"unknown key {key!r} (the treatment may override: "
-                                 f"{', '.join(TREATMENT_OVERRIDES)}; model options go in options = {{...}})")
-        if not isinstance(value.get("options", {}), dict):
-            raise ValueError("options: expected a table of model options")
-        if not isinstance(value.get("dtype", ""), str):
-            raise ValueError("dtype: expected a string such as \"float16\"")
-        return value
-
-    @model_validator(mode="after")
-    def _onnx_needs_md5(self) -> "TvmWorkloadConfig":
-        if self.model.startswith("onnx:") and self.md5 is None:
-            raise ValueError("an onnx: model needs its md5")
-        known = MODEL_OPTIONS.get("onnx" if self.model.startswith("onnx:") else self.model)
-        if known is None:
-            raise ValueError(f"model: unknown model {self.model!r} "
-                             f"(known: {', '.join(sorted(MODEL_OPTIONS))}:<path>)")
-        for where, options in (("options", self.options),
-                               ("treatment_options.options", self.treatment_options.get("options", {}))):
-            for key in options:
-                if key not in known:
-                    model = self.model if known else "onnx models"
-                    raise ValueError(f"{where}: unknown key {key!r} for {model} (known: {', '.join(known) or 'none'})")
-        return self
-
-
-WorkloadConfig = Annotated[
-    Union[Annotated[CommandWorkloadConfig, Tag("command")], Annotated[TvmWorkloadConfig, Tag("tvm")]],
-    _kind_of("command", WORKLOAD_KINDS),
-]
-
-
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
     """How many invocations, in which order, with which limits."""
 
     repetitions: int = Field(default=12, ge=2, description="measured invocations per side, first look")
@@ -270,7 +67,7 @@ class RunConfig(_Strict):
         return 1 + -(-extra // self.step)
 
 
-class StatsConfig(_Strict):
+class StatsConfig(StrictModel):
     """Decision parameters handed to :func:`service.stats.compare`."""
 
     threshold_pct: float = Field(default=1.0, gt=0)
@@ -281,24 +78,7 @@ class StatsConfig(_Strict):
     bootstrap_resamples: int = Field(default=2000, ge=200)
 
 
-class RunnerConfig(_Strict):
-    """Where the workloads run."""
-
-    kind: Literal["cpu", "gpu", "rpc"] = "cpu"
-    device: str | None = Field(default=None, description="device name; default: host name or rpc key")
-    threads: int | None = Field(default=None, ge=1, description="TVM_NUM_THREADS; default: all cores")
-    tracker: str | None = Field(default=None, pattern=r"^[^:]+:\d+$", description="rpc: host:port")
-    key: str | None = Field(default=None, description="rpc: device key at the tracker")
-    target: dict[str, Any] | None = Field(default=None, description="TVM target; default per kind")
-
-    @model_validator(mode="after")
-    def _rpc_needs_tracker(self) -> "RunnerConfig":
-        if self.kind == "rpc" and (not self.tracker or not self.key):
-            raise ValueError("an rpc runner needs tracker and key")
-        return self
-
-
-class AlertsConfig(_Strict):
+class AlertsConfig(StrictModel):
     """Webhooks told when a regression is confirmed (``regress``) or ``fixed``."""
 
     webhooks: list[str] = Field(default_factory=list, description="URLs that get a JSON POST")
@@ -310,14 +90,14 @@ class AlertsConfig(_Strict):
     dashboard_url: str | None = Field(default=None, description="base URL for links in messages")
 
 
-class ServerConfig(_Strict):
+class ServerConfig(StrictModel):
     """``abwatch serve``: the API's write token and request limits."""
 
     token_env: str = Field(default="ABWATCH_API_TOKEN", description="environment variable with the bearer token")
     max_body_mb: float = Field(default=10.0, gt=0, description="largest request body accepted")
 
 
-class WatchConfig(_Strict):
+class WatchConfig(StrictModel):
     """``abwatch watch``: which commits of the branch to test, against what, and how far to escalate.
 
     ``control``: ``previous`` (the last commit of the branch this watch tested and built),
@@ -360,7 +140,7 @@ class WatchConfig(_Strict):
         return value
 
 
-class Config(_Strict):
+class Config(StrictModel):
     """The whole validated configuration."""
 
     repo: RepoConfig | None = None

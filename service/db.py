@@ -18,7 +18,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from abwatch import migrations
-from abwatch.service.redact import mask_url
+from abwatch.builders.redact import mask_url
 
 DEFAULT_DATABASE_URL = "sqlite:///abwatch.db"
 ENV_DATABASE_URL = "ABWATCH_DATABASE_URL"

@@ -29,9 +29,9 @@ from abwatch.service.models import (
     RunStatus, RunType, Side, VerdictKind, utcnow,
 )
 from abwatch.service.records import to_row
-from abwatch.service.redact import mask_url
+from abwatch.builders.redact import mask_url
 from abwatch.service.run_records import run_record
-from abwatch.service.repo import CommitInfo
+from abwatch.builders.spec import CommitInfo
 from abwatch.service.store import get_commit, get_device, get_repository, get_workload, write_samples
 
 # The exit codes of every abwatch command (README, "Operations").

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.service import stats
 from abwatch.service.models import Commit, Record, Run
-from abwatch.service.repo import RepoError, RepoMirror
+from abwatch.builders.repo import RepoError, RepoMirror
 
 
 @dataclass(frozen=True)

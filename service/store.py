@@ -11,7 +11,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from abwatch.service.models import Base, Commit, Device, Repository, Workload
-from abwatch.service.repo import CommitInfo
+from abwatch.builders.spec import CommitInfo
 
 
 def get_repository(session: Session, url: str) -> Repository:

@@ -15,8 +15,6 @@ the configured webhooks are told of both already (``regress`` by ``run_verify``)
 
 from __future__ import annotations
 
-import hashlib
-import json
 import socket
 import sys
 from collections.abc import Callable
@@ -32,7 +30,8 @@ from abwatch.service.config import Config
 from abwatch.service.models import (
     Commit, Job, Regression, RegressionState, Run, RunStatus, WatchedCommit, WatchProgress, Workload, utcnow,
 )
-from abwatch.service.repo import CommitInfo, RepoError, RepoMirror
+from abwatch.builders.repo import RepoError, RepoMirror
+from abwatch.builders.spec import CommitInfo, spec_hash
 from abwatch.service.store import get_commit, get_repository
 
 OK, BUILD_FAILED, FAILED, QUEUED, BASELINE = "ok", "build_failed", "failed", "queued", "baseline"
@@ -61,7 +60,7 @@ def config_hash(config: Config) -> str:
     payload = config.model_dump(mode="json", include={"build", "workloads", "run", "stats", "runner"})
     payload["runner"].pop("device", None)
     payload["run"].pop("seed", None)
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    return spec_hash(payload)
 
 
 def mirror_of(config: Config) -> RepoMirror:

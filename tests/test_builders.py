@@ -11,7 +11,7 @@ import pytest
 from abwatch.builders import BuildFailed, CommandBuilder
 from abwatch.builders.cache import MARKER
 from abwatch.service.config import CommandBuildConfig, CommandWorkloadConfig, Config, RepoConfig
-from abwatch.service.repo import RepoError, RepoMirror
+from abwatch.builders.repo import RepoError, RepoMirror
 
 
 def builder_for(repo_url: str, cache_dir: Path, command=("sh", "build.sh"), artifacts="out") -> CommandBuilder:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from abwatch.service.config import ConfigError, load_config
+from abwatch.service.config import CommandBuildConfig, ConfigError, load_config
 
 VALID = """
 [repo]
@@ -74,6 +74,20 @@ def test_config_hash_ignores_timeout_but_not_command(tmp_path):
     base = load_config(write(tmp_path, VALID)).build
     assert base.config_hash() == base.model_copy(update={"timeout_s": 5.0}).config_hash()
     assert base.config_hash() != base.model_copy(update={"command": ["make"]}).config_hash()
+
+
+def test_config_hashes_stay_what_caches_and_build_rows_hold():
+    # Cache keys, build rows and watch identities hold these: a changed hash rebuilds every
+    # cached artifact and starts new watch series, so a change must be deliberate.
+    from abwatch.service.config import TvmSourceBuildConfig, TvmWheelBuildConfig
+    from abwatch.builders.spec import spec_hash
+    assert CommandBuildConfig(command=["make"]).config_hash() == "4c77e072e4148f9a"
+    assert TvmWheelBuildConfig(packages=["onnx", "b"]).config_hash() == "03248355197ea73e"
+    assert TvmWheelBuildConfig(packages=["b", "onnx"]).config_hash() == "03248355197ea73e"
+    assert TvmSourceBuildConfig().config_hash() == "8f9beb60c2df88b1"
+    assert TvmSourceBuildConfig(jobs=3, pack_deltas=False).config_hash() == "8f9beb60c2df88b1"
+    assert TvmSourceBuildConfig().workspace_hash() == "ed43edc83d2665f5"
+    assert spec_hash({"b": 1, "a": [2]}) == spec_hash({"a": [2], "b": 1})
 
 
 def test_adaptive_budget_and_looks(tmp_path):

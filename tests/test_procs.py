@@ -12,7 +12,7 @@ import psutil
 from abwatch.builders.base import BuildFailed
 from abwatch.runners import CpuRunner
 from abwatch.service.config import CommandWorkloadConfig
-from abwatch.service.procs import child_env, run_process
+from abwatch.builders.procs import child_env, run_process
 
 # A child that starts a grandchild in a session of its own which keeps stdout open and
 # writes its pid, then exits at once: the grandchild escapes the process group.

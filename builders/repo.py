@@ -10,15 +10,14 @@ import hashlib
 import re
 import shutil
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
 import git
 import psutil
 
-from abwatch.service.redact import mask_url
+from abwatch.builders.redact import mask_url
+from abwatch.builders.spec import CommitInfo
 
 
 _FULL_SHA = re.compile(r"[0-9a-f]{40}")
@@ -26,16 +25,6 @@ _FULL_SHA = re.compile(r"[0-9a-f]{40}")
 
 class RepoError(Exception):
     """The repository cannot be reached, or a ref does not name a commit in it."""
-
-
-@dataclass(frozen=True)
-class CommitInfo:
-    """What abwatch records about one commit."""
-
-    sha: str
-    summary: str
-    author: str
-    committed_at: datetime | None
 
 
 class RepoMirror:
