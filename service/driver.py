@@ -26,7 +26,7 @@ from abwatch.service import alerts, attribution, lifecycle, liveness, noise, sta
 from abwatch.service.config import CommandWorkloadConfig, Config
 from abwatch.service.models import (
     Build, BuildStatus, Comparison, Invocation, InvocationStatus, RegressionState, Run,
-    RunStatus, RunType, Side, VerdictKind, utcnow,
+    RunStatus, RunType, Side, utcnow,
 )
 from abwatch.service.records import to_row
 from abwatch.builders.redact import mask_url
@@ -387,7 +387,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
              if workload.kind == "tvm" and m.failure is None else {})
     comparison = Comparison(
-        run_id=run.id, workload_id=row.id, verdict=VerdictKind(verdict.verdict.value),
+        run_id=run.id, workload_id=row.id, verdict=verdict.verdict,
         change_pct=verdict.change_pct,
         ci_low_pct=verdict.ci_pct[0] if verdict.ci_pct else None,
         ci_high_pct=verdict.ci_pct[1] if verdict.ci_pct else None,

@@ -28,6 +28,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from abwatch.service.stats import Outcome
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -101,15 +103,6 @@ class InvocationStatus(str, enum.Enum):
     OK = "ok"
     TIMEOUT = "timeout"
     ERROR = "error"
-
-
-class VerdictKind(str, enum.Enum):
-    """The statistics' answer for one workload."""
-
-    REGRESSION = "regression"
-    IMPROVEMENT = "improvement"
-    SAME = "same"
-    UNKNOWN = "unknown"
 
 
 class RegressionState(str, enum.Enum):
@@ -283,7 +276,7 @@ class Comparison(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
-    verdict: Mapped[VerdictKind] = mapped_column(_enum(VerdictKind, "verdict"))
+    verdict: Mapped[Outcome] = mapped_column(_enum(Outcome, "verdict"))  # the statistics' own enum
     change_pct: Mapped[float | None] = mapped_column(Float)
     ci_low_pct: Mapped[float | None] = mapped_column(Float)
     ci_high_pct: Mapped[float | None] = mapped_column(Float)

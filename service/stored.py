@@ -76,7 +76,7 @@ def _verdict(c: Comparison) -> stats.Verdict:
     d = c.details or {}
     ci = (c.ci_low_pct, c.ci_high_pct) if c.ci_low_pct is not None and c.ci_high_pct is not None else None
     return stats.Verdict(
-        stats.Outcome(c.verdict.value), c.change_pct, ci, c.p_value, c.control_n, c.treatment_n,
+        c.verdict, c.change_pct, ci, c.p_value, c.control_n, c.treatment_n,
         c.control_median_ms, c.treatment_median_ms, d.get("threshold_pct", 0.0), d.get("alpha", 0.0),
         d.get("confidence", 0.0), d.get("reason", ""), d.get("p_adjusted"), d.get("correction", "none"),
         d.get("stop_reason", ""),

@@ -6,9 +6,9 @@ import pytest
 
 from abwatch.service import lifecycle
 from abwatch.service.models import (
-    Comparison, Commit, RegressionState, Repository, Run, RunStatus, RunType,
-    VerdictKind, Workload,
+    Comparison, Commit, RegressionState, Repository, Run, RunStatus, RunType, Workload,
 )
+from abwatch.service.stats import Outcome
 
 S = RegressionState
 
@@ -26,7 +26,7 @@ def suspected(session):
               control_ref="a", treatment_ref="b", control_commit_id=a.id, treatment_commit_id=b.id, seed=1)
     session.add(run)
     session.flush()
-    comparison = Comparison(run_id=run.id, workload_id=workload.id, verdict=VerdictKind.REGRESSION,
+    comparison = Comparison(run_id=run.id, workload_id=workload.id, verdict=Outcome.REGRESSION,
                             change_pct=7.5, control_n=10, treatment_n=10, details={"reason": "slower by 7.5%"})
     session.add(comparison)
     session.flush()

@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import select
 
 from abwatch.builders import BuildFailed, TvmSourceBuilder
+from abwatch.builders.spec import ARTIFACT_INFO
 from abwatch.service import db
 from abwatch.service.cli import main
 from abwatch.service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
@@ -97,7 +98,7 @@ def make_config(project, cache: Path, **build) -> Config:
 
 
 def run_python(artifact: Path, code: str) -> str:
-    info = json.loads((artifact / "abwatch-artifact.json").read_text())
+    info = json.loads((artifact / ARTIFACT_INFO).read_text())
     env = dict(os.environ, **{k: str(artifact / v) for k, v in info["env_paths"].items()})
     return subprocess.run([info["python"], "-c", code], env=env, capture_output=True, text=True, check=True).stdout
 
