@@ -1,6 +1,10 @@
-# abwatch service image: the CLI plus a C toolchain for `command` builds.
-FROM python:3.11-slim
-RUN apt-get update && apt-get install -y --no-install-recommends git gcc libc6-dev \
+# abwatch service image: the CLI, git, and everything the tvm-source builder needs to build
+# Apache TVM from source (g++, LLVM 19 with its llvm-config, CMake/Ninja/ccache from PyPI
+# through the `source` extra). Used by docker-compose.yml for `abwatch watch` and `abwatch worker`.
+FROM python:3.11-slim-trixie
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        git ca-certificates gcc g++ libc6-dev make \
+        llvm-19-dev zlib1g-dev libzstd-dev libxml2-dev libedit-dev libtinfo-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -9,7 +13,9 @@ COPY builders builders
 COPY runners runners
 COPY migrations migrations
 COPY config config
-RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps 'apache-otava==0.8.0'
-ENV ABWATCH_DATABASE_URL=postgresql+psycopg2://abwatch@db/abwatch
+RUN pip install --no-cache-dir '.[source]' && pip install --no-cache-dir --no-deps 'apache-otava==0.8.0'
+# where the tvm-source builder finds LLVM (config: cmake = {USE_LLVM = "/usr/lib/llvm-19/bin/llvm-config"})
+ENV ABWATCH_DATABASE_URL=postgresql+psycopg2://abwatch@db/abwatch \
+    LLVM_CONFIG=/usr/lib/llvm-19/bin/llvm-config
 ENTRYPOINT ["abwatch"]
 CMD ["--help"]

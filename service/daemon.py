@@ -1,34 +1,71 @@
 """``abwatch watch`` and ``abwatch worker``: the loops around :mod:`service.watch` and :mod:`service.queue`.
 
-The long-running watch is an APScheduler ``BlockingScheduler`` with one job: a pass (poll,
-queue) followed by working the queued jobs of the watch's devices. Its trigger is a cron
-trigger for ``[watch] schedule`` (nightly mode) or an interval trigger of ``interval_s``,
-both in ``[watch] timezone``. The scheduler's jobs live in memory and are rebuilt from the
-config at start (nothing of APScheduler's is stored in the database). ``max_instances=1``
-and ``coalesce`` keep a slow pass from overlapping the next tick.
+The long-running watch fires passes (poll, queue, then work the queued jobs of the watch's
+devices) on an APScheduler trigger: a ``CronTrigger`` for ``[watch] schedule`` (nightly mode)
+or an ``IntervalTrigger`` of ``interval_s``, both in ``[watch] timezone``. The triggers are
+rebuilt from the config at start; nothing of APScheduler's is stored in the database.
+
+The loop that waits for the trigger's next fire time is ours, not a ``BlockingScheduler``:
+the scheduler runs its jobs in an executor thread, where SIGTERM cannot reach a running
+benchmark, so ``docker stop`` would wait for a TVM build to end (or kill it without a trace).
+Here the pass runs in the main thread. SIGTERM/SIGINT while idle stop the loop (exit 0);
+during a job they interrupt it like Ctrl-C does a ``compare``: the run is marked
+``interrupted``, the job goes back to the queue for the next worker, exit 130. Ticks missed
+while a pass ran are coalesced into one.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
-from apscheduler.schedulers.blocking import BlockingScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from abwatch.service import queue, watch
+from abwatch.service import liveness, queue, watch
 from abwatch.service.config import Config
 from abwatch.service.driver import NullProgress, Progress
 
 EXIT_OK, EXIT_REGRESSION = 0, 1
+WAKE_S = 60.0  # the idle loop looks at the clock at least this often (suspend, clock changes)
 
 
-def once(engine: Engine, config: Config, *, work: bool = True, progress: Progress | None = None) -> int:
-    """One pass and the jobs it made (on this process's devices); 1 if a regression was confirmed."""
+class Stopper:
+    """SIGTERM/SIGINT handling of the long-running loops: stop when idle, interrupt a running job."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.workers: list[queue.Worker] = []  # a signal interrupts the job one of them runs
+
+    def install(self) -> None:
+        """Handle SIGTERM and SIGINT in this (the main) thread."""
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.event.set()
+        if any(w.current is not None for w in self.workers):
+            # the run is marked interrupted, the job queued again (queue.Worker._run)
+            raise liveness.Interrupted(signal.Signals(signum).name)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a signal asked the loop to end."""
+        return self.event.is_set()
+
+
+def once(engine: Engine, config: Config, *, work: bool = True, progress: Progress | None = None,
+         stopper: Stopper | None = None) -> int:
+    """One pass and the jobs it made (on this process's devices); 1 if a regression was confirmed.
+
+    On PostgreSQL a job that another worker holds (or a device it keeps busy) is left to it.
+    """
     progress = progress or NullProgress()
+    stopper = stopper or Stopper()  # not installed: the CLI's SIGTERM handling stays in force
     with Session(engine, expire_on_commit=False) as session:
         report = watch.poll(session, config)
     for device, sha in report.queued:
@@ -38,12 +75,17 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
     confirmed = []
     for device in watch.device_names(config):
         worker = queue.Worker(engine, device, watch.handlers(config, progress))
+        stopper.workers.append(worker)
         try:
-            while (job := worker.run_one()) is not None:
-                result = (job_result(engine, job.id) or {})
+            while not stopper.stopping:
+                job = worker.run_one()
+                if job is None:
+                    break
+                result = job_result(engine, job.id) or {}
                 confirmed += result.get("confirmed", [])
                 progress.message(f"job {job.id} ({result.get('sha', '?')[:12]}): {result.get('status', 'failed')}")
         finally:
+            stopper.workers.remove(worker)
             worker.close()
     return EXIT_REGRESSION if confirmed else EXIT_OK
 
@@ -63,43 +105,48 @@ def trigger(config: Config):
 
 
 def forever(engine: Engine, config: Config, *, work: bool = True, progress: Progress | None = None) -> int:
-    """Run passes on the watch's trigger until SIGTERM/SIGINT; the first pass runs at once."""
-    from datetime import datetime, timezone
+    """Run passes on the watch's trigger until SIGTERM/SIGINT.
 
-    scheduler = BlockingScheduler(timezone=config.watch.timezone)
-
-    def tick() -> None:
+    In every-commit mode the first pass runs at once; in nightly mode at the first tick.
+    """
+    progress = progress or NullProgress()
+    stopper = Stopper()
+    stopper.install()
+    zone = ZoneInfo(config.watch.timezone)
+    fires = trigger(config)
+    now = datetime.now(zone)
+    due = fires.get_next_fire_time(None, now) if config.watch.schedule else now
+    progress.message(f"watching {config.repo.branch} of {config.repo.url}; "
+                     f"{'schedule ' + config.watch.schedule if config.watch.schedule else f'every {config.watch.interval_s:g} s'}"
+                     f" ({config.watch.timezone}); first pass {due.isoformat(timespec='seconds')}")
+    while not stopper.stopping and due is not None:
+        wait = (due - datetime.now(zone)).total_seconds()
+        if wait > 0:
+            stopper.event.wait(min(wait, WAKE_S))
+            continue
         try:
-            once(engine, config, work=work, progress=progress)
+            once(engine, config, work=work, progress=progress, stopper=stopper)
         except Exception as exc:  # a pass that fails (network, a bad ref) must not stop the watch
-            (progress or NullProgress()).message(f"pass failed: {type(exc).__name__}: {exc}")
-
-    # in every-commit mode the first pass starts now; in nightly mode it waits for the tick
-    first = None if config.watch.schedule else datetime.now(timezone.utc)
-    scheduler.add_job(tick, trigger(config), id="watch-pass", max_instances=1, coalesce=True,
-                      next_run_time=first, misfire_grace_time=None)
-
-    def stop(*_):
-        threading.Thread(target=scheduler.shutdown, kwargs={"wait": False}, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    scheduler.start()
+            progress.message(f"pass failed: {type(exc).__name__}: {exc}")
+        now = datetime.now(zone)
+        while due is not None and due <= now:  # ticks missed during a long pass: one pass for all
+            due = fires.get_next_fire_time(due, now)
     return EXIT_OK
 
 
 def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
          progress: Progress | None = None) -> int:
     """``abwatch worker``: take this device's jobs from the queue until SIGTERM/SIGINT."""
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    stopper = Stopper()
+    stopper.install()
     worker = queue.Worker(engine, device, watch.handlers(config, progress))
+    stopper.workers.append(worker)
+    (progress or NullProgress()).message(f"worker {worker.name} for device {device!r}")
     try:
-        while not stopping.is_set():
-            if worker.run_one() is None:
-                stopping.wait(poll_s)
+        while not stopper.stopping:
+            job = worker.run_one()
+            if job is None:
+                stopper.event.wait(poll_s)
     finally:
         worker.close()
     return EXIT_OK
-

@@ -85,7 +85,9 @@ def is_ancestor(mirror: RepoMirror, old: str, new: str) -> bool:
 
 
 def week_start(moment: datetime) -> datetime:
-    """Monday 00:00 UTC of ``moment``'s week."""
+    """Monday 00:00 UTC of ``moment``'s week (a naive ``moment``, as SQLite returns it, is UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
     day = moment.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     return day - timedelta(days=day.weekday())
 
@@ -114,9 +116,12 @@ def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: s
                  report: PassReport, nightly: bool) -> list[str]:
     """The commits this pass takes up for ``row``, oldest first."""
     if row.last_seen_sha is None:
-        start = mirror.resolve(config.watch.start).sha if config.watch.start else head
+        try:
+            start = mirror.resolve(config.watch.start).sha if config.watch.start else head
+        except RepoError as exc:
+            raise RepoError(f"watch.start: {exc}") from None
         if not is_ancestor(mirror, start, head):
-            raise RepoError(f"[watch] start {config.watch.start!r} is not on branch {config.repo.branch!r}")
+            raise RepoError(f"watch.start: {config.watch.start!r} is not on branch {config.repo.branch!r}")
         later = [] if nightly else first_parents(mirror, start, head)[config.watch.step - 1::config.watch.step]
         return [start] + later
     if row.last_seen_sha == head:
@@ -133,6 +138,8 @@ def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: s
         print(f"abwatch watch: WARNING: {text}", file=sys.stderr)
         row.message = f"{utcnow().isoformat(timespec='seconds')} {text}"
         report.messages.append(text)
+        if merge_base is None:  # nothing in common (or the old head is gone): never replay all history
+            return [head]
         base = merge_base
     if nightly:
         return [head]
@@ -146,7 +153,17 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
     report = PassReport()
     mirror = mirror_of(config)
     mirror.fetch()
-    head = mirror.resolve(f"refs/heads/{config.repo.branch}")
+    try:
+        head = mirror.resolve(f"refs/heads/{config.repo.branch}")
+    except RepoError:
+        raise RepoError(f"repo.branch: no branch {config.repo.branch!r} in {mirror.display_url}") from None
+    if config.watch.control.startswith("fixed:"):  # a bad pinned base is a config error, said at once
+        ref = config.watch.control.removeprefix("fixed:")
+        try:
+            mirror.resolve(ref)
+        except RepoError:
+            raise RepoError(f"watch.control: {ref!r} (of {config.watch.control!r}) names no commit "
+                            f"in {mirror.display_url}") from None
     repository = get_repository(session, config.repo.url)
     for device in device_names(config):
         row = _progress_row(session, config, device)
@@ -175,22 +192,36 @@ def _tested(session: Session, row: WatchProgress) -> list[tuple[WatchedCommit, C
 
 def pick_control(session: Session, config: Config, mirror: RepoMirror, row: WatchProgress,
                  info: CommitInfo) -> str | None:
-    """The control sha the ``[watch] control`` rule picks for ``info``; None: the commit is a baseline."""
+    """The control sha the ``[watch] control`` rule picks for ``info``; None: the commit is a baseline.
+
+    ``previous`` and ``week-start`` choose among this watch's commits that built and ran
+    (``ok``/``baseline``) and are ancestors of ``info``: after a force-push the commits of the
+    old line are no longer ancestors, so they are never picked.
+    """
     rule = config.watch.control
     if rule.startswith("fixed:"):
-        return mirror.resolve(rule.removeprefix("fixed:")).sha
+        control = mirror.resolve(rule.removeprefix("fixed:")).sha
+        return None if control == info.sha else control  # the pinned base itself: its baseline
     if rule == "parent":
         parents = mirror.repo.commit(info.sha).parents
         return parents[0].hexsha if parents else None
-    good = [(w, c) for w, c in _tested(session, row) if c.sha != info.sha and is_ancestor(mirror, c.sha, info.sha)]
-    if not good:
-        return None
-    if rule == "week-start":
-        monday = week_start(info.committed_at)
-        this_week = [c for _, c in good if c.committed_at and week_start(c.committed_at) == monday]
-        if this_week:
-            return this_week[-1].sha  # the first tested commit of the week (the list is newest first)
-    return good[0][1].sha  # previous (and week-start's first commit of a week)
+    # commit times from git, not the database: SQLite keeps a time's wall clock without its offset
+    monday = week_start(mirror.repo.commit(info.sha).committed_datetime) if rule == "week-start" else None
+    newest, earliest_this_week = None, None
+    for _, commit in _tested(session, row):  # newest first
+        in_week = monday is not None and week_start(mirror.repo.commit(commit.sha).committed_datetime) == monday
+        if commit.sha == info.sha or (newest is not None and not in_week):
+            continue  # (asks git only about commits that could still be picked)
+        if not is_ancestor(mirror, commit.sha, info.sha):
+            continue
+        newest = newest or commit.sha
+        if monday is None:
+            break  # previous: the newest is all it needs
+        if in_week:
+            earliest_this_week = commit.sha
+    # week-start: the first tested commit of the commit's UTC week, else (the week's first
+    # commit) the previous one, which then opens the week
+    return earliest_this_week or newest
 
 
 def _fixes(session: Session, config: Config, outcome: driver.CompareOutcome) -> list[int]:
@@ -215,7 +246,12 @@ def _fixes(session: Session, config: Config, outcome: driver.CompareOutcome) -> 
 
 
 def test_commit(session: Session, config: Config, job: Job, progress: driver.Progress | None = None) -> dict:
-    """The ``test`` job: compare one commit with its control and escalate what it finds."""
+    """The ``test`` job: compare one commit with its control and escalate what it finds.
+
+    A job taken up again after its worker died carries on where the stored rows say it
+    stopped: the comparison is redone only if its outcome was never committed (the run it
+    left is marked abandoned); a finished comparison goes straight on to verify and bisect.
+    """
     progress = progress or driver.NullProgress()
     row = session.get(WatchProgress, job.payload["progress_id"])
     sha = job.payload["sha"]
@@ -224,36 +260,35 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
     info = mirror.resolve(sha)
     commit = get_commit(session, get_repository(session, config.repo.url), info)
     watched = session.scalar(select(WatchedCommit).filter_by(progress_id=row.id, commit_id=commit.id))
-    control = pick_control(session, config, mirror, row, info)
-    watched.control_sha, watched.tested_at = control, utcnow()
-    if control is None:  # the first commit of a watch: built so later ones can be compared with it
-        watched.status = _baseline(config, sha, progress)
-        if watched.status == BASELINE:
-            row.last_tested_sha = sha
+    result: dict = {"sha": sha, "confirmed": [], "fixed": []}
+    if watched.status == QUEUED:
+        control = pick_control(session, config, mirror, row, info)
+        watched.control_sha, watched.tested_at = control, utcnow()
+        if control is None:  # the first commit of a watch: built so later ones can be compared with it
+            watched.status = _baseline(config, sha, progress)
+            if watched.status == BASELINE:
+                row.last_tested_sha = sha
+            session.commit()
+            return {**result, "status": watched.status}
+        outcome = driver.run_compare(session, config, control, sha, progress=progress)
+        # the run, the commit's status and the fixes are committed together: a retry trusts them
+        watched.run_id = outcome.run_id
+        if outcome.status == RunStatus.BUILD_FAILED.value:
+            # recorded, never a regression; the next commit is compared with the last good one
+            watched.status = BUILD_FAILED
+        else:
+            hung = [r.workload for r in outcome.results if r.failure]
+            watched.status = FAILED if hung else OK
+            result["hung"] = hung
+            if not hung:
+                row.last_tested_sha = sha
+            result["fixed"] = _fixes(session, config, outcome)
         session.commit()
-        return {"sha": sha, "status": watched.status}
-    outcome = driver.run_compare(session, config, control, sha, progress=progress)
-    watched.run_id = outcome.run_id
-    result: dict = {"sha": sha, "control": control, "run_id": outcome.run_id, "confirmed": [], "fixed": []}
-    if outcome.status == RunStatus.BUILD_FAILED.value:
-        # recorded, never a regression; the next commit is compared with the last good one
-        watched.status = BUILD_FAILED
-        session.commit()
-        return {**result, "status": BUILD_FAILED}
-    hung = [r.workload for r in outcome.results if r.failure]
-    watched.status = FAILED if hung else OK
-    if not hung:
-        row.last_tested_sha = sha
-    result["fixed"] = _fixes(session, config, outcome)
-    session.commit()
-    pending = lifecycle.pending_for_run(session, outcome.run_id)
-    if pending and config.watch.verify:
-        verify_outcome, checked = driver.run_verify(session, outcome.run_id, progress=progress)
-        confirmed = [r for r in checked if r.state == RegressionState.REGRESS]
-        result["confirmed"] = [r.id for r in confirmed]
-        if confirmed and config.watch.bisect:
-            bisect.find_culprit(session, config, mirror, confirmed, verify_outcome.run_id, progress)
-    session.commit()
+    elif watched.run_id is not None:
+        progress.message(f"{sha[:12]}: compared already in run {watched.run_id}; carrying on from there")
+    result.update(control=watched.control_sha, run_id=watched.run_id, status=watched.status)
+    if watched.status in (OK, FAILED):
+        result["confirmed"] = _escalate(session, config, mirror, watched.run_id, progress)
     engine = session.get_bind()
     if result["fixed"] and config.alerts.webhooks:  # `regress` alerts are sent by run_verify
         alerts.notify(engine, result["fixed"], "fixed", config.alerts)
@@ -262,7 +297,34 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
             ids = result["confirmed" if event == "regress" else "fixed"]
             if ids:
                 listener(engine, ids, event, config)
-    return {**result, "status": watched.status, "hung": hung}
+    return result
+
+
+def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
+              progress: driver.Progress) -> list[int]:
+    """Verify the run's suspected regressions, bisect the confirmed ones; the ids confirmed.
+
+    Also bisects confirmed regressions of the run that have no culprit yet (a worker died
+    while bisecting): the cached builds make the second bisection cheap.
+    """
+    confirmed: list[int] = []
+    if config.watch.verify and lifecycle.pending_for_run(session, run_id):
+        _, checked = driver.run_verify(session, run_id, progress=progress)
+        confirmed = [r.id for r in checked if r.state == RegressionState.REGRESS]
+    if config.watch.bisect:
+        unbisected = list(session.scalars(
+            select(Regression).where(Regression.run_id == run_id, Regression.state == RegressionState.REGRESS,
+                                     Regression.kind == "speed", Regression.culprit_commit_id.is_(None))
+            .order_by(Regression.id)))
+        by_verify: dict[int, list[Regression]] = {}
+        for regression in unbisected:  # one bisection per verify run (its config and budget)
+            verify_run = max(e.run_id for e in regression.events
+                             if e.to_state == RegressionState.REGRESS and e.run_id is not None)
+            by_verify.setdefault(verify_run, []).append(regression)
+        for verify_run, regressions in by_verify.items():
+            bisect.find_culprit(session, config, mirror, regressions, verify_run, progress)
+    session.commit()
+    return confirmed
 
 
 def _baseline(config: Config, sha: str, progress: driver.Progress) -> str:
