@@ -1,7 +1,7 @@
 """Runners execute workloads on a device; registered by kind in :data:`RUNNERS`."""
 
 from abwatch.builders.spec import RunnerSettings
-from abwatch.runners.base import InvocationResult, Runner, RunnerUnavailable
+from abwatch.runners.base import DeviceInfo, InvocationResult, Runner, RunnerUnavailable, TvmMetrics
 from abwatch.runners.cpu import CpuRunner
 from abwatch.runners.gpu import GpuRunner
 from abwatch.runners.rpc import RpcRunner
@@ -18,5 +18,5 @@ def make_runner(config: RunnerSettings) -> Runner:
     return RUNNERS[config.runner.kind](config.runner)
 
 
-__all__ = ["CpuRunner", "GpuRunner", "InvocationResult", "RpcRunner", "Runner", "RunnerUnavailable",
-           "RUNNERS", "make_runner"]
+__all__ = ["CpuRunner", "DeviceInfo", "GpuRunner", "InvocationResult", "RpcRunner", "Runner", "RunnerUnavailable",
+           "RUNNERS", "TvmMetrics", "make_runner"]

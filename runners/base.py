@@ -5,9 +5,48 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from abwatch.builders.spec import CommandWorkloadConfig, TvmWorkloadConfig
+
+
+class OpFeatures(TypedDict):
+    """Shapes and dtypes of an operator's tensor arguments (inputs first, then outputs)."""
+
+    shapes: list[list[int]]
+    dtypes: list[str]
+
+
+class WorkerReady(TypedDict, total=False):
+    """What a TVM worker says of itself once its workload is compiled (``runners/tvm_worker.py``)."""
+
+    ready: bool
+    compile_ms: float
+    tvm_version: str
+    target: Any  # the TVM target as the worker printed it
+    features: dict[str, bool]  # llvm, cuda, rpc enabled in that TVM
+    input_shapes: list[list[int]]
+    num_threads: str | None  # $TVM_NUM_THREADS as the worker saw it
+
+
+class OutputTensor(TypedDict):
+    """A workload's first output, as the worker sends it."""
+
+    shape: list[int]
+    dtype: str
+    data: str  # base64 of the raw bytes
+
+
+class TvmMetrics(TypedDict, total=False):
+    """What one TVM invocation reports beside its samples: per-operator times (µs) and their
+    features; the invocation that compiled also its compile time, its worker's self-description
+    and its output."""
+
+    ops: dict[str, float]
+    op_features: dict[str, OpFeatures]
+    compile_ms: float
+    ready: WorkerReady
+    outputs: OutputTensor
 
 
 @dataclass(frozen=True)
@@ -19,7 +58,19 @@ class InvocationResult:
     wall_s: float
     message: str = ""
     records: tuple[dict, ...] = field(default_factory=tuple)
-    metrics: dict = field(default_factory=dict)  # tvm: compile_ms, per-op times, outputs
+    metrics: TvmMetrics = field(default_factory=lambda: TvmMetrics())  # TVM workloads only
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What :meth:`Runner.prepare` says about the device: stored on the device row and in
+    every record (``hardware``, ``hardware_config``, ``software_config``, ``runtime_config``)."""
+
+    name: str  # the device's identity in the database
+    kind: str  # the runner's kind
+    hardware_config: dict[str, Any]
+    software_config: dict[str, Any]
+    runtime_config: dict[str, Any] = field(default_factory=dict)
 
 
 class RunnerUnavailable(Exception):
@@ -32,8 +83,8 @@ class Runner(abc.ABC):
     kind: ClassVar[str]
 
     @abc.abstractmethod
-    def prepare(self) -> dict:
-        """Get the device ready; return its description (name, hardware and software config)."""
+    def prepare(self) -> DeviceInfo:
+        """Get the device ready; return its description."""
 
     @abc.abstractmethod
     def run(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,

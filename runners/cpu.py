@@ -8,7 +8,7 @@ from pathlib import Path
 
 from abwatch.builders.procs import child_env, passed, run_process
 from abwatch.builders.spec import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig
-from abwatch.runners.base import InvocationResult, Runner
+from abwatch.runners.base import DeviceInfo, InvocationResult, Runner
 from abwatch.runners.harness import OutputError, parse_output
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
@@ -27,14 +27,14 @@ class CpuRunner(Runner):
         target = self.config.target or {"kind": "llvm", "mcpu": "native"}
         self.tvm = TvmSessions(self.config, target, "cpu")
 
-    def prepare(self) -> dict:
-        return {
-            "name": self.device,
-            "kind": self.kind,
-            "hardware_config": hardware_config(),
-            "software_config": software_config(),
-            "runtime_config": {"num_threads": self.config.threads or os.cpu_count()},
-        }
+    def prepare(self) -> DeviceInfo:
+        return DeviceInfo(
+            name=self.device,
+            kind=self.kind,
+            hardware_config=hardware_config(),
+            software_config=software_config(),
+            runtime_config={"num_threads": self.config.threads or os.cpu_count()},
+        )
 
     def run(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
             timeout_s: float, side: str = "control") -> InvocationResult:

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from abwatch.builders.spec import RunnerConfig
-from abwatch.runners.base import InvocationResult, Runner, RunnerUnavailable
+from abwatch.runners.base import DeviceInfo, InvocationResult, Runner, RunnerUnavailable
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 
@@ -39,18 +39,18 @@ class GpuRunner(Runner):
         self.config = config or RunnerConfig(kind="gpu")
         self.tvm = TvmSessions(self.config, self.config.target or {"kind": "cuda"}, "cuda")
 
-    def prepare(self) -> dict:
+    def prepare(self) -> DeviceInfo:
         gpus = cuda_devices()
         if not gpus:
             raise RunnerUnavailable("gpu runner: no CUDA device is present on this machine "
                                     "(no /dev/nvidia* device or nvidia-smi lists no GPU)")
-        return {
-            "name": self.config.device or f"{socket.gethostname()}-{gpus[0].replace(' ', '-')}",
-            "kind": self.kind,
-            "hardware_config": {**hardware_config(), "gpus": gpus},
-            "software_config": software_config(),
-            "runtime_config": {"num_threads": self.config.threads or os.cpu_count()},
-        }
+        return DeviceInfo(
+            name=self.config.device or f"{socket.gethostname()}-{gpus[0].replace(' ', '-')}",
+            kind=self.kind,
+            hardware_config={**hardware_config(), "gpus": gpus},
+            software_config=software_config(),
+            runtime_config={"num_threads": self.config.threads or os.cpu_count()},
+        )
 
     def run(self, artifact_dir, workload, timeout_s, side="control") -> InvocationResult:
         options = workload.treatment_options if side == "treatment" else {}

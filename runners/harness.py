@@ -11,6 +11,7 @@ import json
 import random
 from dataclasses import dataclass, field
 
+from abwatch.runners.base import TvmMetrics
 from abwatch.runners.safejson import BadValue, loads, milliseconds
 
 CONTROL = "control"
@@ -96,7 +97,7 @@ class Measurement:
     groups: dict[str, list[int]]  # the invocation (process) each sample came from
     records: dict[str, list[dict]]
     failure: str | None = None
-    metrics: dict[str, list[dict]] = field(default_factory=lambda: {CONTROL: [], TREATMENT: []})
+    metrics: dict[str, list[TvmMetrics]] = field(default_factory=lambda: {CONTROL: [], TREATMENT: []})
 
 
 def measure(runner, artifacts: dict[str, object], workload, schedule: list[Slot], timeout_s: float,

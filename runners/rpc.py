@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 
 from abwatch.builders.spec import RunnerConfig
-from abwatch.runners.base import InvocationResult, Runner, RunnerUnavailable
+from abwatch.runners.base import DeviceInfo, InvocationResult, Runner, RunnerUnavailable
 from abwatch.runners.sysinfo import software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 
@@ -30,19 +30,19 @@ class RpcRunner(Runner):
         rpc = {"tracker": config.tracker, "key": config.key}
         self.tvm = TvmSessions(config, config.target or {"kind": "llvm"}, "cpu", rpc=rpc)
 
-    def prepare(self) -> dict:
+    def prepare(self) -> DeviceInfo:
         host, port = self.config.tracker.rsplit(":", 1)
         try:
             socket.create_connection((host, int(port)), timeout=10).close()
         except OSError as exc:
             raise RunnerUnavailable(f"rpc runner: tracker {self.config.tracker} is not reachable: {exc}") from None
-        return {
-            "name": self.config.device or self.config.key,
-            "kind": self.kind,
-            "hardware_config": {"rpc_key": self.config.key, "tracker": self.config.tracker},
-            "software_config": {"host": software_config()},
-            "runtime_config": {"num_threads": self.config.threads},
-        }
+        return DeviceInfo(
+            name=self.config.device or self.config.key,
+            kind=self.kind,
+            hardware_config={"rpc_key": self.config.key, "tracker": self.config.tracker},
+            software_config={"host": software_config()},
+            runtime_config={"num_threads": self.config.threads},
+        )
 
     def run(self, artifact_dir, workload, timeout_s, side="control") -> InvocationResult:
         options = workload.treatment_options if side == "treatment" else {}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from abwatch.builders.procs import child_env, kill_tree
 from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig, TvmWorkloadConfig
-from abwatch.runners.base import InvocationResult
+from abwatch.runners.base import InvocationResult, TvmMetrics
 
 WORKER = Path(__file__).with_name("tvm_worker.py")
 COMPILE_TIMEOUT_S = 900.0
@@ -138,7 +138,7 @@ class TvmSessions:
         spec = dict(self.spec(workload, side_options), **({"export": str(lib)} if first else {"load": str(lib)}))
         threads = self.config.threads or os.cpu_count() or 1
         start = time.monotonic()
-        metrics: dict = {}
+        metrics = TvmMetrics()
         worker = None
         try:
             worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)})

@@ -20,9 +20,10 @@ from sqlalchemy.orm import Session
 
 from abwatch.builders import Builder, BuildFailed, make_builder
 from abwatch.runners import make_runner
-from abwatch.runners.base import Runner
+from abwatch.runners.base import DeviceInfo, Runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from abwatch.service import alerts, attribution, lifecycle, liveness, noise, stats
+from abwatch.service.attribution import TvmDetails
 from abwatch.service.config import CommandWorkloadConfig, Config
 from abwatch.service.models import (
     Build, BuildStatus, Comparison, Invocation, InvocationStatus, RegressionState, Run,
@@ -91,7 +92,7 @@ class WorkloadResult:
     regression_id: int | None
     failure: str | None
     correctness_regression_id: int | None = None
-    details: dict = field(default_factory=dict)  # tvm: compile_ms, ops, error, workers
+    details: TvmDetails | None = None  # TVM workloads that were compared
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def _result_json(result: WorkloadResult) -> dict:
         **({"ops": result.details["ops"], "error": result.details["error"],
             "compile_ms": result.details["compile_ms"],
             "correctness_regression_id": result.correctness_regression_id}
-           if result.details else {}),
+           if result.details is not None else {}),
     }
 
 
@@ -233,7 +234,7 @@ def run_compare(
 
 
 def _carry_out(session: Session, config: Config, builder: Builder, runner: Runner, run: Run,
-               device_info: dict, seed: int, sides: dict, progress: Progress, held: ExitStack) -> CompareOutcome:
+               device_info: DeviceInfo, seed: int, sides: dict, progress: Progress, held: ExitStack) -> CompareOutcome:
     """Build both sides (held in ``held``), measure every workload, judge and store (the run row exists)."""
     run_type = run.run_type
     builds, artifacts = _build_pair(session, builder, run, sides, progress, held)
@@ -381,11 +382,11 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
 
 
 def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig,
-                  m: Measurement, verdict: stats.Verdict, device_info: dict, progress: Progress) -> WorkloadResult:
+                  m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress) -> WorkloadResult:
     """Store the comparison, open a regression if one was found, and write the records."""
     row = get_workload(session, workload.name, workload.kind, workload.model_dump(mode="json"))
     extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
-             if workload.kind == "tvm" and m.failure is None else {})
+             if workload.kind == "tvm" and m.failure is None else None)
     comparison = Comparison(
         run_id=run.id, workload_id=row.id, verdict=verdict.verdict,
         change_pct=verdict.change_pct,
@@ -400,7 +401,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
                  "p_adjusted": verdict.p_adjusted, "correction": verdict.correction,
                  "stop_reason": verdict.stop_reason,
                  "method": "paired process medians: trimmed mean of log ratios, pair bootstrap; Wilcoxon signed-rank",
-                 **extra},
+                 **(extra or {})},
     )
     session.add(comparison)
     session.flush()
@@ -409,12 +410,13 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         regression = lifecycle.open_regression(session, run, comparison)
         regression.benchmark_verdict = verdict_json(verdict, run.id)
         regression_id = regression.id
-    error = extra.get("error", {})
-    if error.get("mismatch"):
+    if extra is not None and extra["error"]["mismatch"]:
         # A wrong answer is its own regression, whatever the speed verdict says.
+        error = extra["error"]
         progress.message(f"  {workload.name}: OUTPUT MISMATCH max_abs={error['max_abs']} max_rel={error['max_rel']}")
         if run.run_type == RunType.BENCHMARK:
-            why = (f"outputs differ: max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g} "
+            why = (f"outputs differ: {error['reason']}" if error["max_abs"] is None or error["max_rel"] is None
+                   else f"outputs differ: max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g} "
                    f"(rtol {workload.rtol:g}, atol {workload.atol:g})")
             correctness_id = lifecycle.open_regression(session, run, comparison, kind="correctness",
                                                        reason=why).id

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from abwatch.service.driver import CompareOutcome
+from abwatch.service.driver import CompareOutcome, WorkloadResult
 from abwatch.service.models import Regression
 from abwatch.service.stored import StoredRun
 
@@ -181,11 +181,11 @@ def _footnotes(outcome: CompareOutcome) -> list[str]:
     return lines
 
 
-def print_tvm_details(out: Console, r, ops: bool = False) -> None:
+def print_tvm_details(out: Console, r: WorkloadResult, ops: bool = False) -> None:
     """Compile times, the output error, and the operators that explain the change (for a
     regression, or for every TVM workload with ``ops``)."""
     details = r.details
-    if not details or "compile_ms" not in details:
+    if details is None:
         return
     compile_ms, error = details["compile_ms"], details["error"]
     out.print(f"{r.workload}: compile {compile_ms['control']:.0f} ms -> {compile_ms['treatment']:.0f} ms; "

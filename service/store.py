@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.service.models import Base, Commit, Device, Repository, Workload
 from abwatch.builders.spec import CommitInfo
+from abwatch.runners.base import DeviceInfo
 
 
 def get_repository(session: Session, url: str) -> Repository:
@@ -39,13 +40,13 @@ def get_commit(session: Session, repository: Repository, info: CommitInfo) -> Co
     return row
 
 
-def get_device(session: Session, description: dict) -> Device:
+def get_device(session: Session, description: DeviceInfo) -> Device:
     """The row of the device a runner described; its hardware description is refreshed."""
-    row = session.scalar(select(Device).where(Device.name == description["name"]))
+    row = session.scalar(select(Device).where(Device.name == description.name))
     if row is None:
-        row = Device(name=description["name"], kind=description["kind"])
+        row = Device(name=description.name, kind=description.kind)
         session.add(row)
-    row.hardware_config = description.get("hardware_config", {})
+    row.hardware_config = description.hardware_config
     session.flush()
     return row
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import cast
 
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
 from abwatch.service import stats
+from abwatch.service.attribution import TvmDetails
 from abwatch.service.driver import BuildOutcome, CompareOutcome, DriverError, WorkloadResult
 from abwatch.service.models import (
     Build, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType,
@@ -61,14 +63,20 @@ def load_outcome(session: Session, run_id: int) -> StoredRun:
     results = []
     comparisons = session.scalars(select(Comparison).where(Comparison.run_id == run.id).order_by(Comparison.id))
     for c in comparisons:
-        extra = {k: v for k, v in (c.details or {}).items() if k not in VERDICT_DETAIL_KEYS}
         results.append(WorkloadResult(
             c.workload.name, _verdict(c), c.id, speed.get(c.workload_id), c.error,
-            correctness.get(c.workload_id), extra,
+            correctness.get(c.workload_id), _tvm_details(c),
         ))
     outcome = CompareOutcome(run.id, run.run_type.value, run.status.value, builds, results)
     return StoredRun(outcome, run.control_ref, run.treatment_ref, run.started_at, run.finished_at,
                      run.error, run.parent_run_id, logs)
+
+
+def _tvm_details(c: Comparison) -> TvmDetails | None:
+    """The TVM details a comparison row stores beside its verdict, if it has them."""
+    extra = {k: v for k, v in (c.details or {}).items() if k not in VERDICT_DETAIL_KEYS}
+    # written by the driver from a TvmDetails; the row's JSON is that dict again
+    return cast(TvmDetails, extra) if "compile_ms" in extra else None
 
 
 def _verdict(c: Comparison) -> stats.Verdict:

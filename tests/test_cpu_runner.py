@@ -16,9 +16,9 @@ def workload(*command, **kw) -> CommandWorkloadConfig:
 def test_samples_and_device_description(tmp_path):
     runner = CpuRunner(RunnerConfig(device="test-device"))
     info = runner.prepare()
-    assert info["name"] == "test-device" and info["kind"] == "cpu"
-    assert info["hardware_config"]["cpu_count"] >= 1 and info["hardware_config"]["memory_GB"] > 0
-    assert "sqlalchemy" in info["software_config"]["pip"]
+    assert info.name == "test-device" and info.kind == "cpu"
+    assert info.hardware_config["cpu_count"] >= 1 and info.hardware_config["memory_GB"] > 0
+    assert "sqlalchemy" in info.software_config["pip"]
     result = runner.run(tmp_path, workload("sh", "-c", 'echo "{\\"runtime_ms\\": $X}"; echo "{\\"runtime_ms\\": 2}"',
                                            env={"X": "1.5"}), 10)
     assert result.status == "ok" and result.samples == (1.5, 2.0)
