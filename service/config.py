@@ -34,9 +34,12 @@ class RunConfig(StrictModel):
 
     repetitions: int = Field(default=12, ge=2, description="measured invocations per side, first look")
     max_repetitions: int | None = Field(
-        default=None, ge=2, description="adaptive budget per side (default 3x repetitions)")
-    batch: int | None = Field(default=None, ge=2, description="invocations per side added per look")
+        default=None, ge=2, description="optional cap on measured invocations per side (default: none, "
+                                        "only max_seconds limits a workload)")
+    batch: int | None = Field(default=None, ge=1, description="invocations per side added per look")
     max_seconds: float = Field(default=900.0, gt=0, description="time budget per workload")
+    compile_repetitions: int = Field(
+        default=12, ge=0, description="tvm: most fresh-process compiles per side to judge compile time (0: off)")
     noise_aware: bool = Field(
         default=True, description="start with as many invocations as the workload's past noise needs")
     warmup: int = Field(default=1, ge=0, description="invocations per side discarded first")
@@ -51,20 +54,9 @@ class RunConfig(StrictModel):
         return self
 
     @property
-    def budget(self) -> int:
-        """Most measured invocations per side one workload may get."""
-        return self.max_repetitions if self.max_repetitions is not None else 3 * self.repetitions
-
-    @property
     def step(self) -> int:
         """Invocations per side added at each further look."""
         return self.batch or max(2, self.repetitions // 2)
-
-    @property
-    def looks(self) -> int:
-        """How many times the data may be judged (for the sequential correction)."""
-        extra = self.budget - self.repetitions
-        return 1 + -(-extra // self.step)
 
 
 class StatsConfig(StrictModel):

@@ -135,7 +135,8 @@ def verdict_json(v: stats.Verdict, run_id: int) -> dict:
     """The parts of a verdict a regression keeps as evidence."""
     return {"run_id": run_id, "verdict": v.verdict.value, "change_pct": v.change_pct,
             "ci_pct": list(v.ci_pct) if v.ci_pct else None, "p_value": v.p_value,
-            "p_adjusted": v.p_adjusted, "n": [v.control_n, v.treatment_n], "stop_reason": v.stop_reason}
+            "p_adjusted": v.p_adjusted, "n": [v.control_n, v.treatment_n], "stop_reason": v.stop_reason,
+            "elapsed_s": v.elapsed_s}
 
 
 def _result_json(result: WorkloadResult) -> dict:
@@ -149,6 +150,8 @@ def _result_json(result: WorkloadResult) -> dict:
         "p_adjusted": v.p_adjusted,
         "correction": v.correction,
         "stop_reason": v.stop_reason,
+        "looks": v.looks,
+        "elapsed_s": v.elapsed_s,
         "control": {"median_ms": v.control_median_ms, "n": v.control_n},
         "treatment": {"median_ms": v.treatment_median_ms, "n": v.treatment_n},
         "regression_id": result.regression_id,
@@ -316,14 +319,17 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
                       progress: Progress) -> tuple[Measurement, stats.Verdict]:
     """Run interleaved batches until the verdict is decided or the budget is spent.
 
-    Every invocation and raw sample is stored as it happens. Each look is judged at the
-    sequentially corrected level, so looking again does not inflate the error rate.
+    Every invocation and raw sample is stored as it happens. After each batch the stopping
+    rule (:func:`stats.sequential_look`, an anytime-valid confidence sequence) judges the
+    pairs so far and says whether to stop and how many pairs the next batch may have within
+    ``run.max_seconds`` and the optional ``run.max_repetitions``.
     """
     row = get_workload(session, workload.name, workload.kind, workload.model_dump(mode="json"))
-    alpha, confidence = stats.sequential_levels(config.stats.alpha, config.stats.confidence, config.run.looks)
-    budget, timeout = config.run.budget, workload.timeout_s or config.run.timeout_s
-    total = 2 * (config.run.warmup + budget)
+    timeout = workload.timeout_s or config.run.timeout_s
+    budget = stats.Budget(max_seconds=config.run.max_seconds, max_pairs=config.run.max_repetitions,
+                          batch=config.run.step)
     order, done = iter(range(10**9)), iter(range(1, 10**9))
+    planned = [0]  # invocations announced to the progress bar so far
 
     def store(slot, result) -> None:
         side = Side(slot.side)
@@ -339,7 +345,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
         # One short transaction per invocation: a kill loses at most the one running now,
         # and no transaction stays open while the next process runs.
         session.commit()
-        progress.invocation(workload.name, next(done), total)
+        progress.invocation(workload.name, next(done), planned[0])
 
     paths = {side.value: path for side, path in artifacts.items()}
     started = time.monotonic()
@@ -348,37 +354,31 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
     session.commit()  # nothing stays open while the workload's processes run
     progress.message(f"  {workload.name}: {why}")
     schedule = interleaved_schedule(start, config.run.warmup, rng)
-    measurement, reps, look = None, 0, 0
+    measurement, look = None, 0
     while True:
+        planned[0] += len(schedule)
         measurement = measure(runner, paths, workload, schedule, timeout, store, into=measurement)
         session.commit()
         look += 1
-        reps += sum(1 for slot in schedule if not slot.warmup and slot.side == CONTROL)
         if measurement.failure is not None:
             progress.message(f"  {workload.name}: {measurement.failure}")
             verdict = replace(stats.compare([], [], threshold_pct=config.stats.threshold_pct),
                               reason=f"not judged: {measurement.failure}")
-            return measurement, replace(verdict, stop_reason="invocation failed")
-        verdict = stats.compare(
+            return measurement, replace(verdict, stop_reason="invocation failed", looks=look,
+                                        elapsed_s=time.monotonic() - started)
+        step = stats.sequential_look(
             measurement.samples[CONTROL], measurement.samples[TREATMENT],
-            threshold_pct=config.stats.threshold_pct, alpha=alpha, confidence=confidence,
-            resamples=config.stats.bootstrap_resamples, seed=run.seed,
-            control_groups=measurement.groups[CONTROL], treatment_groups=measurement.groups[TREATMENT],
-            paired=True,  # the schedule runs the i-th control and treatment processes side by side
+            measurement.groups[CONTROL], measurement.groups[TREATMENT],
+            look=look, elapsed_s=time.monotonic() - started, budget=budget,
+            threshold_pct=config.stats.threshold_pct, alpha=config.stats.alpha,
+            confidence=config.stats.confidence, resamples=config.stats.bootstrap_resamples, seed=run.seed,
+            plan_pairs=max(start, stats.DEFAULT_PLAN_PAIRS),  # fixed before any data: keeps it valid
         )
-        if verdict.verdict != stats.Outcome.UNKNOWN:
-            stop = f"decided at look {look} of {config.run.looks}"
-        elif reps >= budget:
-            stop = f"sample budget spent ({reps} invocations a side)"
-        elif time.monotonic() - started >= config.run.max_seconds:
-            stop = f"time budget spent ({config.run.max_seconds:g}s)"
-        else:
-            progress.message(f"  {workload.name}: look {look}: {verdict.reason}; adding a batch")
-            schedule = interleaved_schedule(min(config.run.step, budget - reps), 0, rng,
-                                            start=schedule[-1].position + 1)
-            continue
-        progress.invocation(workload.name, total, total)
-        return measurement, replace(verdict, stop_reason=stop)
+        if step.stop:
+            progress.invocation(workload.name, planned[0], planned[0])
+            return measurement, step.verdict
+        progress.message(f"  {workload.name}: look {look}: {step.verdict.reason}; adding {step.next_pairs} pairs")
+        schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
 
 
 def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig,
@@ -399,8 +399,8 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         details={"reason": verdict.reason, "threshold_pct": verdict.threshold_pct,
                  "alpha": verdict.alpha, "confidence": verdict.confidence,
                  "p_adjusted": verdict.p_adjusted, "correction": verdict.correction,
-                 "stop_reason": verdict.stop_reason,
-                 "method": "paired process medians: trimmed mean of log ratios, pair bootstrap; Wilcoxon signed-rank",
+                 "stop_reason": verdict.stop_reason, "looks": verdict.looks, "elapsed_s": verdict.elapsed_s,
+                 "method": verdict.method,
                  **(extra or {})},
     )
     session.add(comparison)

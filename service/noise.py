@@ -11,6 +11,7 @@ from abwatch.service.config import Config
 from abwatch.service.models import NoiseProfile, utcnow
 
 MIN_START = 4  # fewer processes than this cannot give a useful first look
+MAX_START_FACTOR = 3  # a very noisy history starts at most this many times run.repetitions
 MEMORY = 20  # observations a profile averages over before it starts to follow drift
 
 
@@ -24,9 +25,12 @@ def starting_repetitions(session: Session, config: Config, workload_id: int, dev
             NoiseProfile.workload_id == workload_id, NoiseProfile.device_id == device_id))
     if profile is None:
         return default, f"{default} invocations a side (configured; no noise history)"
-    alpha, _ = stats.sequential_levels(config.stats.alpha, config.stats.confidence, config.run.looks)
-    planned = stats.planned_repetitions(profile.process_cv, config.stats.target_pct, alpha, config.stats.power)
-    start = min(config.run.budget, max(planned, MIN_START, floor or 0))
+    # the interval decides a regression, so plan at its level; the sequence may look any
+    # number of times, so a small start costs nothing but looks
+    planned = stats.planned_repetitions(profile.process_cv, config.stats.target_pct,
+                                        1.0 - config.stats.confidence, config.stats.power)
+    most = config.run.max_repetitions or MAX_START_FACTOR * config.run.repetitions
+    start = min(most, max(planned, MIN_START, floor or 0))
     return start, (f"{start} invocations a side (process noise {profile.process_cv:.2%} from "
                    f"{profile.observations} past run(s) needs {planned} for {config.stats.target_pct:g}%)")
 

@@ -116,7 +116,7 @@ def print_outcome(out: Console, stored: StoredRun, as_json: bool, ops: bool = Fa
         if r.failure:
             out.print(f"{r.workload}: {r.failure}", markup=False)
         else:  # why this verdict, and why the run stopped adding samples there
-            stop = f"; {r.verdict.stop_reason}" if r.verdict.stop_reason else ""
+            stop = f"; stopped: {r.verdict.stop_reason}" if r.verdict.stop_reason else ""
             out.print(f"{r.workload}: {r.verdict.reason}{stop}", markup=False)
         print_tvm_details(out, r, ops)
 

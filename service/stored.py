@@ -25,6 +25,7 @@ from abwatch.service.models import (
 # compile_ms, ops, error, workers): the rest of the verdict.
 VERDICT_DETAIL_KEYS = frozenset({
     "reason", "threshold_pct", "alpha", "confidence", "p_adjusted", "correction", "stop_reason", "method",
+    "looks", "elapsed_s",
 })
 
 
@@ -87,7 +88,7 @@ def _verdict(c: Comparison) -> stats.Verdict:
         c.verdict, c.change_pct, ci, c.p_value, c.control_n, c.treatment_n,
         c.control_median_ms, c.treatment_median_ms, d.get("threshold_pct", 0.0), d.get("alpha", 0.0),
         d.get("confidence", 0.0), d.get("reason", ""), d.get("p_adjusted"), d.get("correction", "none"),
-        d.get("stop_reason", ""),
+        d.get("stop_reason", ""), d.get("method", ""), d.get("looks", 0), d.get("elapsed_s"),
     )
 
 

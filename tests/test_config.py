@@ -90,13 +90,11 @@ def test_config_hashes_stay_what_caches_and_build_rows_hold():
     assert spec_hash({"b": 1, "a": [2]}) == spec_hash({"a": [2], "b": 1})
 
 
-def test_adaptive_budget_and_looks(tmp_path):
+def test_adaptive_budget_is_time_with_an_optional_cap(tmp_path):
     run = load_config(write(tmp_path, VALID + "\n[run]\nrepetitions = 10\n")).run
-    assert (run.budget, run.step, run.looks) == (30, 5, 5)
+    assert (run.max_repetitions, run.step, run.max_seconds, run.compile_repetitions) == (None, 5, 900.0, 12)
     run = load_config(write(tmp_path, VALID + "\n[run]\nrepetitions = 4\nmax_repetitions = 9\nbatch = 2\n")).run
-    assert (run.budget, run.step, run.looks) == (9, 2, 4)  # 4, 6, 8, 9
-    run = load_config(write(tmp_path, VALID + "\n[run]\nrepetitions = 6\nmax_repetitions = 6\n")).run
-    assert run.looks == 1
+    assert (run.max_repetitions, run.step) == (9, 2)
     with pytest.raises(ConfigError, match="max_repetitions must be >= repetitions"):
         load_config(write(tmp_path, VALID + "\n[run]\nrepetitions = 6\nmax_repetitions = 3\n"))
 

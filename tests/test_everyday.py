@@ -141,7 +141,7 @@ def test_report_labels_the_p_that_decided_and_shows_the_other():
 
 def test_report_says_why_each_verdict_and_why_it_stopped():
     text = " ".join(_render(80).split())
-    assert "transformer-block: improvement because; decided at look 2 of 5" in text
+    assert "transformer-block: improvement because; stopped: decided at look 2 of 5" in text
     assert "mlp: compile time regression +5.50% (CI +2.0..+9.0%)" in text
 
 

@@ -181,34 +181,106 @@ def test_fdr_keeps_a_strong_signal_and_passes_untested_through():
     assert out[1] == untested
 
 
-def test_sequential_levels_split_alpha_across_looks():
-    from abwatch.service.stats import sequential_levels
+def _pairs_data(rng, k, change, cv=0.01, m=5):
+    """k paired processes of m samples: flat samples and process labels of both sides."""
+    a, b, ga, gb = [], [], [], []
+    for i in range(k):
+        a += list(10.0 * rng.lognormal(rng.normal(0, cv / 2), cv, m))
+        b += list(10.0 * (1 + change) * rng.lognormal(rng.normal(0, cv / 2), cv, m))
+        ga += [i] * m
+        gb += [i] * m
+    return a, b, ga, gb
 
-    assert sequential_levels(0.01, 0.99, 1) == (0.01, 0.99)
-    alpha, confidence = sequential_levels(0.01, 0.99, 4)
-    assert alpha == pytest.approx(0.0025) and confidence == pytest.approx(0.9975)
-    with pytest.raises(ValueError):
-        sequential_levels(0.01, 0.99, 0)
+
+def test_confidence_sequence_is_undecided_below_min_pairs_and_tightest_near_the_plan():
+    from abwatch.service.stats import MIN_PAIRS, cs_multiplier
+
+    assert cs_multiplier(MIN_PAIRS - 1, 0.01) == math.inf
+    widths = {n: cs_multiplier(n, 0.01, plan=30) for n in (8, 15, 30, 60, 1000)}
+    assert widths[8] > widths[15] > widths[30]
+    assert widths[1000] > widths[60]  # the price of validity at every n: it widens again, slowly
+    assert 2.576 < widths[30] < 4.0  # wider than one fixed-n 99 % interval, not absurdly
 
 
-def test_repeated_looks_at_corrected_levels_keep_aa_false_positives_down():
-    """Peeking after every batch at the corrected level: A/A flags stay within alpha."""
-    from abwatch.service.stats import sequential_levels
+@given(z=st.floats(-8, 8), n=st.integers(8, 500), alpha=st.sampled_from([0.001, 0.01, 0.05]))
+@settings(max_examples=200, deadline=None)
+def test_anytime_p_value_is_below_alpha_exactly_when_the_interval_excludes_zero(z, n, alpha):
+    from abwatch.service.stats import cs_multiplier, cs_p_value
+
+    excluded = abs(z) > cs_multiplier(n, alpha)
+    p = cs_p_value(z, n, alpha)
+    assert 0.0 <= p <= 1.0
+    if abs(abs(z) - cs_multiplier(n, alpha)) > 1e-6:
+        assert (p < alpha) == excluded
+
+
+def test_looking_after_every_pair_keeps_aa_false_positives_within_alpha():
+    """Anytime validity: an A/A trial judged after every single pair, up to 80 pairs."""
+    from abwatch.service.stats import Budget, sequential_look
 
     rng = np.random.default_rng(11)
-    looks = 4
-    alpha, confidence = sequential_levels(0.05, 0.95, looks)
-    flagged = 0
-    for trial in range(200):
-        a, b = list(noisy(rng, 10, 10.0, 0.02)), list(noisy(rng, 10, 10.0, 0.02))
-        for _ in range(looks):
-            v = compare(a, b, alpha=alpha, confidence=confidence, resamples=300, seed=trial)
-            if v.verdict in (Outcome.REGRESSION, Outcome.IMPROVEMENT):
+    flagged, budget = 0, Budget(max_seconds=1e9, max_pairs=80, batch=1)
+    for trial in range(150):
+        a, b, ga, gb = _pairs_data(rng, 80, 0.0, cv=0.02)
+        k, look = 4, 0
+        while True:
+            look += 1
+            step = sequential_look(a[:5 * k], b[:5 * k], ga[:5 * k], gb[:5 * k], look=look, elapsed_s=0.0,
+                                   budget=budget, threshold_pct=0.5, seed=trial)
+            if step.verdict.verdict in (Outcome.REGRESSION, Outcome.IMPROVEMENT):
                 flagged += 1
+            if step.stop:
                 break
-            a += list(noisy(rng, 10, 10.0, 0.02))
-            b += list(noisy(rng, 10, 10.0, 0.02))
-    assert flagged / 200 <= 0.05
+            k += step.next_pairs
+    assert flagged <= 3  # 2 % of 150: alpha is 1 %, with room for chance
+
+
+def test_sequential_look_stops_when_decided_capped_or_out_of_time():
+    from abwatch.service.stats import Budget, sequential_look
+
+    rng = np.random.default_rng(12)
+    a, b, ga, gb = _pairs_data(rng, 12, 0.10)
+    decided = sequential_look(a, b, ga, gb, look=2, elapsed_s=3.0, budget=Budget(max_seconds=100))
+    assert decided.stop and decided.verdict.verdict == Outcome.REGRESSION
+    assert decided.verdict.stop_reason == "decided at look 2, 12 pairs, 3.0s"
+    assert (decided.verdict.looks, decided.verdict.elapsed_s, decided.next_pairs) == (2, 3.0, 0)
+
+    a, b, ga, gb = _pairs_data(rng, 12, 0.0, cv=0.2)  # far too noisy to decide
+    more = sequential_look(a, b, ga, gb, look=1, elapsed_s=12.0, budget=Budget(max_seconds=100, batch=6))
+    assert not more.stop and more.next_pairs == 6 and more.verdict.verdict == Outcome.UNKNOWN
+    # 1 s a pair so far, 3.5 s left: the next batch shrinks to what fits
+    short = sequential_look(a, b, ga, gb, look=1, elapsed_s=12.0, budget=Budget(max_seconds=15.5, batch=6))
+    assert not short.stop and short.next_pairs == 3
+    out = sequential_look(a, b, ga, gb, look=4, elapsed_s=12.0, budget=Budget(max_seconds=12.5))
+    assert out.stop and out.verdict.stop_reason == "time budget spent (12.5s) at look 4, 12 pairs, 12.0s"
+    capped = sequential_look(a, b, ga, gb, look=3, elapsed_s=1.0, budget=Budget(max_seconds=100, max_pairs=12))
+    assert capped.stop and capped.verdict.stop_reason.startswith("invocation cap reached (12 a side) at look 3")
+    with pytest.raises(ValueError):
+        Budget(max_seconds=0)
+
+
+def test_paired_interval_is_symmetric_on_the_log_scale_despite_an_outlier_pair():
+    """A pre-empted process in one pair must not stretch one side of the interval (the
+    +10 % change whose bootstrap interval read 7.9..48.7 %)."""
+    rng = np.random.default_rng(13)
+    a, b, ga, gb = _pairs_data(rng, 12, 0.10)
+    b[-5:] = [x * 2.3 for x in b[-5:]]  # the last treatment process ran entirely pre-empted
+    v = compare(a, b, control_groups=ga, treatment_groups=gb, paired=True)
+    low, high = (math.log1p(x / 100) for x in v.ci_pct)
+    centre = math.log1p(v.change_pct / 100)
+    assert centre - low == pytest.approx(high - centre)
+    assert 7.0 < v.change_pct < 13.0 and v.ci_pct[1] < 20.0
+
+
+def test_pooled_hodges_lehmann_matches_its_definition():
+    from abwatch.service.stats import POOLED_METHOD
+
+    rng = np.random.default_rng(14)
+    a, b = noisy(rng, 30, 10.0), noisy(rng, 30, 10.3)
+    v = compare(a, b)
+    shift = np.median(np.subtract.outer(np.log(b), np.log(a)))
+    assert v.method == POOLED_METHOD and v.change_pct == pytest.approx((math.exp(shift) - 1) * 100)
+    assert v.ci_pct[0] < v.change_pct < v.ci_pct[1] and v.verdict == Outcome.REGRESSION
 
 
 def test_process_cv_uses_process_medians():
@@ -223,11 +295,15 @@ def test_process_cv_uses_process_medians():
 def test_planned_repetitions_grow_with_noise_and_shrink_with_the_target():
     from abwatch.service.stats import planned_repetitions
 
-    # 2 * (z_.995 + z_.95)^2 * (cv/target)^2 * pi/3: 2 * (2.5758 + 1.6449)^2 * 0.25 * 1.0472 = 9.32
-    assert planned_repetitions(0.01, 2.0, 0.01, 0.95) == 10
-    assert planned_repetitions(0.02, 2.0, 0.01) > planned_repetitions(0.01, 2.0, 0.01)
-    assert planned_repetitions(0.01, 5.0, 0.01) < planned_repetitions(0.01, 2.0, 0.01)
-    assert planned_repetitions(0.0, 2.0, 0.01) == 2
+    from abwatch.service.stats import MIN_PAIRS, cs_multiplier
+
+    n = planned_repetitions(0.01, 2.0, 0.01, 0.95)
+    # the smallest n with sqrt(2) cv (m(n) + z_.95) / sqrt(n) <= 2 %
+    fits = lambda k: math.sqrt(2) * 0.01 * (cs_multiplier(k, 0.01) + 1.6449) / math.sqrt(k) <= 0.02  # noqa: E731
+    assert fits(n) and not fits(n - 1)
+    assert planned_repetitions(0.02, 2.0, 0.01) > n
+    assert planned_repetitions(0.01, 5.0, 0.01) < n
+    assert planned_repetitions(0.0, 2.0, 0.01) == MIN_PAIRS
 
 
 def _phased_pairs(rng, k, m, change, phase_cv=0.03, process_cv=0.005, sample_cv=0.01):

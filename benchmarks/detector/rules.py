@@ -1,12 +1,14 @@
 """Decision rules judged side by side on the same data.
 
-abwatch's rule is ``service.stats.compare`` used exactly as the driver uses it: paired
-interleaved processes, adaptive looks at Bonferroni-corrected levels. The anchors are the
-published rules of other systems, applied as they apply them, to pooled samples.
+abwatch's rule is ``service.stats.sequential_look`` called exactly as the driver calls it:
+paired interleaved processes, judged after every batch by an anytime-valid confidence
+sequence until decided, out of pairs or out of time. The anchors are the published rules of
+other systems, applied as they apply them, to pooled samples.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -22,14 +24,21 @@ class Trial:
 
     control: list[list[float]]  # control[i]: samples of the i-th control process
     treatment: list[list[float]]
+    pair_s: list[float] | None = None  # wall seconds of the i-th pair's two processes (real trials)
 
 
 @dataclass(frozen=True)
 class Decision:
-    """A rule's answer on one trial: -1 faster, 0 no call, +1 slower; samples it used a side."""
+    """A rule's answer on one trial: -1 faster, 0 no call, +1 slower; samples it used a side;
+    for abwatch also the verdict, its interval (percent), the looks and the seconds taken."""
 
     call: int
     samples: int
+    verdict: str = ""
+    change_pct: float | None = None
+    ci_pct: tuple[float, float] | None = None
+    looks: int = 1
+    elapsed_s: float = 0.0
 
 
 def _pooled(trial: Trial, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -74,33 +83,53 @@ def welch(trial: Trial, k: int) -> Decision:
 
 @dataclass(frozen=True)
 class Budget:
-    """abwatch's adaptive schedule: first look, step, most processes a side."""
+    """abwatch's adaptive schedule: first look, pairs per further look, most pairs a side,
+    and the time budget (elapsed time: the trial's wall times, or ``pace_s`` a pair)."""
 
     start: int = 12
     step: int = 6
     most: int = 36
+    max_seconds: float = math.inf
+    pace_s: float = 0.0
 
     @property
     def looks(self) -> int:
+        """Looks when nothing is decided before ``most``."""
         return 1 + -(-(self.most - self.start) // self.step)
 
 
 def abwatch(trial: Trial, budget: Budget, threshold_pct: float = 1.0, alpha: float = 0.01,
-            confidence: float = 0.99, seed: int = 0) -> Decision:
-    """``service.stats.compare`` with the driver's options, looking again until decided."""
-    a_level, c_level = stats.sequential_levels(alpha, confidence, budget.looks)
-    k = budget.start
+            confidence: float = 0.99, seed: int = 0, groups: bool = True) -> Decision:
+    """The driver's stopping rule (``stats.sequential_look``) replayed on a trial.
+
+    ``groups=False`` judges the first ``budget.start`` processes' samples pooled, without
+    process labels: the path imported records take (one look, Hodges-Lehmann).
+    """
+    if not groups:
+        a, b = _pooled(trial, budget.start)
+        v = stats.compare(a, b, threshold_pct=threshold_pct, alpha=alpha, confidence=confidence, seed=seed)
+        return _decision(v, len(a), 1, 0.0)
+    rule = stats.Budget(max_seconds=budget.max_seconds, max_pairs=min(budget.most, len(trial.control)),
+                        batch=budget.step)
+    k, look = min(budget.start, len(trial.control)), 0
     while True:
+        look += 1
         a = [x for proc in trial.control[:k] for x in proc]
         b = [x for proc in trial.treatment[:k] for x in proc]
         ga = [i for i, proc in enumerate(trial.control[:k]) for _ in proc]
         gb = [i for i, proc in enumerate(trial.treatment[:k]) for _ in proc]
-        v = stats.compare(a, b, threshold_pct=threshold_pct, alpha=a_level, confidence=c_level,
-                          resamples=500, seed=seed, control_groups=ga, treatment_groups=gb, paired=True)
-        if v.verdict != stats.Outcome.UNKNOWN or k >= budget.most:
-            call = {stats.Outcome.REGRESSION: 1, stats.Outcome.IMPROVEMENT: -1}.get(v.verdict, 0)
-            return Decision(call, len(a))
-        k = min(budget.most, k + budget.step)
+        elapsed = sum(trial.pair_s[:k]) if trial.pair_s else k * budget.pace_s
+        step = stats.sequential_look(a, b, ga, gb, look=look, elapsed_s=elapsed, budget=rule,
+                                     threshold_pct=threshold_pct, alpha=alpha, confidence=confidence,
+                                     seed=seed, plan_pairs=max(stats.DEFAULT_PLAN_PAIRS, budget.start))
+        if step.stop:
+            return _decision(step.verdict, len(a), look, elapsed)
+        k += step.next_pairs
+
+
+def _decision(v: stats.Verdict, samples: int, looks: int, elapsed: float) -> Decision:
+    call = {stats.Outcome.REGRESSION: 1, stats.Outcome.IMPROVEMENT: -1}.get(v.verdict, 0)
+    return Decision(call, samples, v.verdict.value, v.change_pct, v.ci_pct, looks, elapsed)
 
 
 ANCHORS: dict[str, Callable[[Trial, int], Decision]] = {
