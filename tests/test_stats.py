@@ -283,10 +283,10 @@ def test_pooled_hodges_lehmann_matches_its_definition():
     assert v.ci_pct[0] < v.change_pct < v.ci_pct[1] and v.verdict == Outcome.REGRESSION
 
 
-def test_process_cv_uses_process_medians():
+def test_process_cv_uses_each_process_fastest_sample():
     from abwatch.service.stats import process_cv
 
-    values = [10.0, 10.0, 30.0] + [11.0, 11.0, 0.5] + [12.0, 12.0, 12.0]  # outliers inside processes
+    values = [10.0, 10.0, 30.0] + [11.0, 11.0, 25.0] + [12.0, 12.0, 12.0]  # pre-empted samples inside
     assert process_cv(values, [0] * 3 + [1] * 3 + [2] * 3) == pytest.approx(np.std([10, 11, 12], ddof=1) / 11)
     with pytest.raises(ValueError):
         process_cv([1.0, 2.0], [0, 0])
@@ -323,7 +323,7 @@ def test_pairing_cancels_shared_machine_phases():
     rng = np.random.default_rng(12)
     paired_hits = unpaired_hits = 0
     for i in range(40):
-        a, b, ga, gb = _phased_pairs(rng, 12, 5, 0.02)
+        a, b, ga, gb = _phased_pairs(rng, 16, 5, 0.02)
         common = dict(control_groups=ga, treatment_groups=gb, resamples=500, seed=i)
         paired_hits += compare(a, b, paired=True, **common).verdict == Outcome.REGRESSION
         unpaired_hits += compare(a, b, **common).verdict == Outcome.REGRESSION

@@ -1,7 +1,8 @@
 """Ground-truth suite: false positives and power of abwatch's rule against the anchors.
 
     python -m benchmarks.detector                 # simulation and real runs (~15 min here)
-    python -m benchmarks.detector --skip-real     # simulation only (~2 min)
+    python -m benchmarks.detector --skip-real     # simulation only (~5 min)
+    python -m benchmarks.detector --skip-sim --real-file T.jsonl   # judge trials saved by .collect
 
 Prints Markdown tables: per noise shape (simulated) and for real runs on this machine, the
 A/A false-positive rate and the power at each injected slowdown, with 95 % Wilson
@@ -26,17 +27,65 @@ EFFECTS = (0.5, 1.0, 2.0, 5.0, 10.0)
 BUDGET = Budget()
 
 
-def judge(trials: list[Trial], seed: int) -> dict[str, list[Decision]]:
-    """Every rule's decision on every trial."""
+POOLED = "abwatch pooled, no labels (Hodges-Lehmann)"
+# one A/A trial judged with 1, 5, 20 or 100 looks over the same 103 pairs
+LOOKS = {1: Budget(103, 1, 103), 5: Budget(23, 20, 103), 20: Budget(8, 5, 103), 100: Budget(4, 1, 103)}
+
+
+def judge(trials: list[Trial], seed: int, budget: Budget = BUDGET,
+          sizes: tuple[int, ...] | None = None) -> dict[str, list[Decision]]:
+    """Every rule's decision on every trial: abwatch's stopping rule, its pooled path and the
+    anchors on the same pooled samples (at the first look's data and at the whole budget)."""
     out: dict[str, list[Decision]] = {"abwatch (paired, adaptive)": []}
-    sizes = (BUDGET.start, BUDGET.most)  # anchors at the first look's data and at the whole budget
-    out.update({f"{name} @{k * 5}": [] for name in ANCHORS for k in sizes})
+    sizes = sizes or (budget.start, budget.most)
+    out.update({f"{name} @{k * 5}": [] for name in (POOLED, *ANCHORS) for k in sizes})
     for i, t in enumerate(trials):
-        out["abwatch (paired, adaptive)"].append(rules.abwatch(t, BUDGET, seed=seed + i))
-        for name, rule in ANCHORS.items():
-            for k in sizes:
+        out["abwatch (paired, adaptive)"].append(rules.abwatch(t, budget, seed=seed + i))
+        for k in sizes:
+            out[f"{POOLED} @{k * 5}"].append(rules.abwatch(t, Budget(start=k), seed=seed + i, groups=False))
+            for name, rule in ANCHORS.items():
                 out[f"{name} @{k * 5}"].append(rule(t, k))
     return out
+
+
+def coverage(decisions: list[Decision], truth_pct: float) -> tuple[int, int, float]:
+    """(intervals containing the truth, intervals, median |upper - estimate| / |estimate - lower|)."""
+    with_ci = [d for d in decisions if d.ci_pct is not None]
+    hits = sum(d.ci_pct[0] <= truth_pct <= d.ci_pct[1] for d in with_ci)
+    skew = [(d.ci_pct[1] - d.change_pct) / (d.change_pct - d.ci_pct[0]) for d in with_ci
+            if d.change_pct - d.ci_pct[0] > 0]
+    return hits, len(with_ci), float(np.median(skew)) if skew else float("nan")
+
+
+def looks_table(rng, args) -> str:
+    """Markdown: A/A false positives of the stopping rule at 1, 5, 20, 100 looks per shape."""
+    head = ["shape"] + [f"{k} look{'s' if k > 1 else ''}: A/A false pos. (pairs)" for k in LOOKS]
+    lines = ["### Sequential validity: A/A false positives by number of looks (103 pairs at most)", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape in simulate.SHAPES:
+        trials = [simulate.trial(rng, shape, 0.0, 103) for _ in range(args.sim_trials)]
+        cells = [shape]
+        for k, budget in LOOKS.items():
+            ds = [rules.abwatch(t, budget, seed=args.seed + i) for i, t in enumerate(trials)]
+            cells.append(f"{rules.rate([d.call for d in ds], 0)} ({np.mean([d.samples for d in ds]) / 5:.0f})")
+        lines.append("| " + " | ".join(cells) + " |")
+        print(f"  looks: {shape} done", file=sys.stderr)
+    return "\n".join(lines + ["", f"Trials: {args.sim_trials} per shape; the same trials at every look count.", ""])
+
+
+def coverage_table(title: str, by_effect: dict[float, dict[str, list[Decision]]], truth=None) -> str:
+    """Markdown: how often abwatch's interval (at the look it stopped) held the true change."""
+    lines = [f"### {title}", "", "| change | paired: CI held the truth | paired: upper/lower half | "
+             "pooled @60: CI held the truth | pooled: upper/lower half |", "|---|---|---|---|---|"]
+    for effect, rows in by_effect.items():
+        true_pct = truth(effect) if truth else effect
+        cells = [f"+{effect:g}%"]
+        for name in ("abwatch (paired, adaptive)", f"{POOLED} @{BUDGET.start * 5}"):
+            hits, n, skew = coverage(rows[name], true_pct)
+            lo, hi = rules.wilson(hits, n)
+            cells += [f"{100 * hits / max(n, 1):.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] of {n}", f"{skew:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + [""])
 
 
 def table(title: str, by_effect: dict[float, dict[str, list[Decision]]]) -> str:
@@ -77,6 +126,7 @@ def layout_table(title: str, rows: dict[str, dict[str, list[Decision]]]) -> str:
 
 def simulation(args) -> None:
     rng = np.random.default_rng(args.seed)
+    print(looks_table(rng, args))
     for shape in simulate.SHAPES:
         started = time.monotonic()
         by_effect = {}
@@ -85,6 +135,7 @@ def simulation(args) -> None:
             trials = [simulate.trial(rng, shape, effect / 100, BUDGET.most) for _ in range(count)]
             by_effect[effect] = judge(trials, args.seed)
         print(table(f"Simulated: {shape}", by_effect))
+        print(coverage_table(f"Simulated: {shape}: interval coverage (nominal 99 %)", by_effect))
         print(f"({time.monotonic() - started:.0f}s)\n", file=sys.stderr)
     rows = {}
     for layout in ("interleaved", "blocks"):
@@ -120,6 +171,55 @@ def real(args) -> None:
         bench.close()
 
 
+def real_file(args) -> None:
+    """Judge trials saved by ``benchmarks.detector.collect`` with the driver's defaults and a
+    time budget of ``--budget-s`` per workload, replayed on the processes' wall times."""
+    import json
+
+    by_tag: dict[str, list[Trial]] = {}
+    loads = []
+    with open(args.real_file) as f:
+        for line in f:
+            row = json.loads(line)
+            control = [p["samples"] for p in row["procs"] if p["side"] == "control"]
+            treatment = [p["samples"] for p in row["procs"] if p["side"] != "control"]
+            walls = {"control": [], "treatment": []}
+            for p in row["procs"]:
+                walls["control" if p["side"] == "control" else "treatment"].append(p["wall_s"])
+            pair_s = [a + b for a, b in zip(walls["control"], walls["treatment"])]
+            by_tag.setdefault(row["tag"], []).append(Trial(control, treatment, pair_s))
+            loads.append(row["load"])
+    pairs = min(len(t.control) for ts in by_tag.values() for t in ts)
+    budget = Budget(start=12, step=6, most=pairs, max_seconds=args.budget_s)
+    by_effect = {0.0 if tag == "same" else float(tag[4:]): judge(trials, args.seed, budget, sizes=(6, 12))
+                 for tag, trials in sorted(by_tag.items(), key=lambda kv: 0 if kv[0] == "same" else float(kv[0][4:]))}
+    print(table(f"Real trials from {args.real_file} (C loop, ~2 ms a sample; load average "
+                f"{np.mean(loads):.1f} on 2 cores)", by_effect))
+    print(verdict_table(by_effect, budget))
+    # the true change of a real build is its work ratio's effect on time, estimated from all
+    # trials of that build pooled (thousands of pairs), not the nominal +x %
+    truth = {e: float(np.median([d.change_pct for d in rows["abwatch (paired, adaptive)"]
+                                 if d.change_pct is not None])) for e, rows in by_effect.items()}
+    print(coverage_table("Real trials: interval coverage (truth: the median estimate over all trials of that build)",
+                         by_effect, truth=lambda e: truth[e]))
+
+
+def verdict_table(by_effect: dict[float, dict[str, list[Decision]]], budget: Budget) -> str:
+    """Markdown: abwatch's verdicts, time to a verdict and pairs used, per change."""
+    lines = ["| change | same | regression | improvement | unknown | median s to verdict | "
+             "median pairs | stop: decided / time / pairs exhausted |", "|---|---|---|---|---|---|---|---|"]
+    for effect, rows in by_effect.items():
+        ds = rows["abwatch (paired, adaptive)"]
+        count = {v: sum(d.verdict == v for d in ds) for v in ("same", "regression", "improvement", "unknown")}
+        decided = sum(d.verdict != "unknown" for d in ds)
+        timed = sum(d.verdict == "unknown" and d.elapsed_s + d.elapsed_s / max(d.samples / 5, 1) > budget.max_seconds
+                    for d in ds)
+        lines.append(f"| +{effect:g}% | " + " | ".join(f"{count[v]}/{len(ds)}" for v in count)
+                     + f" | {np.median([d.elapsed_s for d in ds]):.1f} | {np.median([d.samples / 5 for d in ds]):.0f}"
+                     + f" | {decided} / {timed} / {len(ds) - decided - timed} |")
+    return "\n".join(lines + [""])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.detector", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
@@ -129,13 +229,17 @@ def main() -> None:
     parser.add_argument("--real-effect-trials", type=int, default=60)
     parser.add_argument("--real-layout-trials", type=int, default=60)
     parser.add_argument("--skip-real", action="store_true")
+    parser.add_argument("--real-file", help="judge the trials saved there by benchmarks.detector.collect")
+    parser.add_argument("--budget-s", type=float, default=120.0, help="time budget per workload (real file)")
     parser.add_argument("--skip-sim", action="store_true")
     args = parser.parse_args()
     print(f"Budget: first look {BUDGET.start} processes a side, +{BUDGET.step} per look, at most "
           f"{BUDGET.most} ({BUDGET.looks} looks); 5 samples a process.\n")
     if not args.skip_sim:
         simulation(args)
-    if not args.skip_real:
+    if args.real_file:
+        real_file(args)
+    elif not args.skip_real:
         real(args)
 
 
