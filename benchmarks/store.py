@@ -69,8 +69,9 @@ def fill(session: Session, nights: int, workloads: int, rng: random.Random) -> d
     device_ids = [session.execute(text("INSERT INTO devices (name, kind, hardware_config) VALUES (:n, 'rpc', '{}') "
                                        "RETURNING id"), {"n": name}).scalar_one() for name in DEVICES]
     names = list(NAMED) + [f"onnx-model-{i:02d}" for i in range(workloads - len(NAMED))]
-    workload_ids = [session.execute(text("INSERT INTO workloads (name, kind, spec) VALUES (:n, 'tvm', '{}') "
-                                         "RETURNING id"), {"n": name}).scalar_one() for name in names]
+    workload_ids = [session.execute(text("INSERT INTO workloads (repository_id, name, spec_hash, kind, spec) "
+                                         "VALUES (:r, :n, 'spec', 'tvm', '{}') RETURNING id"),
+                                    {"r": repo_id, "n": name}).scalar_one() for name in names]
     session.commit()
     # each (workload, device) has its own level and a few step changes over the years
     level = {(w, d): rng.uniform(0.5, 50.0) for w in workload_ids for d in device_ids}

@@ -17,6 +17,7 @@ import git
 import psutil
 
 from abwatch.builders.redact import mask_url
+from abwatch.builders.cache import flocked
 from abwatch.builders.spec import CommitInfo
 
 
@@ -45,24 +46,35 @@ class RepoMirror:
             self._repo = self._open_or_clone()
         return self._repo
 
+    def locked(self):
+        """The mirror's lock (``flock`` on ``{mirror}.lock``, the artifact cache's helper): held
+        while it is cloned, fetched or its checkouts are registered, so processes sharing one
+        cache directory do not clone into one temporary directory or fetch into one ref at once."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return flocked(self.path.with_suffix(".lock"))
+
     def _open_or_clone(self) -> git.Repo:
         if (self.path / "HEAD").exists():
             return git.Repo(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            git.Repo.clone_from(self.url, tmp, mirror=True)
-        except git.GitCommandError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RepoError(f"cannot clone repository {self.display_url}: {_stderr(exc)}") from None
-        tmp.rename(self.path)
+        with self.locked():
+            if (self.path / "HEAD").exists():  # another process cloned it while this one waited
+                return git.Repo(self.path)
+            tmp = self.path.with_suffix(".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)  # a clone killed half-way
+            try:
+                git.Repo.clone_from(self.url, tmp, mirror=True)
+            except git.GitCommandError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise RepoError(f"cannot clone repository {self.display_url}: {_stderr(exc)}") from None
+            tmp.rename(self.path)
         return git.Repo(self.path)
 
     def fetch(self) -> None:
         """Bring the mirror up to date with the repository (all branches and tags)."""
+        repo = self.repo
         try:
-            self.repo.git.fetch("--prune", "origin")  # a mirror fetches refs/*
+            with self.locked():  # two fetches into one mirror fail on git's ref locks
+                repo.git.fetch("--prune", "origin")  # a mirror fetches refs/*
         except git.GitCommandError as exc:
             raise RepoError(f"cannot fetch repository {self.display_url}: {_stderr(exc)}") from None
 
@@ -102,13 +114,16 @@ class RepoMirror:
     @contextmanager
     def worktree(self, sha: str, dest: Path) -> Iterator[Path]:
         """A clean, detached checkout of ``sha`` at ``dest``, removed afterwards."""
-        self.repo.git.worktree("prune")  # forget checkouts whose directories are gone (a killed build's)
-        self.repo.git.worktree("add", "--detach", "--force", str(dest), sha)
+        repo = self.repo  # opened (or cloned, which takes the lock) before the lock is taken here
+        with self.locked():  # prune must not meet another process's checkout half-registered
+            repo.git.worktree("prune")  # forget checkouts whose directories are gone (a killed build's)
+            repo.git.worktree("add", "--detach", "--force", str(dest), sha)
         try:
             yield dest
         finally:
             shutil.rmtree(dest, ignore_errors=True)
-            self.repo.git.worktree("prune")
+            with self.locked():
+                repo.git.worktree("prune")
 
 
 def remove_stale_checkouts(parent: Path) -> list[Path]:

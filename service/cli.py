@@ -98,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="device (record 'hardware') to restrict to")
     p.add_argument("--max-pvalue", type=float, default=0.001,
                    help="largest p-value at which a step change is reported (default: 0.001)")
+    p.add_argument("--series", type=int, metavar="ID",
+                   help="which series of the name (one per repository and spec; default: the newest measured)")
     p.add_argument("--all-branches", action="store_true",
                    help="every measured commit, not only the configured branch's first-parent line")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -381,12 +383,23 @@ def _records_command(args: argparse.Namespace, session, err: Console) -> int:
 
 
 def _history_command(args: argparse.Namespace, session, out: Console, err: Console) -> int:
-    points = history.series(session, args.workload, args.device)
+    # One series only: a workload of this name in another repository, or with another spec, is another series.
+    found = history.series_of(session, args.workload)
+    chosen = next((w for w in found if w.id == args.series), None) if args.series else (found[0] if found else None)
+    if args.series and chosen is None:
+        raise driver.DriverError(f"workload {args.workload!r} has no series {args.series}; its series: "
+                                 + (", ".join(str(w.id) for w in found) or "none"))
+    if len(found) > 1:
+        err.print(f"{args.workload}: {len(found)} series (repository, spec); showing {chosen.id}, choose with "
+                  "--series: " + "; ".join(f"{w.id}: {w.repository.url} spec {w.spec_hash[:12]}" for w in found),
+                  markup=False)
+    series_id = chosen.id if chosen else None
+    points = history.series(session, args.workload, args.device, series_id)
     if not points:
         raise driver.DriverError(f"no history for workload {args.workload!r}"
                                  + (f" on device {args.device!r}" if args.device else ""))
     skipped = 0
-    line = None if args.all_branches else history.first_parent_line(session, args.workload)
+    line = None if args.all_branches else history.first_parent_line(session, args.workload, series_id)
     if line is not None:
         kept = history.on_line(points, line[1])
         skipped, points = len(points) - len(kept), kept
@@ -394,13 +407,15 @@ def _history_command(args: argparse.Namespace, session, out: Console, err: Conso
             raise driver.DriverError(f"no measured commit of {args.workload!r} is on {line[0]}'s first-parent "
                                      "line; --all-branches shows them all")
     try:
-        found = history.steps(points, max_pvalue=args.max_pvalue)
+        steps = history.steps(points, max_pvalue=args.max_pvalue)
     except ImportError as exc:
         raise driver.DriverError(str(exc)) from None
     if args.json:
-        print(json.dumps({**report.history_json(args.workload, points, found), "left_out": skipped}))
+        print(json.dumps({**report.history_json(args.workload, points, steps), "left_out": skipped,
+                          "series_id": series_id, "repository": chosen.repository.url if chosen else None,
+                          "spec_hash": chosen.spec_hash if chosen else None}))
         return 0
-    report.print_history(out, args.workload, points, found, skipped)
+    report.print_history(out, args.workload, points, steps, skipped)
     return 0
 
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from abwatch import migrations
 from abwatch.builders.redact import mask_url
+from abwatch.service import locks
 
 DEFAULT_DATABASE_URL = "sqlite:///abwatch.db"
 ENV_DATABASE_URL = "ABWATCH_DATABASE_URL"
@@ -92,21 +93,60 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
+@contextmanager
+def schema_lock(engine: Engine) -> Iterator[None]:
+    """Hold the lock under which the schema is checked and migrated.
+
+    Two processes that open an empty database at once must not both create its tables: on
+    PostgreSQL they take an advisory lock (the second waits, then finds the schema at head);
+    on an SQLite file, a file lock next to it.
+    """
+    if engine.dialect.name == "postgresql":
+        with locks.advisory(engine, locks.SCHEMA_LOCK, 0, "abwatch migrate"):
+            yield
+        return
+    database = engine.url.database
+    if not database or database == ":memory:":  # one connection's own database: nobody to wait for
+        yield
+        return
+    path = Path(database).resolve()
+    with locks.file_lock(path.with_name(f".{path.name}.migrate.lock"), "abwatch migrate"):
+        yield
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    """Run the migrations up to ``revision``."""
-    command.upgrade(alembic_config(url), revision)
+    """Run the migrations up to ``revision`` (under :func:`schema_lock`)."""
+    engine = make_engine(url)
+    try:
+        with schema_lock(engine):
+            command.upgrade(alembic_config(url), revision)
+    finally:
+        engine.dispose()
 
 
 def downgrade(url: str, revision: str = "base") -> None:
-    """Run the migrations down to ``revision``."""
-    command.downgrade(alembic_config(url), revision)
+    """Run the migrations down to ``revision`` (under :func:`schema_lock`)."""
+    engine = make_engine(url)
+    try:
+        with schema_lock(engine):
+            command.downgrade(alembic_config(url), revision)
+    finally:
+        engine.dispose()
 
 
 def ensure_schema(engine: Engine) -> None:
     """Migrate an empty database to head; refuse one at another revision with a clear error."""
     url = engine.url.render_as_string(hide_password=False)
-    current = current_revision(engine)
     head = head_revision(url)
+    if current_revision(engine) == head:
+        return
+    # checked again under the lock: another process may be creating the schema right now
+    with schema_lock(engine):
+        _ensure_schema_locked(engine, url, head)
+
+
+def _ensure_schema_locked(engine: Engine, url: str, head: str) -> None:
+    current = current_revision(engine)
     if current == head:
         return
     if current is None:
@@ -123,7 +163,7 @@ def ensure_schema(engine: Engine) -> None:
                 "but no abwatch schema version; refusing to touch it (an abwatch database "
                 "downgraded by hand: `abwatch db upgrade`)"
             )
-        upgrade(url)
+        command.upgrade(alembic_config(url), "head")  # the lock is held already
         return
     raise SchemaError(
         f"{engine.url.render_as_string()}: schema is at {current}, this abwatch needs {head}; "

@@ -22,7 +22,7 @@ from abwatch.builders import Builder, BuildFailed, make_builder
 from abwatch.runners import make_runner
 from abwatch.runners.base import DeviceInfo, Runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
-from abwatch.service import alerts, attribution, lifecycle, liveness, noise, stats
+from abwatch.service import alerts, attribution, lifecycle, liveness, locks, noise, stats
 from abwatch.service.attribution import TvmDetails
 from abwatch.service.config import CommandWorkloadConfig, Config
 from abwatch.service.models import (
@@ -33,7 +33,9 @@ from abwatch.service.records import to_row
 from abwatch.builders.redact import mask_url
 from abwatch.service.run_records import run_record
 from abwatch.builders.spec import CommitInfo
-from abwatch.service.store import get_commit, get_device, get_repository, get_workload, write_samples
+from abwatch.service.store import (
+    earlier_series, get_commits, get_device, get_repository, get_success_build, get_workload, write_samples,
+)
 
 # The exit codes of every abwatch command (README, "Operations").
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_BUILD_FAILED = 0, 1, 2, 3
@@ -67,6 +69,10 @@ class DriverError(Exception):
 
 class NothingToVerify(DriverError):
     """The run exists but has no suspected regression left to verify: not an error of the caller."""
+
+
+class AlreadyVerifying(NothingToVerify):
+    """Another verify started on the same regressions a moment earlier and took them."""
 
 
 @dataclass(frozen=True)
@@ -200,11 +206,11 @@ def run_compare(
     try:
         seed = config.run.seed if config.run.seed is not None else random.SystemRandom().randrange(2**31)
         repository = get_repository(session, builder.repository_url)
+        commits = get_commits(session, repository, [control, treatment])
         run = Run(
             run_type=run_type, status=RunStatus.RUNNING, repository_id=repository.id,
             control_ref=control_ref, treatment_ref=treatment_ref,
-            control_commit_id=get_commit(session, repository, control).id,
-            treatment_commit_id=get_commit(session, repository, treatment).id,
+            control_commit_id=commits[control.sha].id, treatment_commit_id=commits[treatment.sha].id,
             device_id=get_device(session, device_info).id, parent_run_id=parent_run_id,
             seed=seed, config=masked_config(config),
         )
@@ -249,10 +255,16 @@ def _carry_out(session: Session, config: Config, builder: Builder, runner: Runne
         return CompareOutcome(run.id, run_type.value, run.status.value, builds)
 
     rng = random.Random(seed)
-    measured = [
-        (workload, *_measure_workload(session, config, run, runner, workload, artifacts, rng, progress))
-        for workload in config.workloads
-    ]
+    device = device_info.name
+    # Two measurements on one device at once corrupt each other: one measuring phase per
+    # device, whichever process (the builds above ran without it).
+    with locks.device_lock(session.get_bind().engine, device, f"abwatch run {run.id}", config.cache_dir / "locks",
+                           on_wait=lambda who: progress.message(f"device {device} is busy, measured by {who}; "
+                                                                "waiting for it")):
+        measured = [
+            (workload, *_measure_workload(session, config, run, runner, workload, artifacts, rng, progress))
+            for workload in config.workloads
+        ]
     verdicts = stats.adjust_fdr([verdict for _, _, verdict in measured])
     results = [
         _store_result(session, config, run, workload, m, verdict, device_info, progress)
@@ -299,19 +311,7 @@ def _build_pair(session: Session, builder: Builder, run: Run, sides: dict[Side, 
 
 def _success_row(session: Session, commit_id: int, builder, artifact) -> Build:
     """The build row of a successful artifact: the original one when it came from the cache."""
-    if artifact.cached:
-        row = session.scalar(
-            select(Build).where(Build.artifact_key == artifact.key, Build.status == BuildStatus.SUCCESS)
-            .order_by(Build.id).limit(1)
-        )
-        if row is not None:
-            return row
-    row = Build(commit_id=commit_id, builder=builder.kind, config_hash=builder.config_hash(),
-                status=BuildStatus.SUCCESS, artifact_key=artifact.key, cached=artifact.cached,
-                log=artifact.log, duration_s=artifact.duration_s, metrics=artifact.metrics or None)
-    session.add(row)
-    session.flush()
-    return row
+    return get_success_build(session, commit_id, builder.kind, builder.config_hash(), artifact)
 
 
 def _measure_workload(session: Session, config: Config, run: Run, runner: Runner,
@@ -324,7 +324,11 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
     pairs so far and says whether to stop and how many pairs the next batch may have within
     ``run.max_seconds`` and the optional ``run.max_repetitions``.
     """
-    row = get_workload(session, workload.name, workload.kind, workload.model_dump(mode="json"))
+    row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
+    earlier = earlier_series(session, row)
+    if earlier is not None and not session.scalar(select(Comparison.id).where(Comparison.workload_id == row.id).limit(1)):
+        progress.message(f"  {workload.name}: its spec changed (workload {earlier.id} -> {row.id}, spec "
+                         f"{earlier.spec_hash[:12]} -> {row.spec_hash[:12]}); a new series starts")
     timeout = workload.timeout_s or config.run.timeout_s
     budget = stats.Budget(max_seconds=config.run.max_seconds, max_pairs=config.run.max_repetitions,
                           batch=config.run.step)
@@ -384,7 +388,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
 def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig,
                   m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress) -> WorkloadResult:
     """Store the comparison, open a regression if one was found, and write the records."""
-    row = get_workload(session, workload.name, workload.kind, workload.model_dump(mode="json"))
+    row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
     extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
              if workload.kind == "tvm" and m.failure is None else None)
     comparison = Comparison(
@@ -408,7 +412,11 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     regression_id = correctness_id = None
     if verdict.verdict == stats.Outcome.REGRESSION and run.run_type == RunType.BENCHMARK:
         regression = lifecycle.open_regression(session, run, comparison)
-        regression.benchmark_verdict = verdict_json(verdict, run.id)
+        if regression.run_id == run.id:  # opened now; a re-run of the pair finds the open one
+            regression.benchmark_verdict = verdict_json(verdict, run.id)
+        else:
+            progress.message(f"  {workload.name}: regression {regression.id} (run {regression.run_id}) "
+                             "is open for this pair already")
         regression_id = regression.id
     if extra is not None and extra["error"]["mismatch"]:
         # A wrong answer is its own regression, whatever the speed verdict says.
@@ -455,13 +463,23 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         }),
     })
 
+    claimed: list = []
+
     def started(verify_run: Run) -> None:
         # The event names the verify run: if its process dies, the next command that opens
         # the database sees the run is not running and returns these to `benchmark`.
-        for regression in pending:
-            lifecycle.transition(session, regression, RegressionState.VERIFY, verify_run,
-                                 f"verification of run {run_id} started (verify run {verify_run.id})")
+        # Each regression is locked and must still be suspected: of two verifies started at
+        # once, the second finds them in `verify` and stops before building anything.
+        for regression in sorted(pending, key=lambda r: r.id):
+            try:
+                lifecycle.transition(session, regression, RegressionState.VERIFY, verify_run,
+                                     f"verification of run {run_id} started (verify run {verify_run.id})",
+                                     expect=RegressionState.BENCHMARK)
+            except lifecycle.TransitionError as exc:
+                session.rollback()
+                raise AlreadyVerifying(f"nothing to verify: {exc}; another verify took it first") from None
         session.commit()
+        claimed.extend(pending)
 
     # The exact commits of the original run, even if its refs have moved since.
     try:
@@ -470,10 +488,13 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
                               on_started=started)
     except BaseException:
         session.rollback()
-        for regression in pending:
-            if regression.state == RegressionState.VERIFY:
+        for regression in claimed:  # only what this verify took: another verify's stay its own
+            try:
                 lifecycle.transition(session, regression, RegressionState.BENCHMARK, None,
-                                     "verification could not finish; back to suspected")
+                                     "verification could not finish; back to suspected",
+                                     expect=RegressionState.VERIFY)
+            except lifecycle.TransitionError:
+                continue
         session.commit()
         raise
     verify_run = session.get(Run, outcome.run_id)
@@ -484,7 +505,8 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         if result is None or result.failure:
             why = "verify run's build failed" if result is None else result.failure
             lifecycle.transition(session, regression, RegressionState.BENCHMARK, verify_run,
-                                 f"{first}; verify run {outcome.run_id} could not judge it ({why})")
+                                 f"{first}; verify run {outcome.run_id} could not judge it ({why})",
+                                 expect=RegressionState.VERIFY)
             continue
         v = result.verdict
         regression.verify_verdict = verdict_json(v, outcome.run_id)
@@ -492,7 +514,8 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
             else f"verify run {outcome.run_id}: {v.verdict.value}"
         state = RegressionState.REGRESS if v.verdict == stats.Outcome.REGRESSION else RegressionState.CLEARED
         word = "reproduced" if state is RegressionState.REGRESS else "not reproduced"
-        lifecycle.transition(session, regression, state, verify_run, f"{word}; {first}; {second}")
+        lifecycle.transition(session, regression, state, verify_run, f"{word}; {first}; {second}",
+                             expect=RegressionState.VERIFY)
     session.commit()
     confirmed = [r.id for r in pending if r.state == RegressionState.REGRESS]
     if confirmed and config.alerts.webhooks:

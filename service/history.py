@@ -15,11 +15,11 @@ from datetime import datetime
 from pathlib import Path
 
 import git
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from abwatch.service import stats
-from abwatch.service.models import Commit, Record, Run
+from abwatch.service.models import Commit, Comparison, Record, Run, Workload
 from abwatch.builders.repo import RepoError, RepoMirror
 
 
@@ -44,35 +44,57 @@ class Step:
     p_value: float
 
 
-def series(session: Session, workload: str, hardware: str | None = None) -> list[Point]:
-    """The per-commit medians of ``workload`` (optionally on one device), oldest commit first."""
-    query = select(Record).where(Record.workload == workload, Record.run_id.is_not(None))
+def series_of(session: Session, workload: str) -> list[Workload]:
+    """The series named ``workload`` (one per repository and spec), the most recently measured first."""
+    newest = func.max(Comparison.run_id)
+    rows = session.execute(
+        select(Workload, newest).join(Comparison, Comparison.workload_id == Workload.id)
+        .where(Workload.name == workload).group_by(Workload.id).order_by(newest.desc())).all()
+    return [row for row, _ in rows]
+
+
+def series(session: Session, workload: str, hardware: str | None = None,
+           series_id: int | None = None) -> list[Point]:
+    """The per-commit medians of ``workload`` (optionally on one device), oldest commit first.
+
+    ``series_id`` (a workload row, see :func:`series_of`) keeps only the runs that measured
+    that series: one repository, one spec. Commits are looked up in the repository of the
+    run that measured them, never by sha alone.
+    """
+    query = (select(Record, Run.repository_id).join(Run, Run.id == Record.run_id)
+             .where(Record.workload == workload))
+    if series_id is not None:
+        query = query.where(Record.run_id.in_(select(Comparison.run_id).where(Comparison.workload_id == series_id)))
     if hardware is not None:
         query = query.where(Record.hardware == hardware)
-    by_sha: dict[str, list[float]] = {}
-    for record in session.scalars(query):
+    by_sha: dict[tuple[int, str], list[float]] = {}
+    for record, repository_id in session.execute(query):
         median = record.fields.get("metrics", {}).get("runtime_ms_median")
         if record.engine_version and isinstance(median, (int, float)):
-            by_sha.setdefault(record.engine_version, []).append(float(median))
+            by_sha.setdefault((repository_id, record.engine_version), []).append(float(median))
     if not by_sha:
         return []
-    commits = {c.sha: c for c in session.scalars(select(Commit).where(Commit.sha.in_(by_sha)))}
+    commits = {(c.repository_id, c.sha): c for c in session.scalars(
+        select(Commit).where(Commit.sha.in_({sha for _, sha in by_sha}),
+                             Commit.repository_id.in_({r for r, _ in by_sha})))}
     points = [
-        Point(sha, commits[sha].summary if sha in commits else "",
-              commits[sha].committed_at if sha in commits else None,
+        Point(sha, commits[key].summary if key in commits else "",
+              commits[key].committed_at if key in commits else None,
               pystats.median(values), len(values))
-        for sha, values in by_sha.items()
+        for key, values in by_sha.items() for sha in [key[1]]
     ]
     # commit time orders the history; ties (same second) keep the sha order stable
     return sorted(points, key=lambda p: (p.committed_at is None, p.committed_at or datetime.min, p.sha))
 
 
-def first_parent_line(session: Session, workload: str) -> tuple[str, set[str]] | None:
+def first_parent_line(session: Session, workload: str, series_id: int | None = None) -> tuple[str, set[str]] | None:
     """(branch, shas) of the configured branch's first-parent line, as of the newest run that
-    measured ``workload``; None where there is no git history (release builds) or no mirror."""
-    run = session.scalar(
-        select(Run).join(Record, Record.run_id == Run.id).where(Record.workload == workload)
-        .order_by(Run.id.desc()).limit(1))
+    measured ``workload`` (of series ``series_id``, if given); None where there is no git
+    history (release builds) or no mirror."""
+    query = select(Run).join(Record, Record.run_id == Run.id).where(Record.workload == workload)
+    if series_id is not None:
+        query = query.where(Run.id.in_(select(Comparison.run_id).where(Comparison.workload_id == series_id)))
+    run = session.scalar(query.order_by(Run.id.desc()).limit(1))
     if run is None:
         return None
     config = run.config or {}

@@ -6,12 +6,17 @@ run that caused it and the reason; only the transitions in :data:`TRANSITIONS` e
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
 
-from abwatch.service.models import Comparison, Regression, RegressionEvent, RegressionState, Run, utcnow
+from abwatch.service.models import (
+    OPEN_REGRESSION_SQL, OPEN_REGRESSION_STATES, Comparison, Regression, RegressionEvent, RegressionState, Run, utcnow,
+)
+from abwatch.service.store import insert_ignoring_conflict
 
 S = RegressionState
+OPEN_STATES = tuple(S(state) for state in OPEN_REGRESSION_STATES)
 
 TRANSITIONS: dict[RegressionState | None, frozenset[RegressionState]] = {
     None: frozenset({S.BENCHMARK}),
@@ -28,10 +33,35 @@ class TransitionError(Exception):
     """A state change the lifecycle does not allow."""
 
 
+class ConcurrentTransition(TransitionError):
+    """Another process moved the regression first (it was no longer in the state this one read)."""
+
+
+def lock(session: Session, regression: Regression) -> Regression:
+    """Read ``regression`` again under a row lock (``SELECT ... FOR UPDATE`` on PostgreSQL).
+
+    Until the transaction ends, another process that locks it waits, then reads the state
+    this one wrote. SQLite has no row locks; the version column catches a lost race there.
+    """
+    session.execute(select(Regression).where(Regression.id == regression.id)
+                    .with_for_update().execution_options(populate_existing=True))
+    return regression
+
+
 def transition(session: Session, regression: Regression, to_state: RegressionState,
-               run: Run | None, reason: str) -> RegressionEvent:
-    """Move ``regression`` to ``to_state`` and record the event."""
+               run: Run | None, reason: str, *, expect: RegressionState | None = None) -> RegressionEvent:
+    """Move ``regression`` to ``to_state`` and record the event.
+
+    The state is read again under a row lock first, so two processes cannot both take the
+    same step (two verifies of one regression): the second one sees the first one's state
+    and gets :class:`TransitionError`, or :class:`ConcurrentTransition` when ``expect`` (the
+    state the caller acted on) is no longer the state.
+    """
+    lock(session, regression)
     from_state = regression.state
+    if expect is not None and from_state != expect:
+        raise ConcurrentTransition(f"regression {regression.id} is {from_state.value} now, not {expect.value} "
+                                   "(another process moved it)")
     if to_state not in TRANSITIONS[from_state]:
         raise TransitionError(
             f"regression {regression.id}: cannot go from {from_state.value} to {to_state.value}"
@@ -44,35 +74,39 @@ def transition(session: Session, regression: Regression, to_state: RegressionSta
         run_id=run.id if run else None, reason=reason, at=now,
     )
     session.add(event)
-    session.flush()
+    try:
+        session.flush()  # the UPDATE checks the version it read: a concurrent writer fails it here
+    except StaleDataError:
+        session.rollback()
+        raise ConcurrentTransition(f"regression {regression.id} was changed by another process "
+                                   f"while this one moved it to {to_state.value}") from None
     return event
 
 
 def open_regression(session: Session, run: Run, comparison: Comparison, kind: str = "speed",
                     reason: str | None = None) -> Regression:
     """Store a suspected regression found by ``run`` (state ``benchmark``); ``kind`` is
-    ``speed`` or ``correctness``."""
+    ``speed`` or ``correctness``.
+
+    A pair, workload, device and kind has at most one open regression (a unique index over
+    the open states): when one is open already (an earlier run of the same pair, or a
+    concurrent one) that one is returned and nothing new is opened.
+    """
+    key = dict(workload_id=comparison.workload_id, device_id=run.device_id,
+               control_commit_id=run.control_commit_id, treatment_commit_id=run.treatment_commit_id, kind=kind)
     now = utcnow()
-    regression = Regression(
-        workload_id=comparison.workload_id,
-        device_id=run.device_id,
-        control_commit_id=run.control_commit_id,
-        treatment_commit_id=run.treatment_commit_id,
-        run_id=run.id,
-        comparison_id=comparison.id,
-        state=S.BENCHMARK,
-        kind=kind,
-        change_pct=comparison.change_pct or 0.0,
-        created_at=now,
-        updated_at=now,
-    )
-    session.add(regression)
-    session.flush()
-    session.add(RegressionEvent(
-        regression=regression, from_state=None, to_state=S.BENCHMARK, run_id=run.id, at=now,
-        reason=f"{run.run_type.value} run {run.id}: {reason or comparison.details.get('reason', 'slower')}",
-    ))
-    session.flush()
+    insert_ignoring_conflict(session, Regression, {
+        **key, "run_id": run.id, "comparison_id": comparison.id, "state": S.BENCHMARK,
+        "change_pct": comparison.change_pct or 0.0, "created_at": now, "updated_at": now, "version": 1,
+    }, list(key), where=text(OPEN_REGRESSION_SQL))
+    regression = session.scalars(select(Regression).filter_by(**key).where(
+        Regression.state.in_(OPEN_STATES))).one()
+    if regression.run_id == run.id and not regression.events:
+        session.add(RegressionEvent(
+            regression=regression, from_state=None, to_state=S.BENCHMARK, run_id=run.id, at=now,
+            reason=f"{run.run_type.value} run {run.id}: {reason or comparison.details.get('reason', 'slower')}",
+        ))
+        session.flush()
     return regression
 
 

@@ -127,8 +127,12 @@ def reap(session: Session) -> list[str]:
         if verifier is not None and verifier.status == RunStatus.RUNNING:
             continue
         what = f"verify run {verifier.id} ended {verifier.status.value}" if verifier else "no verify run"
-        lifecycle.transition(session, regression, RegressionState.BENCHMARK, verifier,
-                             f"{what} without a verdict; back to suspected, can be verified again")
+        try:
+            lifecycle.transition(session, regression, RegressionState.BENCHMARK, verifier,
+                                 f"{what} without a verdict; back to suspected, can be verified again",
+                                 expect=RegressionState.VERIFY)
+        except lifecycle.TransitionError:
+            continue  # another command reaped it (or a verify finished it) a moment ago
         notes.append(f"regression {regression.id} returned to benchmark ({what})")
     session.commit()
     return notes

@@ -25,6 +25,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -152,9 +153,16 @@ class Commit(Base):
 
 
 class Build(Base):
-    """One build of a commit with one builder configuration."""
+    """One build of a commit with one builder configuration.
+
+    A successful build is stored once per artifact key: whoever finds the artifact in the
+    cache (another process, a later run) points at the same row.
+    """
 
     __tablename__ = "builds"
+    __table_args__ = (Index("uq_builds_artifact_key_success", "artifact_key", unique=True,
+                            postgresql_where=text("status = 'success'"),
+                            sqlite_where=text("status = 'success'")),)
     id: Mapped[int] = mapped_column(primary_key=True)
     commit_id: Mapped[int] = mapped_column(ForeignKey("commits.id"), index=True)
     builder: Mapped[str] = mapped_column(String(64))
@@ -181,13 +189,22 @@ class Device(Base):
 
 
 class Workload(Base):
-    """A named thing to time; its spec is the config entry that defines it."""
+    """One series of measurements: a named thing to time in one repository, with one spec.
+
+    The identity is (repository, name, spec hash): two configs (or two repositories) with a
+    workload called ``mlp`` get two rows, and so does a workload whose spec changed (a new
+    series starts). ``spec`` is the config entry that defines it and never changes.
+    """
 
     __tablename__ = "workloads"
+    __table_args__ = (UniqueConstraint("repository_id", "name", "spec_hash"),)
     id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(256), unique=True)
+    repository_id: Mapped[int] = mapped_column(ForeignKey("repositories.id"))
+    name: Mapped[str] = mapped_column(String(256), index=True)
+    spec_hash: Mapped[str] = mapped_column(String(64))
     kind: Mapped[str] = mapped_column(String(32))
     spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    repository: Mapped[Repository] = relationship()
 
 
 class Run(Base):
@@ -290,10 +307,25 @@ class Comparison(Base):
     workload: Mapped[Workload] = relationship()
 
 
+# A regression is open in these states; one pair/workload/device/kind has at most one open.
+OPEN_REGRESSION_STATES = ("benchmark", "verify", "regress")
+OPEN_REGRESSION_SQL = "state IN ('benchmark', 'verify', 'regress')"  # uq_regressions_open's predicate
+_OPEN = text(OPEN_REGRESSION_SQL)
+
+
 class Regression(Base):
-    """A suspected or confirmed slowdown of one workload between two commits on one device."""
+    """A suspected or confirmed slowdown of one workload between two commits on one device.
+
+    ``version`` grows with every change of the row; the ORM checks it on each UPDATE, so two
+    processes that both read a regression cannot both move it (the second one's write finds
+    a newer version and fails instead of overwriting).
+    """
 
     __tablename__ = "regressions"
+    # re-running a pair finds the open regression instead of opening a second one
+    __table_args__ = (Index("uq_regressions_open", "workload_id", "device_id", "control_commit_id",
+                            "treatment_commit_id", "kind", unique=True,
+                            postgresql_where=_OPEN, sqlite_where=_OPEN),)
     id: Mapped[int] = mapped_column(primary_key=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
     device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"))
@@ -316,6 +348,7 @@ class Regression(Base):
     culprit_commit_id: Mapped[int | None] = mapped_column(ForeignKey("commits.id"))
     # Regressions with the same culprit on one device share a group: the lowest regression id.
     group_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     workload: Mapped[Workload] = relationship()
     device: Mapped[Device | None] = relationship()
     control_commit: Mapped[Commit] = relationship(foreign_keys=[control_commit_id])
@@ -326,6 +359,7 @@ class Regression(Base):
         order_by="RegressionEvent.id", back_populates="regression"
     )
     triage_events: Mapped[list["TriageEvent"]] = relationship(order_by="TriageEvent.id")
+    __mapper_args__ = {"version_id_col": version}
 
 
 class RegressionEvent(Base):

@@ -3,7 +3,8 @@ verdicts, and start the next run with as many invocations as that noise needs.""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import case, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from abwatch.service import stats
@@ -43,14 +44,16 @@ def learn(session: Session, workload_id: int, device_id: int | None, samples: di
         cv = sum(stats.process_cv(samples[side], groups[side]) for side in samples) / len(samples)
     except ValueError:
         return
-    profile = session.scalar(select(NoiseProfile).where(
-        NoiseProfile.workload_id == workload_id, NoiseProfile.device_id == device_id))
-    if profile is None:
-        session.add(NoiseProfile(workload_id=workload_id, device_id=device_id, process_cv=cv,
-                                 observations=1, updated_at=utcnow()))
-    else:
-        weight = min(profile.observations, MEMORY)
-        profile.process_cv = (profile.process_cv * weight + cv) / (weight + 1)
-        profile.observations += 1
-        profile.updated_at = utcnow()
+    # One statement that reads and writes the row: two runs that finish at once both count
+    # (a read-then-write in Python would lose one of them).
+    table = NoiseProfile.__table__
+    dialect = session.get_bind().dialect.name
+    statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
+        workload_id=workload_id, device_id=device_id, process_cv=cv, observations=1, updated_at=utcnow())
+    weight = case((table.c.observations < MEMORY, table.c.observations), else_=MEMORY)
+    session.execute(statement.on_conflict_do_update(
+        index_elements=["workload_id", "device_id"],
+        set_={"process_cv": (table.c.process_cv * weight + statement.excluded.process_cv) / (weight + 1),
+              "observations": table.c.observations + 1,
+              "updated_at": statement.excluded.updated_at}))
     session.flush()

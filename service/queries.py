@@ -101,7 +101,8 @@ def run_report(session: Session, run_id: int) -> dict[str, Any]:
 def regression_summary(r: Regression) -> dict[str, Any]:
     """One regression as a list entry."""
     return {
-        "id": r.id, "workload": r.workload.name, "kind": r.kind, "state": r.state.value,
+        "id": r.id, "workload": r.workload.name, "workload_id": r.workload_id, "kind": r.kind,
+        "state": r.state.value,
         "triage": r.triage.value if r.triage else None,
         "silenced": r.triage in SILENCED_TRIAGE,
         "change_pct": r.change_pct, "run_id": r.run_id,
@@ -182,13 +183,17 @@ def series(session: Session, workload: str, device: str | None = None,
         params["d"] = device
     points = session.execute(text(
         "SELECT device, sha, summary, committed_at, run_id, side, median_ms, n, verdict, change_pct, "
-        f"ci_low_pct, ci_high_pct FROM workload_series WHERE {where} "
-        "ORDER BY device, committed_at, measured_at"), params).mappings().all()
+        f"ci_low_pct, ci_high_pct, workload_id, repository, spec_hash FROM workload_series WHERE {where} "
+        "ORDER BY device, workload_id, committed_at, measured_at"), params).mappings().all()
     regressions = list_regressions(session, workload=workload, device=device, limit=1000)
-    devices: dict[str, dict[str, Any]] = {}
+    # one entry per device *and* series: a name in two repositories, or with two specs, is two series
+    devices: dict[tuple[str, int], dict[str, Any]] = {}
     for p in points:
-        entry = devices.setdefault(p["device"] or "", {"device": p["device"], "points": []})
-        entry["points"].append({**p, "committed_at": _as_iso(p["committed_at"])})
+        entry = devices.setdefault((p["device"] or "", p["workload_id"]), {
+            "device": p["device"], "workload_id": p["workload_id"], "repository": p["repository"],
+            "spec_hash": p["spec_hash"], "points": []})
+        entry["points"].append({k: v for k, v in p.items() if k not in ("workload_id", "repository", "spec_hash")}
+                               | {"committed_at": _as_iso(p["committed_at"])})
     for entry in devices.values():
         values = [p["median_ms"] for p in entry["points"]]
         found = stats.change_points(values, max_pvalue=max_pvalue) if change_points and len(values) >= 4 else []
@@ -196,7 +201,8 @@ def series(session: Session, workload: str, device: str | None = None,
             {"index": c.index, "sha": entry["points"][c.index]["sha"],
              "after_sha": entry["points"][c.index - 1]["sha"], "change_pct": c.change_pct, "p_value": c.p_value}
             for c in found]
-        entry["regressions"] = [r for r in regressions if r["device"] == entry["device"]]
+        entry["regressions"] = [r for r in regressions
+                                if r["device"] == entry["device"] and r["workload_id"] == entry["workload_id"]]
     return {"workload": workload, "devices": list(devices.values())}
 
 

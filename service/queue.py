@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import os
 import socket
-import zlib
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import Iterator
 
@@ -32,20 +31,13 @@ from sqlalchemy import Engine, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from abwatch.service import liveness
+from abwatch.service import liveness, locks
+from abwatch.service.locks import DEVICE_LOCK, JOB_LOCK, lock_key as _key
 from abwatch.service.models import Device, Job, JobStatus, Run, RunStatus, utcnow
-
-DEVICE_LOCK, JOB_LOCK = 0x41420001, 0x41420002  # advisory-lock namespaces (two-int form)
-
 
 def worker_name() -> str:
     """``host:pid`` of this process, stored on the jobs it claims."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _key(text_: str) -> int:
-    """A stable 31-bit key for a device name (advisory locks take integers)."""
-    return zlib.crc32(text_.encode()) & 0x7FFFFFFF
 
 
 def enqueue(session: Session, kind: str, device: str, payload: dict, dedupe_key: str) -> Job | None:
@@ -78,6 +70,8 @@ class Worker:
         self.factory = sessionmaker(engine, expire_on_commit=False)
         self.current: Job | None = None  # the job being run (a signal then interrupts it)
         self._locks = engine.connect().execution_options(isolation_level="AUTOCOMMIT") if self.postgres else None
+        if self._locks is not None:  # a compare waiting for the device names who holds it
+            locks.label(self._locks, f"abwatch worker {self.name}")
 
     def close(self) -> None:
         """Drop the lock connection (and with it any lock still held)."""
@@ -98,7 +92,9 @@ class Worker:
     def _device(self) -> Iterator[bool]:
         got = self._try_lock(DEVICE_LOCK, _key(self.device))
         try:
-            yield got
+            # the driver's measuring lock (service.locks.device_lock) sees this process holds it
+            with locks.held_here(self.device) if got else nullcontext():
+                yield got
         finally:
             if got:
                 self._unlock(DEVICE_LOCK, _key(self.device))

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from abwatch.service import alerts, bisect, driver, lifecycle, queue
 from abwatch.service.config import Config
 from abwatch.service.models import (
-    Commit, Job, Regression, RegressionState, Run, RunStatus, WatchedCommit, WatchProgress, Workload, utcnow,
+    Commit, Comparison, Job, Regression, RegressionState, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
 )
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.builders.spec import CommitInfo, spec_hash
@@ -232,10 +232,12 @@ def _fixes(session: Session, config: Config, outcome: driver.CompareOutcome) -> 
         v = result.verdict
         if v.verdict.value != "improvement" or v.change_pct is None:
             continue
+        # the same series only: another repository's or another spec's workload of this name is not undone
+        workload_id = session.get(Comparison, result.comparison_id).workload_id
         for regression in session.scalars(
-                select(Regression).join(Regression.workload)
+                select(Regression)
                 .where(Regression.state == RegressionState.REGRESS, Regression.kind == "speed",
-                       Regression.device_id == run.device_id, Workload.name == result.workload)):
+                       Regression.device_id == run.device_id, Regression.workload_id == workload_id)):
             # back within the threshold of where it was before the regression
             net = (1 + regression.change_pct / 100) * (1 + v.change_pct / 100)
             if net <= 1 + config.stats.threshold_pct / 100:

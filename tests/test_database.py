@@ -57,12 +57,12 @@ def test_ensure_schema_refuses_an_old_revision(sqlite_url):
 
 
 def test_enums_are_stored_by_value_and_checked(session):
-    session.add(Workload(name="w", kind="command", spec={}))
-    session.flush()
     from abwatch.service.models import Build, BuildStatus, Commit, Repository
 
     repo = Repository(url="/r")
     session.add(repo)
+    session.flush()
+    session.add(Workload(repository_id=repo.id, name="w", spec_hash="h", kind="command", spec={}))
     session.flush()
     commit = Commit(repository_id=repo.id, sha="a" * 40)
     session.add(commit)

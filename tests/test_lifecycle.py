@@ -19,7 +19,7 @@ def suspected(session):
     session.add(repo)
     session.flush()
     a, b = Commit(repository_id=repo.id, sha="a" * 40), Commit(repository_id=repo.id, sha="b" * 40)
-    workload = Workload(name="lifecycle-w", kind="command", spec={})
+    workload = Workload(repository_id=repo.id, name="lifecycle-w", spec_hash="h", kind="command", spec={})
     session.add_all([a, b, workload])
     session.flush()
     run = Run(run_type=RunType.BENCHMARK, status=RunStatus.COMPLETED, repository_id=repo.id,

@@ -1,0 +1,297 @@
+"""Several abwatch processes on one database and one cache: none fails, nothing is stored twice.
+
+The processes are the real ``abwatch`` command started with subprocess, on a real PostgreSQL
+database (and SQLite where the same guarantee is claimed), building and timing the real C
+benchmark of the test repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import git
+import pytest
+from sqlalchemy import func, select, text
+
+from abwatch.service import db, locks, noise
+from abwatch.service.models import (
+    Build, BuildStatus, Comparison, Commit, Device, NoiseProfile, Regression, RegressionEvent,
+    RegressionState, Repository, Run, RunStatus, RunType, VerdictKind, Workload,
+)
+from abwatch.builders.repo import RepoMirror
+from abwatch.builders.spec import CommitInfo
+from abwatch.service.store import get_commit, get_repository, get_workload
+from tests.test_compare import compare, run_cli
+
+ABWATCH = [sys.executable, "-m", "abwatch.service.cli"]
+FAILURE_WORDS = ("Traceback", "UniqueViolation", "IntegrityError", "already exists", "internal error",
+                 "database error", "deadlock")
+
+
+def _start(args: list, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([*ABWATCH, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **(env or {})})
+
+
+def _finish(procs: list[subprocess.Popen], timeout_s: float = 600) -> list[tuple[int, str, str]]:
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout_s)
+        results.append((proc.returncode, out, err))
+    return results
+
+
+def _count(url: str, model, *where) -> int:
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return connection.scalar(select(func.count()).select_from(model).where(*where))
+    finally:
+        engine.dispose()
+
+
+def _config(path: Path, repo: Path, cache: Path, *, command: str = '["./bench", "10"]', repetitions: int = 10) -> Path:
+    path.write_text(f"""
+cache_dir = {json.dumps(str(cache))}
+[repo]
+url = {json.dumps(str(repo))}
+[build]
+kind = "command"
+command = ["sh", "build.sh"]
+artifacts = "out"
+[[workloads]]
+name = "loop"
+kind = "command"
+command = {command}
+[run]
+repetitions = {repetitions}
+warmup = 1
+timeout_s = 30
+seed = 7
+noise_aware = false
+max_repetitions = 40
+[stats]
+threshold_pct = 5.0
+""")
+    return path
+
+
+def test_three_compares_at_once_on_one_database_and_one_empty_cache(fresh_pg_url, bench_repo, tmp_path):
+    """The operator's report: UniqueViolation on the first migration and on workloads/repositories,
+    and a clone race on an empty cache. Three at once, with the pair in both orders."""
+    config = _config(tmp_path / "abwatch.toml", bench_repo, tmp_path / "cache")
+    pairs = [("base", "noop"), ("noop", "base"), ("base", "noop")]
+    procs = [_start(["compare", "--config", config, "--control", c, "--treatment", t, "--json", "--db", fresh_pg_url])
+             for c, t in pairs]
+    results = _finish(procs)
+    for code, out, err in results:
+        # 0 or 1 are verdicts (the machine may be noisy); anything else is a failure of abwatch
+        assert code in (0, 1), err
+        assert not any(word in err for word in FAILURE_WORDS), err
+        assert json.loads(out)["status"] == "completed"
+    assert _count(fresh_pg_url, Run) == 3
+    assert _count(fresh_pg_url, Run, Run.status == RunStatus.RUNNING) == 0
+    assert _count(fresh_pg_url, Repository) == 1
+    assert _count(fresh_pg_url, Commit) == 2
+    assert _count(fresh_pg_url, Device) == 1
+    assert _count(fresh_pg_url, Workload) == 1
+    # one row per artifact, whoever built it and whoever found it in the cache
+    assert _count(fresh_pg_url, Build) == 2
+    assert _count(fresh_pg_url, Comparison) == 3
+    mirrors = list((tmp_path / "cache" / "repos").glob("*.git"))
+    assert len(mirrors) == 1 and not list((tmp_path / "cache" / "repos").glob("*.tmp"))
+
+
+def test_two_verifies_of_one_regression_move_it_once(write_config, fresh_pg_url, capsys, monkeypatch):
+    monkeypatch.setenv("FLAKY_SLOWDOWN", "1.3")
+    config = write_config(repetitions=6, run_extra="max_repetitions = 30\nverify_factor = 2.0")
+    code, first, err = compare(capsys, config, fresh_pg_url, "base", "flaky")
+    assert code == 1, err
+    results = _finish([_start(["verify", first["run_id"], "--json", "--db", fresh_pg_url]) for _ in range(2)])
+    for code, _, err in results:
+        assert code in (0, 1), err
+        assert not any(word in err for word in FAILURE_WORDS), err
+    # one verify took it; the other found it taken (or, if it came later, nothing left to verify)
+    assert sum("nothing to verify" in err for _, _, err in results) == 1, [err for _, _, err in results]
+    engine = db.make_engine(fresh_pg_url)
+    with db.session_scope(engine) as session:
+        [regression] = session.scalars(select(Regression)).all()
+        events = [(e.from_state, e.to_state) for e in regression.events]
+        assert events[:2] == [(None, RegressionState.BENCHMARK), (RegressionState.BENCHMARK, RegressionState.VERIFY)]
+        assert len(events) == 3 and events[2][0] == RegressionState.VERIFY
+        assert events[2][1] in (RegressionState.REGRESS, RegressionState.CLEARED)
+        verifies = list(session.scalars(select(Run).where(Run.run_type == RunType.VERIFY)))
+        assert [r.status for r in verifies].count(RunStatus.COMPLETED) == 1
+        assert all(r.status in (RunStatus.COMPLETED, RunStatus.FAILED) for r in verifies)
+        for loser in (r for r in verifies if r.status == RunStatus.FAILED):
+            assert "another verify took it first" in loser.error
+    engine.dispose()
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_migrations_at_once_on_an_empty_database(kind, request, tmp_path):
+    url = request.getfixturevalue("fresh_pg_url") if kind == "postgres" else f"sqlite:///{tmp_path / 'a.db'}"
+    results = _finish([_start(["db", "upgrade", "--db", url]) for _ in range(3)])
+    head = db.head_revision(url)
+    for code, out, err in results:
+        assert code == 0, err
+        assert out.strip() == head
+    engine = db.make_engine(url)
+    with engine.connect() as connection:
+        assert connection.scalar(text("SELECT COUNT(*) FROM alembic_version")) == 1
+    engine.dispose()
+
+
+def test_get_or_create_from_many_threads_makes_one_row_each(fresh_pg_url):
+    """Sixteen sessions meet the same new repository, commit and workload at the same moment."""
+    db.upgrade(fresh_pg_url)
+    engine = db.make_engine(fresh_pg_url)
+    info = CommitInfo(sha="c" * 40, summary="s", author="a <a@b>", committed_at=None)
+    barrier, errors, ids = threading.Barrier(16), [], set()
+
+    def one() -> None:
+        try:
+            with db.session_scope(engine) as session:
+                barrier.wait()
+                repository = get_repository(session, "/many")
+                commit = get_commit(session, repository, info)
+                workload = get_workload(session, repository.id, "w", "command", {"command": ["x"]})
+                ids.add((repository.id, commit.id, workload.id))
+        except Exception as exc:  # collected: an assertion in a thread would go unseen
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(ids) == 1
+    assert (_count(fresh_pg_url, Repository), _count(fresh_pg_url, Commit), _count(fresh_pg_url, Workload)) == (1, 1, 1)
+    engine.dispose()
+
+
+def test_noise_profiles_lose_no_update(fresh_pg_url):
+    db.upgrade(fresh_pg_url)
+    engine = db.make_engine(fresh_pg_url)
+    with db.session_scope(engine) as session:
+        repository = get_repository(session, "/noise")
+        workload_id = get_workload(session, repository.id, "w", "command", {}).id
+        session.add(Device(name="d", kind="cpu", hardware_config={}))
+        session.flush()
+        device_id = session.scalar(select(Device.id))
+    samples = {"control": [1.0, 1.1, 1.0, 1.2, 0.9, 1.0], "treatment": [1.0, 1.05, 1.1, 0.95, 1.0, 1.1]}
+    groups = {"control": [0, 0, 1, 1, 2, 2], "treatment": [0, 0, 1, 1, 2, 2]}
+    barrier, errors = threading.Barrier(12), []
+
+    def one() -> None:
+        try:
+            with db.session_scope(engine) as session:
+                barrier.wait()
+                noise.learn(session, workload_id, device_id, samples, groups)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with db.session_scope(engine) as session:
+        [profile] = session.scalars(select(NoiseProfile)).all()
+        assert profile.observations == 12
+    engine.dispose()
+
+
+def test_mirror_is_cloned_once_by_processes_that_start_together(bench_repo, tmp_path):
+    """Three clones of an empty cache at once: each waits for the first instead of racing on its
+    temporary directory (``destination path ... .tmp already exists``)."""
+    script = ("import sys; from pathlib import Path; from abwatch.builders.repo import RepoMirror; "
+              "m = RepoMirror(sys.argv[1], Path(sys.argv[2])); m.fetch(); print(m.resolve('slower').sha)")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(bench_repo), str(tmp_path / "cache")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = _finish(procs)
+    expected = git.Repo(bench_repo).commit("slower").hexsha
+    assert [(code, out.strip()) for code, out, _ in results] == [(0, expected)] * 3, [e for *_, e in results]
+    assert [p.name for p in (tmp_path / "cache" / "repos").iterdir() if p.suffix != ".lock"] \
+        == [RepoMirror(str(bench_repo), tmp_path / "cache").path.name]
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_a_busy_device_makes_the_measuring_phase_wait_and_says_who_holds_it(kind, request, write_config, tmp_path):
+    """Held by someone else (here: the test, named like a run), the device keeps a compare from
+    measuring; the compare says who holds it, builds meanwhile, and measures once it is free."""
+    url = request.getfixturevalue("fresh_pg_url") if kind == "postgres" else f"sqlite:///{tmp_path / 'a.db'}"
+    config = write_config(repetitions=4, run_extra="max_repetitions = 8")
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    import socket
+
+    device = socket.gethostname()  # the cpu runner's device name
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with locks.device_lock(engine, device, "abwatch run 999", tmp_path / "cache" / "locks"):
+            held.set()
+            release.wait(300)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(60)
+    proc = _start(["compare", "--config", config, "--control", "base", "--treatment", "noop", "--json", "--db", url])
+    try:
+        deadline = time.monotonic() + 300
+        # the run exists and its builds are stored, but not one invocation while the device is held
+        while _count(url, Run, Run.treatment_build_id.is_not(None)) == 0:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.3)
+        time.sleep(3)
+        from abwatch.service.models import Invocation
+
+        assert _count(url, Invocation) == 0
+    finally:
+        release.set()
+        holder.join()
+    code, out, err = _finish([proc])[0]
+    assert code in (0, 1), err
+    assert f"device {device} is busy, measured by abwatch run 999 {socket.gethostname()}:{os.getpid()}" in err
+    assert json.loads(out)["status"] == "completed"
+    engine.dispose()
+
+
+def test_rerunning_a_pair_does_not_open_a_second_regression(session):
+    from abwatch.service import lifecycle
+
+    repository = get_repository(session, "/rerun")
+    a = get_commit(session, repository, CommitInfo("a" * 40, "", "", None))
+    b = get_commit(session, repository, CommitInfo("b" * 40, "", "", None))
+    workload = get_workload(session, repository.id, "w", "command", {})
+    device = Device(name="rerun-device", kind="cpu", hardware_config={})
+    session.add(device)
+    session.flush()
+    opened = []
+    for _ in range(2):
+        run = Run(run_type=RunType.BENCHMARK, status=RunStatus.COMPLETED, repository_id=repository.id,
+                  control_ref="a", treatment_ref="b", control_commit_id=a.id, treatment_commit_id=b.id,
+                  device_id=device.id, seed=1)
+        session.add(run)
+        session.flush()
+        comparison = Comparison(run_id=run.id, workload_id=workload.id, verdict=VerdictKind.REGRESSION,
+                                change_pct=9.0, control_n=5, treatment_n=5, details={})
+        session.add(comparison)
+        session.flush()
+        opened.append(lifecycle.open_regression(session, run, comparison))
+    assert opened[0].id == opened[1].id
+    assert session.scalar(select(func.count()).select_from(RegressionEvent)
+                          .where(RegressionEvent.regression_id == opened[0].id)) == 1
+    # once it is closed, the same pair may be found again: a new regression
+    lifecycle.transition(session, opened[0], RegressionState.VERIFY, run, "v")
+    lifecycle.transition(session, opened[0], RegressionState.CLEARED, run, "c")
+    assert lifecycle.open_regression(session, run, comparison).id != opened[0].id
