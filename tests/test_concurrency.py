@@ -22,10 +22,11 @@ from sqlalchemy import func, select, text
 from abwatch.service import db, locks, noise
 from abwatch.service.models import (
     Build, BuildStatus, Comparison, Commit, Device, NoiseProfile, Regression, RegressionEvent,
-    RegressionState, Repository, Run, RunStatus, RunType, VerdictKind, Workload,
+    RegressionState, Repository, Run, RunStatus, RunType, Workload,
 )
 from abwatch.builders.repo import RepoMirror
 from abwatch.builders.spec import CommitInfo
+from abwatch.service.stats import Outcome
 from abwatch.service.store import get_commit, get_repository, get_workload
 from tests.test_compare import compare, run_cli
 
@@ -283,7 +284,7 @@ def test_rerunning_a_pair_does_not_open_a_second_regression(session):
                   device_id=device.id, seed=1)
         session.add(run)
         session.flush()
-        comparison = Comparison(run_id=run.id, workload_id=workload.id, verdict=VerdictKind.REGRESSION,
+        comparison = Comparison(run_id=run.id, workload_id=workload.id, verdict=Outcome.REGRESSION,
                                 change_pct=9.0, control_n=5, treatment_n=5, details={})
         session.add(comparison)
         session.flush()
