@@ -1,24 +1,32 @@
 """Bisection: name the commit that caused a confirmed regression.
 
-The range is the first-parent commits after the regression's control (good) up to its
+The range is the first-parent commits after the regressions' control (good) up to their
 treatment (bad). Each step A/B-tests the commit nearest the middle against the good end
 through :func:`~service.driver.run_compare` (run type ``regress``, so no new regressions
 are opened); when that comparison cannot decide, the same commit is compared with the bad
 end (both builds are cached by then, so it costs no build). A commit that does not build is
-skipped (``git bisect skip``) and the next one nearest the middle is tried. Every step is a
-:class:`~service.models.BisectionStep`; the culprit and the group (regressions with the same
-culprit on one device) are stored on each regression.
+skipped (``git bisect skip``) and the next one nearest the middle is tried.
+
+Several workloads confirmed by one verify run are bisected together while they agree; when
+a step finds some of them slower and others not, they have different culprits, and each
+part goes on in its own half of the range. One culprit costs at most ceil(log2 N) + 1 builds
+(plus one per broken commit); each further culprit in the range only the builds its own
+half still needs. Every step is a :class:`~service.models.BisectionStep` of each regression
+it judged; the culprit and the group (regressions with the same culprit on one device) are
+stored on each regression.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from abwatch.builders.repo import RepoMirror
 from abwatch.service import driver, stats
 from abwatch.service.config import Config
 from abwatch.service.models import BisectionStep, Regression, RunType
-from abwatch.builders.repo import RepoMirror
 from abwatch.service.store import get_commit, get_repository
 
 BAD, GOOD, SKIP = "bad", "good", "skip"
@@ -29,21 +37,42 @@ def max_builds(n: int) -> int:
     return max(1, (n - 1).bit_length()) + 1 if n > 1 else 1
 
 
-def _side(outcome: driver.CompareOutcome, names: set[str], good_is_control: bool) -> tuple[str, dict]:
-    """Whether the tried commit looks good or bad (or undecided), and each workload's verdict."""
-    verdicts = {r.workload: r.verdict for r in outcome.results if r.workload in names}
-    found = {name: (v.verdict.value, v.change_pct) for name, v in verdicts.items()}
-    slower = any(v.verdict == stats.Outcome.REGRESSION for v in verdicts.values())
-    undecided = any(v.verdict == stats.Outcome.UNKNOWN for v in verdicts.values())
-    if good_is_control:  # tried commit is the treatment against the good end
-        return (BAD if slower else (None if undecided else GOOD)), found
-    # against the bad end (tried commit is the control): the bad end slower means it is good
-    return (GOOD if slower else (None if undecided else BAD)), found
+@dataclass
+class _Part:
+    """Workloads still searched together, and their range: ``commits[lo]`` good, ``commits[hi]`` bad."""
+
+    names: set[str]
+    lo: int
+    hi: int
+    skipped: set[int] = field(default_factory=set)
+
+    def candidates(self) -> list[int]:
+        return [i for i in range(self.lo + 1, self.hi) if i not in self.skipped]
+
+
+def _sides(outcome: driver.CompareOutcome, names: set[str], good_is_control: bool) -> dict[str, tuple]:
+    """Per workload: good, bad or None (undecided), with its verdict and change."""
+    found = {}
+    for r in outcome.results:
+        if r.workload not in names:
+            continue
+        v = r.verdict
+        slower = v.verdict == stats.Outcome.REGRESSION
+        undecided = v.verdict == stats.Outcome.UNKNOWN or r.failure
+        if good_is_control:  # the tried commit is the treatment against the good end
+            side = BAD if slower else (None if undecided else GOOD)
+        else:  # against the bad end (the tried commit is the control): the bad end slower means good
+            side = GOOD if slower else (None if undecided else BAD)
+        found[r.workload] = (side, v.verdict.value, v.change_pct)
+    return found
 
 
 def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressions: list[Regression],
-                 parent_run_id: int, progress: driver.Progress | None = None) -> str | None:
-    """Bisect the range of ``regressions`` (one run's confirmed ones); the culprit sha, or None."""
+                 parent_run_id: int, progress: driver.Progress | None = None) -> dict[str, str]:
+    """Bisect the range of ``regressions`` (one verify run's confirmed ones).
+
+    Returns ``{workload: culprit sha}`` for the workloads whose culprit was found.
+    """
     from abwatch.service.watch import first_parents  # the watch imports this module
 
     progress = progress or driver.NullProgress()
@@ -52,54 +81,73 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
     commits = first_parents(mirror, good, bad)
     if not commits or commits[-1] != bad:  # not on one first-parent line (e.g. a fixed: control)
         commits = [bad]
-    names = {r.workload.name for r in regressions}
+    by_name = {r.workload.name: r for r in regressions}
     stored = session.get(driver.Run, parent_run_id).config
-    run_config = Config.model_validate(stored)
-    run_config = run_config.model_copy(update={
-        "workloads": [w for w in run_config.workloads if w.name in names],
-        "run": run_config.run.model_copy(update={"seed": None})})
+    base_config = Config.model_validate(stored)
     repository = get_repository(session, config.repo.url)
-    lo, hi, skipped, builds, position = -1, len(commits) - 1, set(), 0, 0
     limit = config.watch.max_builds_per_range
-    progress.message(f"bisecting {len(commits)} commit(s) {good[:12]}..{bad[:12]} for {sorted(names)}")
-    while hi - lo > 1 and builds < limit:
-        candidates = [i for i in range(lo + 1, hi) if i not in skipped]
-        if not candidates:
-            break  # only broken commits left between: the culprit is one of them or hi
-        middle = (lo + hi) / 2
+    positions = {r.id: session.scalar(select(func.count()).select_from(BisectionStep)
+                                      .where(BisectionStep.regression_id == r.id)) for r in regressions}
+    progress.message(f"bisecting {len(commits)} commit(s) {good[:12]}..{bad[:12]} for {sorted(by_name)}")
+    todo, culprits, builds = [_Part(set(by_name), -1, len(commits) - 1)], {}, 0
+
+    def compare(names: set[str], control: str, treatment: str) -> driver.CompareOutcome:
+        run_config = base_config.model_copy(update={
+            "workloads": [w for w in base_config.workloads if w.name in names],
+            "run": base_config.run.model_copy(update={"seed": None})})
+        return driver.run_compare(session, run_config, control, treatment, run_type=RunType.REGRESS,
+                                  parent_run_id=parent_run_id, progress=progress)
+
+    while todo:
+        part = todo.pop()
+        candidates = part.candidates()
+        if not candidates or builds >= limit:
+            # hi - lo == 1, or only broken commits between: hi is the first commit known bad
+            if part.hi - part.lo == 1 or not candidates:
+                culprits.update({name: commits[part.hi] for name in part.names})
+            continue
+        middle = (part.lo + part.hi) / 2
         mid = min(candidates, key=lambda i: (abs(i - middle), i))
         sha = commits[mid]
-        outcome = driver.run_compare(session, run_config, good, sha, run_type=RunType.REGRESS,
-                                     parent_run_id=parent_run_id, progress=progress)
+        outcome = compare(part.names, good, sha)
         builds += sum(1 for b in outcome.builds if not b.cached)
         if outcome.status == "build_failed":
-            skipped.add(mid)
-            verdict, found = SKIP, {}
+            part.skipped.add(mid)
+            found = {name: (SKIP, "build_failed", None) for name in part.names}
         else:
-            verdict, found = _side(outcome, names, good_is_control=True)
-            if verdict is None:  # undecided against the good end: ask the bad end
-                outcome = driver.run_compare(session, run_config, sha, bad, run_type=RunType.REGRESS,
-                                             parent_run_id=parent_run_id, progress=progress)
-                verdict, _ = _side(outcome, names, good_is_control=False)
-                verdict = verdict or BAD  # neither end tells them apart: keep the earlier commit
+            found = _sides(outcome, part.names, good_is_control=True)
+            undecided = {name for name in part.names if found.get(name, (None,))[0] is None}
+            if undecided:  # ask the bad end about those (no build: both are cached)
+                again = _sides(compare(undecided, sha, bad), undecided, good_is_control=False)
+                for name in undecided:
+                    side, value, change = again.get(name, (None, "unknown", None))
+                    # neither end tells them apart: keep the earlier commit as the suspect
+                    found[name] = (side or BAD, value, change)
         commit = get_commit(session, repository, mirror.resolve(sha))
-        for regression in regressions:
-            value, change = found.get(regression.workload.name, ("build_failed" if verdict == SKIP else "", None))
-            session.add(BisectionStep(regression_id=regression.id, position=position, commit_id=commit.id,
-                                      run_id=outcome.run_id, verdict=f"{value} ({verdict})" if value else verdict,
+        for name in sorted(part.names):
+            side, value, change = found[name]
+            regression = by_name[name]
+            session.add(BisectionStep(regression_id=regression.id, position=positions[regression.id],
+                                      commit_id=commit.id, run_id=outcome.run_id,
+                                      verdict=f"{value} ({side})",
                                       change_pct=change))
-        position += 1
+            positions[regression.id] += 1
         session.commit()
-        progress.message(f"  {sha[:12]}: {verdict}")
-        if verdict == BAD:
-            hi = mid
-        elif verdict == GOOD:
-            lo = mid
-    culprit = commits[hi] if hi - lo == 1 or not [i for i in range(lo + 1, hi) if i not in skipped] else None
-    if culprit is not None:
-        name_culprit(session, regressions, mirror, culprit)
+        bad_names = {n for n in part.names if found[n][0] == BAD}
+        good_names = {n for n in part.names if found[n][0] == GOOD}
+        progress.message(f"  {sha[:12]}: " + ("skip (does not build)" if outcome.status == "build_failed" else
+                                              f"bad for {sorted(bad_names)}, good for {sorted(good_names)}"))
+        if outcome.status == "build_failed":
+            todo.append(part)
+            continue
+        if good_names:
+            todo.append(_Part(good_names, mid, part.hi, set(part.skipped)))
+        if bad_names:
+            todo.append(_Part(bad_names, part.lo, mid, set(part.skipped)))
+    for sha in sorted(set(culprits.values())):
+        name_culprit(session, [by_name[n] for n, c in culprits.items() if c == sha], mirror, sha)
     session.commit()
-    return culprit
+    return culprits
 
 
 def name_culprit(session: Session, regressions: list[Regression], mirror: RepoMirror, sha: str) -> None:

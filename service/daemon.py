@@ -26,6 +26,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from abwatch.builders.redact import mask_url
 from abwatch.service import liveness, queue, watch
 from abwatch.service.config import Config
 from abwatch.service.driver import NullProgress, Progress
@@ -116,7 +117,7 @@ def forever(engine: Engine, config: Config, *, work: bool = True, progress: Prog
     fires = trigger(config)
     now = datetime.now(zone)
     due = fires.get_next_fire_time(None, now) if config.watch.schedule else now
-    progress.message(f"watching {config.repo.branch} of {config.repo.url}; "
+    progress.message(f"watching {config.repo.branch} of {mask_url(config.repo.url)}; "
                      f"{'schedule ' + config.watch.schedule if config.watch.schedule else f'every {config.watch.interval_s:g} s'}"
                      f" ({config.watch.timezone}); first pass {due.isoformat(timespec='seconds')}")
     while not stopper.stopping and due is not None:

@@ -152,3 +152,30 @@ def test_watch_config_errors_name_the_key(tmp_path, sqlite_url, capsys):
         capsys.readouterr()
         assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 2
         assert f"watch.toml: {key}" in capsys.readouterr().err
+
+
+def test_workloads_with_different_culprits_in_one_range_each_get_their_own(tmp_path, fresh_pg_url, capsys):
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (step("base", "Baseline"),))
+    config = write_watch_config(tmp_path, repo, 'schedule = "0 2 * * *"')
+    # a second workload: the same program, told by $SLOW_B to do 25 % more work once a commit reads it
+    text = open(config).read().replace('[run]', '[[workloads]]\nname = "b"\ncommand = ["./bench", "10"]\n'
+                                       'env = {SLOW_B = "1.25"}\n[run]')
+    open(config, "w").write(text)
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 0
+    day = (step("n1", "README", note="n1"),
+           step("x", "Read SLOW_B: b does 25% more work", env_factor="SLOW_B"),
+           step("n2", "README", env_factor="SLOW_B", note="n2"),
+           step("y", "Do 25% more work everywhere", 1.25, env_factor="SLOW_B"),
+           step("n3", "README", 1.25, env_factor="SLOW_B", note="n3"))
+    make_demo_repo(repo, day)
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 1
+    tags = shas(repo)
+    found = {r["workload"]: r for r in regressions_json(fresh_pg_url, capsys)}
+    # loop regressed at y only; b first at x: a joint bisection would have blamed x for both
+    assert found["loop"]["culprit"]["sha"] == tags["y"]
+    assert found["b"]["culprit"]["sha"] == tags["x"]
+    assert found["loop"]["group"] != found["b"]["group"]
+    tried = {s["sha"] for r in found.values() for s in r["bisection"]}
+    assert len(tried) <= 2 * (math.ceil(math.log2(len(day))) + 1)  # each culprit within its bound
+    assert all(r["range"] == {"good": tags["base"], "bad": tags["n3"]} for r in found.values())
