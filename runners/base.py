@@ -95,6 +95,17 @@ class Runner(abc.ABC):
         selects the workload's ``treatment_options`` for the treatment build.
         """
 
+    def compile_time(self, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,
+                     side: str = "control") -> InvocationResult:
+        """One fresh process that only compiles the TVM ``workload`` with the build in
+        ``artifact_dir``; its one sample is the compile time in ms. Runners with TVM sessions
+        (``self.tvm``) have it; others cannot time compiles."""
+        sessions = getattr(self, "tvm", None)
+        if sessions is None or workload.kind != "tvm":
+            raise NotImplementedError(f"the {self.kind} runner cannot time compiles of {workload.name!r}")
+        options = workload.treatment_options if side == "treatment" else {}
+        return sessions.compile_time(artifact_dir, workload, timeout_s, side, options)
+
     @abc.abstractmethod
     def teardown(self) -> None:
         """Release the device."""

@@ -159,6 +159,26 @@ class TvmSessions:
         metrics["op_features"] = reply.get("op_features", {})
         return InvocationResult("ok", tuple(reply["samples"]), time.monotonic() - start, "", (), metrics)
 
+    def compile_time(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
+                     side: str, side_options: dict) -> InvocationResult:
+        """A fresh worker that compiles the workload (on this host, never uploaded), reports
+        its compile time as the one sample, and exits: the compiler's speed, not a cache's."""
+        # compiled here for the runner's target (a board's too); no device is touched
+        spec = dict(self.spec(workload, side_options), rpc=None, compile_only=True)
+        threads = self.config.threads or os.cpu_count() or 1
+        start = time.monotonic()
+        worker = None
+        try:
+            worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)})
+            ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s))
+        except WorkerError as exc:
+            status = "timeout" if "timeout" in str(exc) else "error"
+            return InvocationResult(status, (), time.monotonic() - start, str(exc))
+        finally:
+            if worker is not None:
+                worker.close()
+        return InvocationResult("ok", (float(ready["compile_ms"]),), time.monotonic() - start)
+
     def close(self) -> None:
         """Remove the compiled libraries."""
         self._libs.cleanup()

@@ -5,7 +5,8 @@ It imports only TVM, numpy, the standard library (and onnx for onnx: models): ne
 abwatch, which lives in another environment. Protocol:
 
     -> {"model": ..., "input_shape": ..., "dtype": ..., "options": {...}, "target": {...},
-        "device": "cpu"|"cuda", "number": N, "repeat": R, "seed": S, "rpc": null|{...}}
+        "device": "cpu"|"cuda", "number": N, "repeat": R, "seed": S, "rpc": null|{...},
+        "compile_only": bool}  (compile_only: report compile_ms, touch no device, then exit)
     <- {"ready": true, "compile_ms": ..., "tvm_version": ..., "inputs": {...}} | {"error": ...}
     -> {"cmd": "run"}      <- {"samples": [ms, ...], "ops": {name: us}}
     -> {"cmd": "outputs"}  <- {"shape": [...], "dtype": "float32", "data": base64}
@@ -230,6 +231,8 @@ class Workload:
             if export:
                 lib.export_library(export)
         self.remote = None
+        if spec.get("compile_only"):  # timing the compiler: no device, nothing to run
+            return
         if spec.get("rpc"):
             lib = self._upload(lib, load or export)
         self.dev = self.remote.device(spec["device"]) if self.remote else tvm.device(spec["device"])

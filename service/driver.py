@@ -22,7 +22,7 @@ from abwatch.builders import Builder, BuildFailed, make_builder
 from abwatch.runners import make_runner
 from abwatch.runners.base import DeviceInfo, Runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
-from abwatch.service import alerts, attribution, lifecycle, liveness, locks, noise, stats
+from abwatch.service import alerts, attribution, compile_time, lifecycle, liveness, locks, noise, stats
 from abwatch.service.attribution import TvmDetails
 from abwatch.service.config import CommandWorkloadConfig, Config
 from abwatch.service.models import (
@@ -164,7 +164,7 @@ def _result_json(result: WorkloadResult) -> dict:
         "reason": v.reason,
         "failure": result.failure,
         **({"ops": result.details["ops"], "error": result.details["error"],
-            "compile_ms": result.details["compile_ms"],
+            "compile_ms": result.details["compile_ms"], "compile": result.details.get("compile"),
             "correctness_regression_id": result.correctness_regression_id}
            if result.details is not None else {}),
     }
@@ -261,14 +261,17 @@ def _carry_out(session: Session, config: Config, builder: Builder, runner: Runne
     with locks.device_lock(session.get_bind().engine, device, f"abwatch run {run.id}", config.cache_dir / "locks",
                            on_wait=lambda who: progress.message(f"device {device} is busy, measured by {who}; "
                                                                 "waiting for it")):
-        measured = [
-            (workload, *_measure_workload(session, config, run, runner, workload, artifacts, rng, progress))
-            for workload in config.workloads
-        ]
-    verdicts = stats.adjust_fdr([verdict for _, _, verdict in measured])
+        measured = []
+        for workload in config.workloads:
+            m, verdict = _measure_workload(session, config, run, runner, workload, artifacts, rng, progress)
+            judged = None if m.failure else compile_time.measure(
+                runner, workload, artifacts, config, run.seed, rng, progress, workload.timeout_s or config.run.timeout_s)
+            measured.append((workload, m, verdict, judged))
+    verdicts = stats.adjust_fdr([verdict for _, _, verdict, _ in measured])
+    compiles = compile_time.adjust([judged for *_, judged in measured])  # a family of its own
     results = [
-        _store_result(session, config, run, workload, m, verdict, device_info, progress)
-        for (workload, m, _), verdict in zip(measured, verdicts)
+        _store_result(session, config, run, workload, m, verdict, device_info, progress, judged)
+        for (workload, m, _, _), verdict, judged in zip(measured, verdicts, compiles)
     ]
     unjudged = [r.workload for r in results if r.failure]
     run.status = RunStatus.INCOMPLETE if unjudged else RunStatus.COMPLETED
@@ -386,11 +389,14 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
 
 
 def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig,
-                  m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress) -> WorkloadResult:
-    """Store the comparison, open a regression if one was found, and write the records."""
+                  m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress,
+                  judged: compile_time.CompileJudged | None = None) -> WorkloadResult:
+    """Store the comparison, open regressions (speed, compile time, output) if found, write the records."""
     row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
     extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
              if workload.kind == "tvm" and m.failure is None else None)
+    if extra is not None and judged is not None:
+        extra["compile"] = compile_time.details(judged)
     comparison = Comparison(
         run_id=run.id, workload_id=row.id, verdict=verdict.verdict,
         change_pct=verdict.change_pct,
@@ -418,6 +424,12 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
             progress.message(f"  {workload.name}: regression {regression.id} (run {regression.run_id}) "
                              "is open for this pair already")
         regression_id = regression.id
+    compile_id = compile_time.open_if_slower(session, run, comparison, judged)
+    if compile_id is not None:  # a new dict, so the JSON column sees the change
+        comparison.details = {**comparison.details, "compile": {**extra["compile"], "regression_id": compile_id}}
+        extra["compile"] = comparison.details["compile"]
+    if judged is not None:
+        progress.message(f"  {workload.name}: compile time {judged.verdict.verdict.value} — {judged.verdict.reason}")
     if extra is not None and extra["error"]["mismatch"]:
         # A wrong answer is its own regression, whatever the speed verdict says.
         error = extra["error"]
@@ -509,6 +521,8 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
                                  expect=RegressionState.VERIFY)
             continue
         v = result.verdict
+        if regression.kind == compile_time.KIND:  # judged again on the verify run's compiles
+            v = compile_time.verdict_of(result.details)
         regression.verify_verdict = verdict_json(v, outcome.run_id)
         second = f"verify run {outcome.run_id}: {v.verdict.value} {v.change_pct:+.2f}%" if v.change_pct is not None \
             else f"verify run {outcome.run_id}: {v.verdict.value}"

@@ -86,7 +86,7 @@ def transition(session: Session, regression: Regression, to_state: RegressionSta
 def open_regression(session: Session, run: Run, comparison: Comparison, kind: str = "speed",
                     reason: str | None = None) -> Regression:
     """Store a suspected regression found by ``run`` (state ``benchmark``); ``kind`` is
-    ``speed`` or ``correctness``.
+    ``speed``, ``compile-time`` or ``correctness``.
 
     A pair, workload, device and kind has at most one open regression (a unique index over
     the open states): when one is open already (an earlier run of the same pair, or a
@@ -111,9 +111,10 @@ def open_regression(session: Session, run: Run, comparison: Comparison, kind: st
 
 
 def pending_for_run(session: Session, run_id: int) -> list[Regression]:
-    """The speed regressions found by ``run_id`` that still wait for verification."""
+    """The speed and compile-time regressions found by ``run_id`` that still wait for verification."""
     return list(session.scalars(
         select(Regression)
-        .where(Regression.run_id == run_id, Regression.state == S.BENCHMARK, Regression.kind == "speed")
+        .where(Regression.run_id == run_id, Regression.state == S.BENCHMARK,
+               Regression.kind.in_(("speed", "compile-time")))
         .order_by(Regression.id)
     ))

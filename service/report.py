@@ -164,6 +164,9 @@ def verdict_table(outcome: CompareOutcome, width: int) -> Table:
 def regression_cell(r) -> str:
     """The regressions a workload's result opened (or, in a verify run, judged): speed and output."""
     cells = [str(r.regression_id)] if r.regression_id is not None else []
+    compiled = (r.details or {}).get("compile") or {}
+    if compiled.get("regression_id") is not None:
+        cells.append(f"{compiled['regression_id']} compile")
     if r.correctness_regression_id is not None:
         cells.append(f"{r.correctness_regression_id} output")
     return ", ".join(cells) or "-"
@@ -197,7 +200,11 @@ def print_tvm_details(out: Console, r: WorkloadResult, ops: bool = False) -> Non
         ci = judged.get("ci_pct")
         out.print(f"{r.workload}: compile time {judged['verdict']}"
                   + (f" {change:+.2f}%" if isinstance(change, (int, float)) else "")
-                  + (f" (CI {ci[0]:+.1f}..{ci[1]:+.1f}%)" if isinstance(ci, (list, tuple)) and len(ci) == 2 else ""),
+                  + (f" (CI {ci[0]:+.1f}..{ci[1]:+.1f}%)" if isinstance(ci, (list, tuple)) and len(ci) == 2 else "")
+                  + (f"; median {judged['control_median_ms']:.0f} -> {judged['treatment_median_ms']:.0f} ms"
+                     f" over {judged['n'][0]} fresh compiles a side" if judged.get("n") and judged.get(
+                         "control_median_ms") is not None else "")
+                  + (f"; stopped: {judged['stop_reason']}" if judged.get("stop_reason") else ""),
                   markup=False)
     if not details.get("ops") or not (ops or r.verdict.verdict.value == "regression"):
         return

@@ -35,6 +35,8 @@ def tvm_cache(tmp_path_factory):
 def write(tmp_path, cache, workloads: str, runner: str = 'kind = "cpu"\nthreads = 1', run: str = "") -> str:
     path = tmp_path / "tvm.toml"
     run = run or "repetitions = 4\nmax_repetitions = 4"
+    if "compile_repetitions" not in run:  # compile time is judged only where a test asks for it
+        run += "\ncompile_repetitions = 0"
     path.write_text(f"""
 cache_dir = {json.dumps(str(cache))}
 [build]
@@ -109,10 +111,37 @@ def test_release_against_release_with_complete_records(capsys, tmp_path, tvm_cac
     assert no_workers_left()
 
 
+def test_compile_time_is_judged_on_fresh_process_compiles(capsys, tmp_path, tvm_cache, sqlite_url):
+    """0.27 compiles the MLP in about half 0.26's time: a compile-time improvement, judged on
+    interleaved fresh-process compiles with the run-time statistics, shown next to run time."""
+    config = write(tmp_path, tvm_cache, MLP, run="repetitions = 4\nmax_repetitions = 4\ncompile_repetitions = 10")
+    code, payload, err = compare(capsys, config, sqlite_url)
+    compiled = payload["results"][0]["compile"]
+    assert compiled["verdict"] == "improvement", compiled
+    assert compiled["change_pct"] < -20 and compiled["ci_pct"][1] < 0
+    assert 8 <= compiled["n"][0] == compiled["n"][1] <= 10  # nothing is decided on fewer than 8 pairs
+    assert len(compiled["control_ms"]) == compiled["n"][0] and min(compiled["control_ms"]) > 0
+    assert compiled["stop_reason"].startswith("decided at look") and compiled.get("regression_id") is None
+    assert "mlp: compile time improvement" in err
+    with db.session_scope(db.make_engine(sqlite_url)) as session:
+        assert session.scalars(select(Regression).where(Regression.kind == "compile-time")).all() == []
+    code, payload, err = main_text(capsys, "show", payload["run_id"], "--db", sqlite_url)
+    assert "mlp: compile time improvement" in payload and "fresh compiles a side" in payload
+    assert no_workers_left()
+
+
+def main_text(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def test_same_release_twice_is_not_a_regression(capsys, tmp_path, tvm_cache, sqlite_url):
-    code, payload, _ = compare(capsys, write(tmp_path, tvm_cache, MLP), sqlite_url, NEW, NEW)
+    config = write(tmp_path, tvm_cache, MLP, run="repetitions = 4\nmax_repetitions = 4\ncompile_repetitions = 8")
+    code, payload, _ = compare(capsys, config, sqlite_url, NEW, NEW)
     result = payload["results"][0]
     assert result["verdict"] != "regression" and result["regression_id"] is None
+    assert result["compile"]["verdict"] in ("same", "unknown") and result["compile"]["n"] == [8, 8]
     assert result["error"]["max_abs"] == 0.0  # the same build computes the same bits
     assert all(b["cached"] for b in payload["builds"])
 
