@@ -22,8 +22,10 @@ def starting_repetitions(session: Session, config: Config, workload_id: int, dev
     default = config.run.repetitions
     profile = None
     if config.run.noise_aware and device_id is not None:
+        # read afresh: learn() writes with one UPDATE statement, past the session's copies
         profile = session.scalar(select(NoiseProfile).where(
-            NoiseProfile.workload_id == workload_id, NoiseProfile.device_id == device_id))
+            NoiseProfile.workload_id == workload_id, NoiseProfile.device_id == device_id)
+            .execution_options(populate_existing=True))
     if profile is None:
         return default, f"{default} invocations a side (configured; no noise history)"
     # the interval decides a regression, so plan at its level; the sequence may look any

@@ -133,3 +133,30 @@ def test_migration_splits_a_shared_workload_row_and_keeps_every_row(db_url):
         assert c.execute(text("SELECT name FROM workloads")).scalars().all() == ["mlp"]
         assert c.execute(text("SELECT COUNT(DISTINCT workload_id) FROM samples")).scalar() == 1
     engine.dispose()
+
+
+def test_noise_profiles_belong_to_one_series(session):
+    """Two repositories' ``mlp`` and a changed spec learn and read their own noise."""
+    from abwatch.service import noise
+    from abwatch.service.models import Device
+    from abwatch.service.store import get_repository, get_workload
+
+    one, two = get_repository(session, "/noise-one"), get_repository(session, "/noise-two")
+    series = [get_workload(session, one.id, "mlp", "command", {"command": ["./mlp"]}),
+              get_workload(session, two.id, "mlp", "command", {"command": ["./mlp"]}),
+              get_workload(session, one.id, "mlp", "command", {"command": ["./mlp", "--big"]})]
+    assert len({w.id for w in series}) == 3
+    # the same spec with another timeout is the same series
+    assert get_workload(session, one.id, "mlp", "command", {"command": ["./mlp"], "timeout_s": 9}).id == series[0].id
+    device = Device(name="noise-board", kind="cpu", hardware_config={})
+    session.add(device)
+    session.flush()
+    quiet = {"control": [1.0, 1.0, 1.01, 1.01, 1.0, 1.0], "treatment": [1.0, 1.01, 1.0, 1.0, 1.01, 1.0]}
+    loud = {"control": [1.0, 1.0, 1.4, 1.4, 0.8, 0.8], "treatment": [1.0, 1.0, 0.7, 0.7, 1.3, 1.3]}
+    groups = {"control": [0, 0, 1, 1, 2, 2], "treatment": [0, 0, 1, 1, 2, 2]}
+    noise.learn(session, series[0].id, device.id, quiet, groups)
+    noise.learn(session, series[1].id, device.id, loud, groups)
+    profiles = {p.workload_id: p for p in session.scalars(select(NoiseProfile).where(NoiseProfile.device_id == device.id))}
+    assert set(profiles) == {series[0].id, series[1].id}  # the changed spec has learnt nothing yet
+    assert profiles[series[0].id].process_cv < profiles[series[1].id].process_cv / 5
+    assert all(p.observations == 1 for p in profiles.values())
