@@ -4,10 +4,12 @@ Prints, per process, its exit status and the last line it wrote to stderr; then 
 database holds (rows that must exist once: repositories, commits, devices, workloads,
 successful builds per artifact) and how long the whole thing took.
 
-    python -m benchmarks.concurrent_compares [--processes 3] [--python PATH] [--admin-url URL]
+    python -m benchmarks.concurrent_compares [--processes 3] [--python PATH] [--distinct-devices]
 
 ``--python`` runs another abwatch (another virtual environment's interpreter) against the
-same setup, to compare a version before a fix with one after it.
+same setup, to compare a version before a fix with one after it. ``--distinct-devices`` gives
+each process its own device name for the same machine, so the per-device lock does not keep
+their measuring phases apart: what measuring at the same time does to the intervals.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 ONCE = ("repositories", "commits", "devices", "workloads")
 
 
-def _config(work: Path, repo: Path) -> Path:
-    path = work / "abwatch.toml"
+def _config(work: Path, repo: Path, device: str | None = None) -> Path:
+    path = work / f"abwatch-{device or 'shared'}.toml"
+    runner = f"[runner]\ndevice = {json.dumps(device)}\n" if device else ""
     path.write_text(f"""
 cache_dir = {json.dumps(str(work / 'cache'))}
 [repo]
@@ -50,7 +53,7 @@ warmup = 1
 timeout_s = 30
 seed = 7
 max_repetitions = 40
-""")
+{runner}""")
     return path
 
 
@@ -60,6 +63,8 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--python", default=sys.executable, help="interpreter whose abwatch to run")
     parser.add_argument("--admin-url", default=ADMIN_URL, help="maintenance database to create the test one from")
+    parser.add_argument("--distinct-devices", action="store_true",
+                        help="one device name per process (this machine under other names): no device lock between them")
     args = parser.parse_args()
     admin = create_engine(args.admin_url, isolation_level="AUTOCOMMIT")
     name = f"abwatch_concurrency_{uuid.uuid4().hex[:8]}"
@@ -70,19 +75,27 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             make_demo_repo(work / "repo")
-            config = _config(work, work / "repo")
+            configs = [_config(work, work / "repo", f"this-machine-{i}" if args.distinct_devices else None)
+                       for i in range(args.processes)]
             pairs = [("v1.0", "v1.1"), ("v1.1", "v1.0")]
             started = time.monotonic()
             procs = [subprocess.Popen(
-                [args.python, "-m", "abwatch.service.cli", "compare", "--config", str(config),
-                 "--control", pairs[i % 2][0], "--treatment", pairs[i % 2][1], "--db", url],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(args.processes)]
-            results = [(p.wait(), p.stderr.read()) for p in procs]
+                [args.python, "-m", "abwatch.service.cli", "compare", "--config", str(configs[i]),
+                 "--control", pairs[i % 2][0], "--treatment", pairs[i % 2][1], "--json", "--db", url],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(args.processes)]
+            results = [(p.returncode, err, out) for p in procs for out, err in [p.communicate()]]
             wall = time.monotonic() - started
             print(f"{args.processes} concurrent compares ({args.python}): {wall:.1f} s wall")
-            for i, (code, err) in enumerate(results):
+            for i, (code, err, out) in enumerate(results):
                 last = next((line for line in reversed(err.strip().splitlines()) if line.strip()), "")
                 print(f"  process {i}: exit {code}: {last[:160]}")
+                try:
+                    for r in json.loads(out)["results"]:  # an A/A pair: the interval's width is the noise
+                        low, high = r["ci_pct"] or (float("nan"), float("nan"))
+                        print(f"    {r['workload']}: {r['verdict']}, CI {low:+.1f}..{high:+.1f}% "
+                              f"(width {high - low:.1f} points), n={r['control']['n']}")
+                except (ValueError, KeyError, TypeError):
+                    pass
             engine = create_engine(url)
             with engine.connect() as connection:
                 tables = set(connection.execute(text(
