@@ -98,9 +98,11 @@ def test_a_long_running_watch_follows_a_growing_branch(tmp_path, db_url, capsys)
                               step("broken", "Break the build", 1.25, broken=True),
                               step("back", "Back to the original work", 1.0)))
         done = {"noop", "slow25", "noop2", "broken", "back"}
-        wait_for("every new commit to be tested",
-                 lambda: all(watched(engine).get(tags()[t], "queued") != "queued" for t in done)
-                 and all(j.status == "done" for j in Session(engine).scalars(select(Job))))
+        def all_tested() -> bool:
+            with Session(engine) as session:
+                idle = all(j.status == "done" for j in session.scalars(select(Job)))
+            return idle and all(watched(engine).get(tags()[t], "queued") != "queued" for t in done)
+        wait_for("every new commit to be tested", all_tested)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=120)

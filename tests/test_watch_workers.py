@@ -107,6 +107,54 @@ def all_done(engine) -> bool:
     return bool(found) and all(j.status in ("done", "failed") for j in found)
 
 
+def test_two_devices_three_workers_no_job_twice_no_overlap_on_a_device(tmp_path, fresh_pg_url):
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, HISTORY)
+    config = write_config(tmp_path, repo, watch='start = "base"\ndevices = ["box-a", "box-b"]')
+    assert main(["watch", "--config", str(config), "--once", "--no-work", "--db", fresh_pg_url]) == 0
+    engine = db.make_engine(fresh_pg_url)
+    assert sorted((j.device, j.status) for j in jobs(engine)) == \
+        sorted([("box-a", "queued")] * 4 + [("box-b", "queued")] * 4)
+    logs = [tmp_path / f"worker-{n}.log" for n in range(3)]
+    workers = {"box-a": [start_worker(config, fresh_pg_url, logs[0], "box-a"),
+                         start_worker(config, fresh_pg_url, logs[1], "box-a")],
+               "box-b": [start_worker(config, fresh_pg_url, logs[2], "box-b")]}
+    try:
+        wait_for("every job to finish", lambda: all_done(engine), logs=logs)
+    finally:
+        codes = [stop(p) for ps in workers.values() for p in ps]
+    assert codes == [0, 0, 0]  # idle workers stop cleanly on SIGTERM
+    pids = {device: {str(p.pid) for p in ps} for device, ps in workers.items()}
+    finished = jobs(engine)
+    for job in finished:
+        assert job.status == "done", (job.id, job.error)
+        assert job.attempts == 1  # claimed once, never run twice
+        assert job.worker.rpartition(":")[2] in pids[job.device]  # a worker of its own device took it
+    with Session(engine) as session:
+        runs = list(session.scalars(select(Run).order_by(Run.started_at)))
+        by_device: dict[str, list[Run]] = {}
+        for run in runs:
+            assert run.status == RunStatus.COMPLETED, (run.id, run.status, run.error)
+            by_device.setdefault(run.device.name, []).append(run)
+        assert set(by_device) == {"box-a", "box-b"}
+        for device, device_runs in by_device.items():
+            # one device, one benchmark at a time: its runs' [started, finished] never overlap
+            for earlier, later in zip(device_runs, device_runs[1:]):
+                assert earlier.finished_at <= later.started_at, (device, earlier.id, later.id)
+        for job in finished:  # each job's run is on the job's device
+            if job.result.get("run_id"):
+                assert session.get(Run, job.result["run_id"]).device.name == job.device
+        # each commit tested once per device
+        assert session.scalar(select(func.count()).select_from(WatchedCommit)) == 8
+        regressions = list(session.scalars(select(Regression)))
+        culprits = {r.culprit_commit.sha for r in regressions if r.culprit_commit}
+        tags = {t.name: t.commit.hexsha for t in __import__("git").Repo(repo).tags}
+        assert culprits <= {tags["slow25"]}  # never a wrong culprit
+        confirmed = {r.device.name for r in regressions if r.state == RegressionState.REGRESS}
+        assert confirmed == {"box-a", "box-b"}  # +25 % is found on both devices
+    engine.dispose()
+
+
 def children_named(proc: subprocess.Popen, name: str) -> list[psutil.Process]:
     """Descendants of ``proc`` (also those in sessions of their own) whose name is ``name``."""
     try:
