@@ -1,10 +1,16 @@
 """The A/B driver: resolve two refs, build both, run them interleaved, judge, store.
 
-:func:`run_compare` is the whole path of one run; :func:`run_verify` re-runs the pair of
-a benchmark run's suspected regressions and moves them to ``regress`` or ``cleared``.
-Both take an explicit :class:`~service.config.Config` and a SQLAlchemy session, and
-commit at the points where a reader should see progress (run started, builds done,
-run finished).
+:func:`run_compare` is the one path a comparison takes (``compare``, verify, the watch and
+bisection all call it): it resolves the refs, stores the run, builds the pair
+(:func:`service.building.build_pair`) and measures it (:func:`measure_pair`). The builder
+and runner are the config's unless the caller passes its own (a watch worker keeps one
+runner for many runs). :func:`run_verify` re-runs the pair of a benchmark run's suspected
+regressions and moves them to ``regress`` or ``cleared``.
+
+Transactions are short and the driver commits them itself, at the points where a reader
+(or the next command, after a kill) must see progress: run started, each build, each
+invocation, each workload judged, run finished. No transaction stays open while a build
+or a workload process runs.
 """
 
 from __future__ import annotations
@@ -13,28 +19,29 @@ import random
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol
+from pathlib import Path
+from typing import Callable, Mapping
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.builders import Builder, BuildFailed, make_builder
+from abwatch.builders import Builder, make_builder
+from abwatch.builders.redact import mask_url
 from abwatch.runners import make_runner
 from abwatch.runners.base import DeviceInfo, Runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from abwatch.service import alerts, attribution, compile_time, lifecycle, liveness, locks, noise, stats
 from abwatch.service.attribution import TvmDetails
+from abwatch.service.building import BuildOutcome, build_pair
 from abwatch.service.config import CommandWorkloadConfig, Config
 from abwatch.service.models import (
-    Build, BuildStatus, Comparison, Invocation, InvocationStatus, RegressionState, Run,
-    RunStatus, RunType, Side, utcnow,
+    Build, Comparison, Invocation, InvocationStatus, RegressionState, Run, RunStatus, RunType, Side, utcnow,
 )
+from abwatch.service.progress import NullProgress, Progress
 from abwatch.service.records import to_row
-from abwatch.builders.redact import mask_url
 from abwatch.service.run_records import run_record
-from abwatch.builders.spec import CommitInfo
 from abwatch.service.store import (
-    earlier_series, get_commits, get_device, get_repository, get_success_build, get_workload, write_samples,
+    earlier_series, get_commits, get_device, get_repository, get_workload, write_samples,
 )
 
 # The exit codes of every abwatch command (README, "Operations").
@@ -43,24 +50,6 @@ EXIT_INCOMPLETE = 4  # a workload could not be judged (crashed, hung, no valid s
 EXIT_INTERNAL = 5  # an unexpected error: database unreachable, disk full, a bug
 EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM; the run is marked interrupted
 MAX_REF_LENGTH = 256  # the refs' column width
-
-
-class Progress(Protocol):
-    """Where long work reports what it is doing (the CLI draws it; tests may ignore it)."""
-
-    def message(self, text: str) -> None: ...
-
-    def invocation(self, workload: str, done: int, total: int) -> None: ...
-
-
-class NullProgress:
-    """Progress that shows nothing."""
-
-    def message(self, text: str) -> None:
-        """Ignore the message."""
-
-    def invocation(self, workload: str, done: int, total: int) -> None:
-        """Ignore the tick."""
 
 
 class DriverError(Exception):
@@ -73,19 +62,6 @@ class NothingToVerify(DriverError):
 
 class AlreadyVerifying(NothingToVerify):
     """Another verify started on the same regressions a moment earlier and took them."""
-
-
-@dataclass(frozen=True)
-class BuildOutcome:
-    """How one side's build went."""
-
-    side: str
-    ref: str
-    sha: str
-    status: str
-    cached: bool
-    build_id: int
-    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -188,22 +164,27 @@ def run_compare(
     parent_run_id: int | None = None,
     progress: Progress | None = None,
     on_started: Callable[[Run], None] | None = None,
+    builder: Builder | None = None,
+    runner: Runner | None = None,
 ) -> CompareOutcome:
     """One A/B run of ``treatment_ref`` against ``control_ref``, stored in full.
 
     ``on_started(run)`` is called once the run row is committed (verify moves its
-    regressions to ``verify`` there, naming the run that verifies them).
+    regressions to ``verify`` there, naming the run that verifies them). ``builder`` and
+    ``runner`` default to those ``config`` names; a runner passed in is prepared here (its
+    device description goes on the run) and left to its owner to tear down.
     """
     progress = progress or NullProgress()
     # Everything that can fail on bad input happens before the first row is written.
     for ref in (control_ref, treatment_ref):
         if len(ref) > MAX_REF_LENGTH:
             raise DriverError(f"ref {ref[:40]!r}... is {len(ref)} characters long; at most {MAX_REF_LENGTH}")
-    builder = make_builder(config)
+    builder = builder if builder is not None else make_builder(config)
     control, treatment = builder.resolve(control_ref), builder.resolve(treatment_ref)
-    runner: Runner = make_runner(config)
-    device_info = runner.prepare()
+    owned = runner is None
+    runner = runner if runner is not None else make_runner(config)
     try:
+        device_info = runner.prepare()
         seed = config.run.seed if config.run.seed is not None else random.SystemRandom().randrange(2**31)
         repository = get_repository(session, builder.repository_url)
         commits = get_commits(session, repository, [control, treatment])
@@ -223,9 +204,12 @@ def run_compare(
                 on_started(run)
             # both artifacts stay whole and in the cache until the run ends
             with ExitStack() as held, liveness.Heartbeat(session.get_bind(), run.id):
-                return _carry_out(session, config, builder, runner, run, device_info, seed,
-                                  {Side.CONTROL: (control_ref, control), Side.TREATMENT: (treatment_ref, treatment)},
-                                  progress, held)
+                pair = build_pair(session, builder, run, {Side.CONTROL: (control_ref, control),
+                                                          Side.TREATMENT: (treatment_ref, treatment)}, held, progress)
+                if not pair.ok:  # build_pair finished the run as build_failed
+                    return CompareOutcome(run.id, run_type.value, run.status.value, pair.builds)
+                results = measure_pair(session, config, runner, run, device_info, pair.paths, progress)
+                return CompareOutcome(run.id, run_type.value, run.status.value, pair.builds, results)
         except BaseException as exc:
             # Whatever stopped the run (Ctrl-C, SIGTERM, a bug), it must not stay 'running'
             # forever; every invocation that finished is committed already and stays.
@@ -239,25 +223,24 @@ def run_compare(
             progress.message(f"run {run.id} {run.status.value}; the invocations it finished are kept")
             raise
     finally:
-        runner.teardown()
+        if owned:
+            runner.teardown()
 
 
-def _carry_out(session: Session, config: Config, builder: Builder, runner: Runner, run: Run,
-               device_info: DeviceInfo, seed: int, sides: dict, progress: Progress, held: ExitStack) -> CompareOutcome:
-    """Build both sides (held in ``held``), measure every workload, judge and store (the run row exists)."""
-    run_type = run.run_type
-    builds, artifacts = _build_pair(session, builder, run, sides, progress, held)
-    if any(b.status != BuildStatus.SUCCESS.value for b in builds):
-        run.status = RunStatus.BUILD_FAILED
-        run.error = "; ".join(b.message for b in builds if b.message)
-        run.finished_at = utcnow()
-        session.commit()
-        return CompareOutcome(run.id, run_type.value, run.status.value, builds)
+def measure_pair(session: Session, config: Config, runner: Runner, run: Run, device_info: DeviceInfo,
+                 artifacts: Mapping[Side, Path], progress: Progress | None = None) -> list[WorkloadResult]:
+    """Measure every workload of ``config`` on the built pair, judge, store, and finish ``run``.
 
-    rng = random.Random(seed)
+    ``run`` is stored with both build ids; ``artifacts`` are the built sides' directories,
+    held by the caller until this returns. The measuring holds the device's lock (builds
+    run without it). The run ends ``completed``, or ``incomplete`` when a workload could
+    not be judged.
+    """
+    progress = progress or NullProgress()
+    rng = random.Random(run.seed)
     device = device_info.name
     # Two measurements on one device at once corrupt each other: one measuring phase per
-    # device, whichever process (the builds above ran without it).
+    # device, whichever process.
     with locks.device_lock(session.get_bind().engine, device, f"abwatch run {run.id}", config.cache_dir / "locks",
                            on_wait=lambda who: progress.message(f"device {device} is busy, measured by {who}; "
                                                                 "waiting for it")):
@@ -279,46 +262,11 @@ def _carry_out(session: Session, config: Config, builder: Builder, runner: Runne
         run.error = f"not judged (no valid samples): {', '.join(unjudged)}"
     run.finished_at = utcnow()
     session.commit()
-    return CompareOutcome(run.id, run_type.value, run.status.value, builds, results)
-
-
-def _build_pair(session: Session, builder: Builder, run: Run, sides: dict[Side, tuple[str, CommitInfo]],
-                progress: Progress, held: ExitStack) -> tuple[list[BuildOutcome], dict]:
-    """Build (or fetch from the cache) both sides, held in ``held``; store a build row for each."""
-    outcomes, paths = [], {}
-    for side, (ref, info) in sides.items():
-        commit_id = run.control_commit_id if side is Side.CONTROL else run.treatment_commit_id
-        progress.message(f"building {side.value} {ref} ({info.sha[:12]}) ...")
-        try:
-            artifact = builder.build(info.sha)
-        except BuildFailed as exc:
-            build = Build(commit_id=commit_id, builder=builder.kind, config_hash=builder.config_hash(),
-                          status=BuildStatus.BUILD_FAILED, log=exc.log, duration_s=exc.duration_s)
-            session.add(build)
-            session.flush()
-            progress.message(f"  {side.value} build FAILED: {exc}")
-            outcomes.append(BuildOutcome(side.value, ref, info.sha, build.status.value, False, build.id, str(exc)))
-        else:
-            build = _success_row(session, commit_id, builder, artifact)
-            # held, the other side's build cannot pack or evict this one while it is measured
-            paths[side] = held.enter_context(builder.cache.hold(artifact.key))
-            progress.message(
-                f"  {side.value}: reused cached build {artifact.key}" if artifact.cached
-                else f"  {side.value}: built in {artifact.duration_s:.1f}s"
-            )
-            outcomes.append(BuildOutcome(side.value, ref, info.sha, build.status.value, artifact.cached, build.id))
-        setattr(run, f"{side.value}_build_id", build.id)
-        session.commit()
-    return outcomes, paths
-
-
-def _success_row(session: Session, commit_id: int, builder, artifact) -> Build:
-    """The build row of a successful artifact: the original one when it came from the cache."""
-    return get_success_build(session, commit_id, builder.kind, builder.config_hash(), artifact)
+    return results
 
 
 def _measure_workload(session: Session, config: Config, run: Run, runner: Runner,
-                      workload: CommandWorkloadConfig, artifacts: dict, rng: random.Random,
+                      workload: CommandWorkloadConfig, artifacts: Mapping[Side, Path], rng: random.Random,
                       progress: Progress) -> tuple[Measurement, stats.Verdict]:
     """Run interleaved batches until the verdict is decided or the budget is spent.
 
