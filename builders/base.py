@@ -63,6 +63,10 @@ class Builder(abc.ABC):
     config: BuildSpec
 
     @abc.abstractmethod
+    def __init__(self, config: BuildSettings) -> None:
+        """Take the settings (the registry calls every builder this way)."""
+
+    @abc.abstractmethod
     def resolve(self, ref: str) -> CommitInfo:
         """What ``ref`` names (a commit, or a release); an error naming the ref if nothing."""
 

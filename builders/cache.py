@@ -255,7 +255,7 @@ class ArtifactCache:
                                        files=len(listing), packed_files=packed))
         return described
 
-    def evict(self, limit_bytes: int, keep: set[str] = frozenset()) -> list[str]:
+    def evict(self, limit_bytes: int, keep: frozenset[str] | set[str] = frozenset()) -> list[str]:
         """Remove least recently used entries (never those in ``keep``) until within the limit.
 
         Entries being built or held by a running comparison are skipped rather than waited for.

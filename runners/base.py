@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypedDict
 
-from abwatch.builders.spec import CommandWorkloadConfig, TvmWorkloadConfig
+from abwatch.builders.spec import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig
 
 
 class OpFeatures(TypedDict):
@@ -81,6 +81,10 @@ class Runner(abc.ABC):
     """Runs workloads of one build on one device."""
 
     kind: ClassVar[str]
+
+    @abc.abstractmethod
+    def __init__(self, config: RunnerConfig) -> None:
+        """Take the ``[runner]`` section (the registry calls every runner this way)."""
 
     @abc.abstractmethod
     def prepare(self) -> DeviceInfo:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
 
 from abwatch.runners.base import TvmMetrics
 from abwatch.runners.safejson import BadValue, loads, milliseconds
@@ -100,7 +102,7 @@ class Measurement:
     metrics: dict[str, list[TvmMetrics]] = field(default_factory=lambda: {CONTROL: [], TREATMENT: []})
 
 
-def measure(runner, artifacts: dict[str, object], workload, schedule: list[Slot], timeout_s: float,
+def measure(runner, artifacts: Mapping[str, Path], workload, schedule: list[Slot], timeout_s: float,
             on_invocation, into: Measurement | None = None) -> Measurement:
     """Run ``schedule`` for ``workload``; stop at the first failed or hung invocation.
 

@@ -26,20 +26,22 @@ class RpcRunner(Runner):
     kind = "rpc"
 
     def __init__(self, config: RunnerConfig) -> None:
-        self.config = config
+        if not config.tracker or not config.key:  # the config's validation says so already
+            raise RunnerUnavailable("an rpc runner needs tracker and key")
+        self.config, self.tracker, self.key = config, config.tracker, config.key
         rpc = {"tracker": config.tracker, "key": config.key}
         self.tvm = TvmSessions(config, config.target or {"kind": "llvm"}, "cpu", rpc=rpc)
 
     def prepare(self) -> DeviceInfo:
-        host, port = self.config.tracker.rsplit(":", 1)
+        host, port = self.tracker.rsplit(":", 1)
         try:
             socket.create_connection((host, int(port)), timeout=10).close()
         except OSError as exc:
-            raise RunnerUnavailable(f"rpc runner: tracker {self.config.tracker} is not reachable: {exc}") from None
+            raise RunnerUnavailable(f"rpc runner: tracker {self.tracker} is not reachable: {exc}") from None
         return DeviceInfo(
-            name=self.config.device or self.config.key,
+            name=self.config.device or self.key,
             kind=self.kind,
-            hardware_config={"rpc_key": self.config.key, "tracker": self.config.tracker},
+            hardware_config={"rpc_key": self.key, "tracker": self.tracker},
             software_config={"host": software_config()},
             runtime_config={"num_threads": self.config.threads},
         )

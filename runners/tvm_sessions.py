@@ -19,10 +19,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 from abwatch.builders.procs import child_env, kill_tree
 from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig, TvmWorkloadConfig
-from abwatch.runners.base import InvocationResult, TvmMetrics
+from abwatch.runners.base import InvocationResult, OutputTensor, TvmMetrics, WorkerReady
 
 WORKER = Path(__file__).with_name("tvm_worker.py")
 COMPILE_TIMEOUT_S = 900.0
@@ -44,6 +45,9 @@ class Worker:
             [str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
         )
+        # the three pipes were asked for above, so they are there
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        self.stdin, self.stdout, self.stderr_pipe = self.proc.stdin, self.proc.stdout, self.proc.stderr
         self.lines: queue.Queue = queue.Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
@@ -51,19 +55,19 @@ class Worker:
         self.send(spec)
 
     def _pump(self) -> None:
-        for line in self.proc.stdout:
+        for line in self.stdout:
             self.lines.put(line)
         self.lines.put(None)
 
     def _drain(self) -> None:
-        for line in self.proc.stderr:
+        for line in self.stderr_pipe:
             self.stderr = (self.stderr + [line])[-50:]
 
     def send(self, obj: dict) -> None:
         """Write one request."""
         try:
-            self.proc.stdin.write(json.dumps(obj) + "\n")
-            self.proc.stdin.flush()
+            self.stdin.write(json.dumps(obj) + "\n")
+            self.stdin.flush()
         except (BrokenPipeError, OSError):
             raise WorkerError(f"worker exited: {self.tail()}") from None
 
@@ -145,7 +149,8 @@ class TvmSessions:
             ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s) if first else timeout_s)
             if first:
                 worker.send({"cmd": "outputs"})
-                metrics.update(compile_ms=ready["compile_ms"], ready=ready, outputs=worker.receive(timeout_s))
+                metrics["compile_ms"], metrics["ready"] = ready["compile_ms"], cast(WorkerReady, ready)
+                metrics["outputs"] = cast(OutputTensor, worker.receive(timeout_s))
                 self.compiled.add(key)
             worker.send({"cmd": "run"})
             reply = worker.receive(timeout_s)

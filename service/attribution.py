@@ -73,7 +73,8 @@ def describe(op: str, features: OpFeatures | None) -> str:
     """How a person names an operator: ``conv2d 1x64x56x56 float32`` (type, first input's
     shape and dtype), or just its type when TVM gave no shapes."""
     kind = op_type(op).removeprefix("fused_")
-    shapes, dtypes = (features or {}).get("shapes") or [], (features or {}).get("dtypes") or []
+    shapes = (features.get("shapes") if features else None) or []
+    dtypes = (features.get("dtypes") if features else None) or []
     if not shapes:
         return kind
     return f"{kind} {'x'.join(str(d) for d in shapes[0])} {dtypes[0] if dtypes else ''}".strip()

@@ -173,8 +173,8 @@ def _is_local_path(url: str) -> bool:
     return "://" not in url and not (":" in url and "@" in url.split(":", 1)[0])
 
 
-def _format_loc(loc: tuple) -> str:
-    loc = list(loc)
+def _format_loc(where: tuple) -> str:
+    loc = list(where)
     # pydantic puts the union member's tag into the path: build.<kind>.command -> build.command
     if len(loc) >= 2 and loc[0] == "build" and loc[1] in BUILD_KINDS:
         del loc[1]

@@ -84,7 +84,10 @@ def alembic_config(url: str) -> AlembicConfig:
 
 def head_revision(url: str) -> str:
     """The newest migration's revision id."""
-    return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    if head is None:  # the package always ships its migrations
+        raise SchemaError("no migrations found")
+    return head
 
 
 def current_revision(engine: Engine) -> str | None:

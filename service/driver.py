@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from abwatch.builders import Builder, make_builder
@@ -33,7 +33,7 @@ from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved
 from abwatch.service import alerts, attribution, compile_time, lifecycle, liveness, locks, noise, stats
 from abwatch.service.attribution import TvmDetails
 from abwatch.service.building import BuildOutcome, build_pair
-from abwatch.service.config import CommandWorkloadConfig, Config
+from abwatch.service.config import CommandWorkloadConfig, Config, TvmWorkloadConfig
 from abwatch.service.models import (
     Build, Comparison, Invocation, InvocationStatus, RegressionState, Run, RunStatus, RunType, Side, utcnow,
 )
@@ -146,6 +146,12 @@ def _result_json(result: WorkloadResult) -> dict:
     }
 
 
+def engine_of(session: Session) -> Engine:
+    """The engine behind ``session`` (helpers that write in their own transactions use it)."""
+    bind = session.get_bind()
+    return bind if isinstance(bind, Engine) else bind.engine
+
+
 def masked_config(config: Config) -> dict:
     """The config as stored with a run: JSON, with credentials in the repository URL masked."""
     data = config.model_dump(mode="json")
@@ -203,7 +209,7 @@ def run_compare(
             if on_started is not None:
                 on_started(run)
             # both artifacts stay whole and in the cache until the run ends
-            with ExitStack() as held, liveness.Heartbeat(session.get_bind(), run.id):
+            with ExitStack() as held, liveness.Heartbeat(engine_of(session), run.id):
                 pair = build_pair(session, builder, run, {Side.CONTROL: (control_ref, control),
                                                           Side.TREATMENT: (treatment_ref, treatment)}, held, progress)
                 if not pair.ok:  # build_pair finished the run as build_failed
@@ -241,7 +247,7 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
     device = device_info.name
     # Two measurements on one device at once corrupt each other: one measuring phase per
     # device, whichever process.
-    with locks.device_lock(session.get_bind().engine, device, f"abwatch run {run.id}", config.cache_dir / "locks",
+    with locks.device_lock(engine_of(session), device, f"abwatch run {run.id}", config.cache_dir / "locks",
                            on_wait=lambda who: progress.message(f"device {device} is busy, measured by {who}; "
                                                                 "waiting for it")):
         measured = []
@@ -266,7 +272,8 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
 
 
 def _measure_workload(session: Session, config: Config, run: Run, runner: Runner,
-                      workload: CommandWorkloadConfig, artifacts: Mapping[Side, Path], rng: random.Random,
+                      workload: CommandWorkloadConfig | TvmWorkloadConfig, artifacts: Mapping[Side, Path],
+                      rng: random.Random,
                       progress: Progress) -> tuple[Measurement, stats.Verdict]:
     """Run interleaved batches until the verdict is decided or the budget is spent.
 
@@ -336,13 +343,13 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
         schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
 
 
-def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig,
+def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig | TvmWorkloadConfig,
                   m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress,
                   judged: compile_time.CompileJudged | None = None) -> WorkloadResult:
     """Store the comparison, open regressions (speed, compile time, output) if found, write the records."""
     row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
     extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
-             if workload.kind == "tvm" and m.failure is None else None)
+             if isinstance(workload, TvmWorkloadConfig) and m.failure is None else None)
     if extra is not None and judged is not None:
         extra["compile"] = compile_time.details(judged)
     comparison = Comparison(
@@ -378,7 +385,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         extra["compile"] = comparison.details["compile"]
     if judged is not None:
         progress.message(f"  {workload.name}: compile time {judged.verdict.verdict.value} — {judged.verdict.reason}")
-    if extra is not None and extra["error"]["mismatch"]:
+    if extra is not None and extra["error"]["mismatch"] and isinstance(workload, TvmWorkloadConfig):
         # A wrong answer is its own regression, whatever the speed verdict says.
         error = extra["error"]
         progress.message(f"  {workload.name}: OUTPUT MISMATCH max_abs={error['max_abs']} max_rel={error['max_rel']}")
@@ -395,6 +402,8 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         if samples:
             raw = [{"runtime_ms": v, "invocation": g} for v, g in zip(samples, m.groups[side.value])]
             build = session.get(Build, run.control_build_id if side is Side.CONTROL else run.treatment_build_id)
+            if build is None:  # measured sides were built; the run row names their builds
+                raise DriverError(f"run {run.id}: no build row for its {side.value} side")
             record = run_record(config, run, build, side.value, workload, samples, raw,
                                 m.records[side.value], device_info, extra)
             session.add(to_row(record, run.id, side))
@@ -483,5 +492,5 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
     if confirmed and config.alerts.webhooks:
         # after the commit, outside any transaction; bounded timeouts, failures only stored
         progress.message(f"alerting {len(config.alerts.webhooks)} webhook(s) about {len(confirmed)} regression(s)")
-        alerts.notify(session.get_bind(), confirmed, "regress", config.alerts)
+        alerts.notify(engine_of(session), confirmed, "regress", config.alerts)
     return outcome, pending

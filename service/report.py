@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from abwatch.service.driver import CompareOutcome, WorkloadResult
@@ -32,7 +32,7 @@ class RichProgress:
         self.console = console
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=console, transient=True)
-        self.tasks: dict[str, int] = {}
+        self.tasks: dict[str, TaskID] = {}
 
     def __enter__(self) -> "RichProgress":
         self.bar.start()

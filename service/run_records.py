@@ -16,6 +16,8 @@ def engine_name(config: Config) -> str:
     """``tvm`` for TVM builds or workloads; else the watched repository's name."""
     if config.build.kind.startswith("tvm") or any(w.kind == "tvm" for w in config.workloads):
         return "tvm"
+    if config.repo is None:  # only release builds go without a repository, and those are tvm
+        return "unknown"
     return config.repo.url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "unknown"
 
 

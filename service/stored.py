@@ -56,6 +56,8 @@ def load_outcome(session: Session, run_id: int) -> StoredRun:
         if build_id is None:
             continue
         build = session.get(Build, build_id)
+        if build is None:  # a foreign key: only a damaged database gets here
+            raise DriverError(f"run {run_id}: its {side} build {build_id} does not exist")
         builds.append(BuildOutcome(side, ref, commit.sha, build.status.value,
                                    _cached_for(session, run, side, build), build.id))
         if build.status != BuildStatus.SUCCESS:
@@ -116,7 +118,8 @@ def _regressions_by_workload(session: Session, run: Run) -> tuple[dict[int, int]
             Regression.id.in_(select(RegressionEvent.regression_id).where(RegressionEvent.run_id == run.id)))
     else:
         query = select(Regression).where(Regression.run_id == run.id)
-    speed, correctness = {}, {}
+    speed: dict[int, int] = {}
+    correctness: dict[int, int] = {}
     for r in session.scalars(query.order_by(Regression.id)):
         (correctness if r.kind == "correctness" else speed)[r.workload_id] = r.id
     return speed, correctness

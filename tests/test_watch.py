@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from abwatch.service import db
 from abwatch.service.cli import main
 from abwatch.service.demo import Step, make_demo_repo
-from abwatch.service.models import BisectionStep, Job, Regression, Run, RunStatus, WatchedCommit
+from abwatch.service.models import BisectionStep, Job, Run, RunStatus, WatchedCommit
 
 W = 1_500_000  # ~3 ms a sample
 
