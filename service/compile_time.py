@@ -15,6 +15,8 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
 
 from sqlalchemy.orm import Session
 
@@ -37,7 +39,7 @@ class CompileJudged:
     failure: str | None = None
 
 
-def measure(runner: Runner, workload, artifacts: dict[str, object], config, seed: int,
+def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, seed: int,
             rng: random.Random, progress, timeout_s: float) -> CompileJudged | None:
     """Fresh-process compiles of both sides, interleaved, until the stopping rule stops;
     None when compile time is not judged (not a TVM workload, or ``compile_repetitions`` 0)."""
@@ -102,7 +104,7 @@ def open_if_slower(session: Session, run: Run, comparison: Comparison, judged: C
     return regression.id
 
 
-def verdict_of(workload_details: dict | None) -> stats.Verdict:
+def verdict_of(workload_details: Mapping[str, Any] | None) -> stats.Verdict:
     """The compile-time verdict a comparison's details hold (``unknown`` when none was made),
     as a :class:`stats.Verdict`, for verify to confirm or clear a ``compile-time`` regression."""
     c = (workload_details or {}).get("compile") or {}

@@ -380,7 +380,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
                              "is open for this pair already")
         regression_id = regression.id
     compile_id = compile_time.open_if_slower(session, run, comparison, judged)
-    if compile_id is not None:  # a new dict, so the JSON column sees the change
+    if compile_id is not None and extra is not None:  # a new dict, so the JSON column sees the change
         comparison.details = {**comparison.details, "compile": {**extra["compile"], "regression_id": compile_id}}
         extra["compile"] = comparison.details["compile"]
     if judged is not None:

@@ -21,14 +21,14 @@ from sqlalchemy import func, select, text
 
 from abwatch.service import db, locks, noise
 from abwatch.service.models import (
-    Build, BuildStatus, Comparison, Commit, Device, NoiseProfile, Regression, RegressionEvent,
+    Build, Comparison, Commit, Device, NoiseProfile, Regression, RegressionEvent,
     RegressionState, Repository, Run, RunStatus, RunType, Workload,
 )
 from abwatch.builders.repo import RepoMirror
 from abwatch.builders.spec import CommitInfo
 from abwatch.service.stats import Outcome
 from abwatch.service.store import get_commit, get_repository, get_workload
-from tests.test_compare import compare, run_cli
+from tests.test_compare import compare
 
 ABWATCH = [sys.executable, "-m", "abwatch.service.cli"]
 FAILURE_WORDS = ("Traceback", "UniqueViolation", "IntegrityError", "already exists", "internal error",

@@ -16,7 +16,6 @@ Revision ID: 0010
 Revises: 0009
 Create Date: 2026-11-23 15:00:00
 """
-import hashlib
 import importlib
 import json
 
