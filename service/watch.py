@@ -32,7 +32,7 @@ from abwatch.service.models import (
 )
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.builders.spec import CommitInfo, spec_hash
-from abwatch.service.store import get_commit, get_repository
+from abwatch.service.store import get_commit, get_repository, insert_ignoring_conflict
 
 OK, BUILD_FAILED, FAILED, QUEUED, BASELINE = "ok", "build_failed", "failed", "queued", "baseline"
 GOOD = (OK, BASELINE)  # statuses a later commit may be compared with
@@ -104,12 +104,9 @@ def _progress_row(session: Session, config: Config, device: str) -> WatchProgres
     repository = get_repository(session, config.repo.url)
     key = dict(repository_id=repository.id, branch=config.repo.branch, device=device,
                config_hash=config_hash(config))
-    row = session.scalar(select(WatchProgress).filter_by(**key))
-    if row is None:
-        row = WatchProgress(**key, updated_at=utcnow())
-        session.add(row)
-        session.flush()
-    return row
+    # two watches of one branch (or a watch and its restart) may meet a new row at once
+    insert_ignoring_conflict(session, WatchProgress, {**key, "updated_at": utcnow()}, list(key))
+    return session.scalars(select(WatchProgress).filter_by(**key)).one()
 
 
 def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: str,
