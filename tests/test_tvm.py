@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -76,8 +77,11 @@ def compare(capsys, config, db_url, control=OLD, treatment=NEW):
     return code, json.loads(captured.out) if captured.out.startswith("{") else None, captured.err
 
 
-def no_workers_left() -> bool:
-    return subprocess.run(["pgrep", "-f", "tvm_worker.py"], capture_output=True).stdout.strip() == b""
+def no_workers_left(tvm_cache: Path) -> bool:
+    """No TVM worker of this test session is alive. Workers run the cached build's Python, so
+    ``tvm_cache`` in the command line tells them from other sessions' workers on the machine."""
+    pattern = f"{tvm_cache}/.*tvm_worker.py"
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True).stdout.strip() == b""
 
 
 def test_release_against_release_with_complete_records(capsys, tmp_path, tvm_cache, sqlite_url):
@@ -108,7 +112,7 @@ def test_release_against_release_with_complete_records(capsys, tmp_path, tvm_cac
             assert r.fields["workload_args"]["input_shapes"]
             assert r.fields["runtime_config"]["num_threads"] == "1"
             assert "llvm" in r.fields["runtime_config"]["target"]
-    assert no_workers_left()
+    assert no_workers_left(tvm_cache)
 
 
 def test_compile_time_is_judged_on_fresh_process_compiles(capsys, tmp_path, tvm_cache, sqlite_url):
@@ -127,7 +131,7 @@ def test_compile_time_is_judged_on_fresh_process_compiles(capsys, tmp_path, tvm_
         assert session.scalars(select(Regression).where(Regression.kind == "compile-time")).all() == []
     code, payload, err = main_text(capsys, "show", payload["run_id"], "--db", sqlite_url)
     assert "mlp: compile time improvement" in payload and "fresh compiles a side" in payload
-    assert no_workers_left()
+    assert no_workers_left(tvm_cache)
 
 
 def main_text(capsys, *argv) -> tuple[int, str, str]:
@@ -160,7 +164,7 @@ treatment_options = {options = {heads = 3}}   # 32 is not divisible by 3: reshap
     result = payload["results"][0]
     assert result["verdict"] == "unknown" and result["regression_id"] is None
     assert "treatment" in result["failure"] and "compile failed" in result["failure"]
-    assert no_workers_left()
+    assert no_workers_left(tvm_cache)
 
 
 def test_hung_worker_is_killed_and_not_a_regression(capsys, tmp_path, tvm_cache, sqlite_url):
@@ -177,7 +181,7 @@ timeout_s = 2
     assert code == 4 and payload["status"] == "incomplete"
     result = payload["results"][0]
     assert result["verdict"] == "unknown" and "timeout" in result["failure"]
-    assert no_workers_left()
+    assert no_workers_left(tvm_cache)
 
 
 def test_changed_outputs_are_a_correctness_regression(capsys, tmp_path, tvm_cache, sqlite_url):
@@ -257,7 +261,7 @@ def test_rpc_ab_through_a_real_tracker_on_loopback(capsys, tmp_path, tvm_cache, 
     with db.session_scope(engine) as session:
         hardware = {r.hardware for r in session.scalars(select(Record).where(Record.run_id == payload["run_id"]))}
         assert hardware == {"local-cpu"}
-    assert no_workers_left()
+    assert no_workers_left(tvm_cache)
     assert all(p.poll() is None for p in procs)  # the board is still up for the next user
 
 
