@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=120.0)
     parser.add_argument("--compiles", type=int, default=12)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--pair", nargs=2, metavar=("CONTROL", "TREATMENT"), help="only this pair")
     args = parser.parse_args()
     abwatch = str(Path(sys.executable).with_name("abwatch"))
     print("| pair | workload | run time: verdict | change | CI | pairs | took, why it stopped | "
@@ -67,7 +68,7 @@ def main() -> None:
         config.write_text(CONFIG.format(cache=json.dumps(args.cache), max_seconds=args.max_seconds,
                                         compiles=args.compiles))
         for _ in range(args.repeat):
-            for control, treatment in PAIRS:
+            for control, treatment in ([tuple(args.pair)] if args.pair else PAIRS):
                 proc = subprocess.run([abwatch, "compare", "--config", str(config), "--control", control,
                                        "--treatment", treatment, "--json", "--db", f"sqlite:///{tmp}/abwatch.db"],
                                       capture_output=True, text=True)

@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--aa-weight", type=int, default=3, help="A/A trials per round of the other tags")
     parser.add_argument("--seed", type=int, default=1000)
+    parser.add_argument("--only", choices=TAGS, help="record trials of this tag only")
     args = parser.parse_args()
     bench = RealBench([2.0, 3.0, 5.0, 10.0])
     deadline = time.monotonic() + args.minutes * 60
@@ -51,7 +52,7 @@ def main() -> None:
     try:
         with open(args.out, "a") as out:
             while time.monotonic() < deadline:
-                for tag in ("same",) * args.aa_weight + TAGS[1:]:
+                for tag in [args.only] if args.only else ("same",) * args.aa_weight + TAGS[1:]:
                     out.write(json.dumps(record(bench, tag, args.pairs, seed)) + "\n")
                     out.flush()
                     seed += 1
