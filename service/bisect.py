@@ -4,8 +4,9 @@ The range is the first-parent commits after the regressions' control (good) up t
 treatment (bad). Each step A/B-tests the commit nearest the middle against the good end
 through :func:`~service.driver.run_compare` (run type ``regress``, so no new regressions
 are opened); when that comparison cannot decide, the same commit is compared with the bad
-end (both builds are cached by then, so it costs no build). A commit that does not build is
-skipped (``git bisect skip``) and the next one nearest the middle is tried.
+end (both builds are cached by then, so it costs no build). A commit that does not build, or
+whose benchmark hangs or crashes, is skipped (``git bisect skip``) and the next one nearest
+the middle is tried; a hung commit is never named culprit for hanging.
 
 Several workloads confirmed by one verify run are bisected together while they agree; when
 a step finds some of them slower and others not, they have different culprits, and each
@@ -57,8 +58,11 @@ def _sides(outcome: driver.CompareOutcome, names: set[str], good_is_control: boo
         if r.workload not in names:
             continue
         v = r.verdict
+        if r.failure:  # hung or crashed at the tried commit: it cannot be judged, like a broken build
+            found[r.workload] = (SKIP, "failed", None)
+            continue
         slower = v.verdict == stats.Outcome.REGRESSION
-        undecided = v.verdict == stats.Outcome.UNKNOWN or r.failure
+        undecided = v.verdict == stats.Outcome.UNKNOWN
         if good_is_control:  # the tried commit is the treatment against the good end
             side = BAD if slower else (None if undecided else GOOD)
         else:  # against the bad end (the tried commit is the control): the bad end slower means good
@@ -112,11 +116,11 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         outcome = compare(part.names, good, sha)
         builds += sum(1 for b in outcome.builds if not b.cached)
         if outcome.status == "build_failed":
-            part.skipped.add(mid)
             found = {name: (SKIP, "build_failed", None) for name in part.names}
         else:
             found = _sides(outcome, part.names, good_is_control=True)
-            undecided = {name for name in part.names if found.get(name, (None,))[0] is None}
+            found.update({name: (None, "unknown", None) for name in part.names - set(found)})
+            undecided = {name for name in part.names if found[name][0] is None}
             if undecided:  # ask the bad end about those (no build: both are cached)
                 again = _sides(compare(undecided, sha, bad), undecided, good_is_control=False)
                 for name in undecided:
@@ -135,11 +139,12 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         session.commit()
         bad_names = {n for n in part.names if found[n][0] == BAD}
         good_names = {n for n in part.names if found[n][0] == GOOD}
+        skip_names = {n for n in part.names if found[n][0] == SKIP}
         progress.message(f"  {sha[:12]}: " + ("skip (does not build)" if outcome.status == "build_failed" else
-                                              f"bad for {sorted(bad_names)}, good for {sorted(good_names)}"))
-        if outcome.status == "build_failed":
-            todo.append(part)
-            continue
+                                              f"bad for {sorted(bad_names)}, good for {sorted(good_names)}"
+                                              + (f", cannot run {sorted(skip_names)}" if skip_names else "")))
+        if skip_names:  # the same range without this commit
+            todo.append(_Part(skip_names, part.lo, part.hi, part.skipped | {mid}))
         if good_names:
             todo.append(_Part(good_names, mid, part.hi, set(part.skipped)))
         if bad_names:

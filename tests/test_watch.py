@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import git
 from sqlalchemy import func, select
@@ -159,9 +160,9 @@ def test_workloads_with_different_culprits_in_one_range_each_get_their_own(tmp_p
     make_demo_repo(repo, (step("base", "Baseline"),))
     config = write_watch_config(tmp_path, repo, 'schedule = "0 2 * * *"')
     # a second workload: the same program, told by $SLOW_B to do 25 % more work once a commit reads it
-    text = open(config).read().replace('[run]', '[[workloads]]\nname = "b"\ncommand = ["./bench", "10"]\n'
-                                       'env = {SLOW_B = "1.25"}\n[run]')
-    open(config, "w").write(text)
+    text = Path(config).read_text().replace('[run]', '[[workloads]]\nname = "b"\ncommand = ["./bench", "10"]\n'
+                                            'env = {SLOW_B = "1.25"}\n[run]')
+    Path(config).write_text(text)
     assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 0
     day = (step("n1", "README", note="n1"),
            step("x", "Read SLOW_B: b does 25% more work", env_factor="SLOW_B"),
@@ -179,3 +180,26 @@ def test_workloads_with_different_culprits_in_one_range_each_get_their_own(tmp_p
     tried = {s["sha"] for r in found.values() for s in r["bisection"]}
     assert len(tried) <= 2 * (math.ceil(math.log2(len(day))) + 1)  # each culprit within its bound
     assert all(r["range"] == {"good": tags["base"], "bad": tags["n3"]} for r in found.values())
+
+
+def test_on_sqlite_a_hung_benchmark_is_recorded_and_the_watch_goes_on(tmp_path, sqlite_url, capsys):
+    # SQLite: `watch --once` runs the very jobs a worker would, in this process
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (step("base", "Baseline"),))
+    config = write_watch_config(tmp_path, repo, "")
+    text = Path(config).read_text().replace("timeout_s = 30", "timeout_s = 3")  # the hang ends in 3 s
+    Path(config).write_text(text)
+    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0
+    make_demo_repo(repo, (step("hang", "Wait forever", hang=True),
+                          step("slow25", "Stop waiting, do 25% more work", 1.25)))
+    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 1
+    tags = shas(repo)
+    engine = db.make_engine(sqlite_url)
+    with Session(engine) as session:
+        rows = {w.commit.sha: w for w in session.scalars(select(WatchedCommit))}
+        assert rows[tags["hang"]].status == "failed"  # recorded as hung, never a regression
+        assert rows[tags["slow25"]].control_sha == tags["base"]  # compared with the last good one
+        assert session.scalar(select(func.count()).select_from(Job).where(Job.status != "done")) == 0
+    found = regressions_json(sqlite_url, capsys)
+    assert [(r["culprit"]["sha"], r["state"]) for r in found] == [(tags["slow25"], "regress")]
+    engine.dispose()
