@@ -296,3 +296,53 @@ def test_rerunning_a_pair_does_not_open_a_second_regression(session):
     lifecycle.transition(session, opened[0], RegressionState.VERIFY, run, "v")
     lifecycle.transition(session, opened[0], RegressionState.CLEARED, run, "c")
     assert lifecycle.open_regression(session, run, comparison).id != opened[0].id
+
+
+def test_a_queue_worker_and_a_compare_share_the_device_lock(write_config, fresh_pg_url):
+    """A worker running a job holds its device (the queue's advisory lock); a compare on the same
+    device waits for the job to end and names the worker, and the worker's own job is never made
+    to wait for itself (its compares measure under the lock the worker holds)."""
+    import socket
+
+    from abwatch.service import queue
+    from abwatch.service.models import Invocation
+
+    db.upgrade(fresh_pg_url)
+    engine = db.make_engine(fresh_pg_url)
+    device = socket.gethostname()
+    with db.session_scope(engine) as session:
+        queue.enqueue(session, "hold", device, {}, "hold-1")
+    release, running, inside = threading.Event(), threading.Event(), []
+
+    def hold(session, job) -> dict:
+        running.set()
+        # what a job's compare does: take the device's measuring lock, held by this worker already
+        with locks.device_lock(engine, device, "abwatch run 0", Path("/nonexistent")):
+            inside.append(True)
+        release.wait(300)
+        return {}
+
+    worker = queue.Worker(engine, device, {"hold": hold})
+    thread = threading.Thread(target=worker.run_one)
+    thread.start()
+    assert running.wait(60)
+    config = write_config(repetitions=4, run_extra="max_repetitions = 8")
+    proc = _start(["compare", "--config", config, "--control", "base", "--treatment", "noop", "--json",
+                   "--db", fresh_pg_url])
+    try:
+        deadline = time.monotonic() + 300
+        while _count(fresh_pg_url, Run, Run.treatment_build_id.is_not(None)) == 0:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.3)
+        time.sleep(3)
+        assert _count(fresh_pg_url, Invocation) == 0
+    finally:
+        release.set()
+        thread.join()
+        worker.close()
+    code, out, err = _finish([proc])[0]
+    assert inside == [True]
+    assert code in (0, 1), err
+    assert f"device {device} is busy, measured by abwatch worker {worker.name}" in err
+    assert json.loads(out)["status"] == "completed"
+    engine.dispose()
