@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 import git
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from abwatch.service import alerts, bisect, driver, lifecycle, queue
@@ -261,32 +261,40 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
     watched = session.scalar(select(WatchedCommit).filter_by(progress_id=row.id, commit_id=commit.id))
     result: dict = {"sha": sha, "confirmed": [], "fixed": []}
     if watched.status == QUEUED:
-        control = pick_control(session, config, mirror, row, info)
-        watched.control_sha, watched.tested_at = control, utcnow()
-        if control is None:  # the first commit of a watch: built so later ones can be compared with it
-            watched.status = _baseline(config, sha, progress)
-            if watched.status == BASELINE:
-                row.last_tested_sha = sha
+        try:
+            control = pick_control(session, config, mirror, row, info)
+            watched.control_sha, watched.tested_at = control, utcnow()
+            if control is None:  # the first commit of a watch: built so later ones can be compared with it
+                watched.status = _baseline(config, sha, progress)
+                if watched.status == BASELINE:
+                    row.last_tested_sha = sha
+                session.commit()
+                return {**result, "status": watched.status}
+            outcome = driver.run_compare(session, config, control, sha, progress=progress)
+            # the run, the commit's status and the fixes are committed together: a retry trusts them
+            watched.run_id = outcome.run_id
+            if outcome.status == RunStatus.BUILD_FAILED.value:
+                # recorded, never a regression; the next commit is compared with the last good one
+                watched.status = BUILD_FAILED
+            else:
+                hung = [r.workload for r in outcome.results if r.failure]
+                watched.status = FAILED if hung else OK
+                result["hung"] = hung
+                if not hung:
+                    row.last_tested_sha = sha
+                result["fixed"] = _fixes(session, config, outcome)
             session.commit()
-            return {**result, "status": watched.status}
-        outcome = driver.run_compare(session, config, control, sha, progress=progress)
-        # the run, the commit's status and the fixes are committed together: a retry trusts them
-        watched.run_id = outcome.run_id
-        if outcome.status == RunStatus.BUILD_FAILED.value:
-            # recorded, never a regression; the next commit is compared with the last good one
-            watched.status = BUILD_FAILED
-        else:
-            hung = [r.workload for r in outcome.results if r.failure]
-            watched.status = FAILED if hung else OK
-            result["hung"] = hung
-            if not hung:
-                row.last_tested_sha = sha
-            result["fixed"] = _fixes(session, config, outcome)
-        session.commit()
+        except Exception:
+            # an error, not a verdict (the job is marked failed with it): the commit is not
+            # left `queued`, and the next one is compared with the last good commit
+            session.rollback()
+            session.execute(update(WatchedCommit).where(WatchedCommit.id == watched.id).values(status=FAILED))
+            session.commit()
+            raise
     elif watched.run_id is not None:
         progress.message(f"{sha[:12]}: compared already in run {watched.run_id}; carrying on from there")
     result.update(control=watched.control_sha, run_id=watched.run_id, status=watched.status)
-    if watched.status in (OK, FAILED):
+    if watched.status in (OK, FAILED) and watched.run_id is not None:
         result["confirmed"] = _escalate(session, config, mirror, watched.run_id, progress)
     engine = session.get_bind()
     if result["fixed"] and config.alerts.webhooks:  # `regress` alerts are sent by run_verify

@@ -203,3 +203,4 @@ def test_on_sqlite_a_hung_benchmark_is_recorded_and_the_watch_goes_on(tmp_path, 
     found = regressions_json(sqlite_url, capsys)
     assert [(r["culprit"]["sha"], r["state"]) for r in found] == [(tags["slow25"], "regress")]
     engine.dispose()
+
