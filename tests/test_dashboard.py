@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
@@ -116,7 +117,10 @@ def test_regression_page_and_triage_from_the_browser(browser, filled_server, tmp
     form.find_element(By.NAME, "token").clear()
     form.find_element(By.NAME, "token").send_keys(token)
     form.find_element(By.CSS_SELECTOR, "button").click()
-    WebDriverWait(browser, 20).until(lambda b: "looking into the loop" in b.find_element(By.ID, "triage").text)
+    # the page reloads after a successful triage: an element found just before the reload goes
+    # stale, so the wait looks again instead of failing
+    WebDriverWait(browser, 20, ignored_exceptions=[StaleElementReferenceException, NoSuchElementException]).until(
+        lambda b: "looking into the loop" in b.find_element(By.ID, "triage").text)
     open_page(browser, f"{base}/regressions/{regression['id']}", tmp_path, "regression-triaged", charts=1)
     detail = requests.get(f"{base}/api/regressions/{regression['id']}", timeout=10).json()
     assert detail["triage"] == "acknowledged"
