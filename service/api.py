@@ -14,7 +14,6 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Iterator, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -107,10 +106,6 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None) 
     app.state.api = api
     app.state.alerts = alerts
     SessionDep = Annotated[Session, Depends(api.session)]
-
-    @app.exception_handler(queries.NotFound)
-    async def _not_found(_request: Request, exc: queries.NotFound) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
 
     @app.get("/api/runs", tags=["runs"])
     def runs(session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 50,

@@ -48,8 +48,9 @@ def add_dashboard(app: FastAPI, api) -> None:
         return templates.TemplateResponse(request, template, {"title": title, "data": data}, status_code=status)
 
     @app.exception_handler(404)
+    @app.exception_handler(queries.NotFound)  # raised by the API's and the pages' queries alike
     async def _missing(request: Request, exc) -> HTMLResponse | JSONResponse:
-        detail = getattr(exc, "detail", None) or "not found"
+        detail = getattr(exc, "detail", None) or str(exc) or "not found"
         if request.url.path.startswith("/api/") or request.url.path.startswith("/static/"):
             return JSONResponse({"detail": detail}, status_code=404)
         return page(request, "missing.html", "not found", {"detail": detail}, 404)
@@ -60,24 +61,15 @@ def add_dashboard(app: FastAPI, api) -> None:
 
     @app.get("/workloads/{workload}", response_class=HTMLResponse, include_in_schema=False)
     def trend(request: Request, workload: str, session: SessionDep) -> HTMLResponse:
-        try:
-            data = queries.series(session, workload)
-        except queries.NotFound as exc:
-            return page(request, "missing.html", "not found", {"detail": str(exc)}, 404)
-        return page(request, "trend.html", f"{workload} — trend", data)
+        return page(request, "trend.html", f"{workload} — trend",
+                    queries.series(session, workload))
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse, include_in_schema=False)
     def run(request: Request, run_id: Id, session: SessionDep) -> HTMLResponse:
-        try:
-            data = queries.run_report(session, run_id)
-        except queries.NotFound as exc:
-            return page(request, "missing.html", "not found", {"detail": str(exc)}, 404)
-        return page(request, "run.html", f"run {run_id}", data)
+        return page(request, "run.html", f"run {run_id}",
+                    queries.run_report(session, run_id))
 
     @app.get("/regressions/{regression_id}", response_class=HTMLResponse, include_in_schema=False)
     def regression(request: Request, regression_id: Id, session: SessionDep) -> HTMLResponse:
-        try:
-            data = queries.regression_detail(session, regression_id)
-        except queries.NotFound as exc:
-            return page(request, "missing.html", "not found", {"detail": str(exc)}, 404)
-        return page(request, "regression.html", f"regression {regression_id}", data)
+        return page(request, "regression.html", f"regression {regression_id}",
+                    queries.regression_detail(session, regression_id))
