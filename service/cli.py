@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     p = with_db(sub.add_parser("watch", help="watch a branch: poll, queue, A/B-test, verify, bisect"))
     p.add_argument("--config", required=True, type=Path, help="TOML config file with [repo] and [watch]")
     p.add_argument("--once", action="store_true",
-                   help="one pass and its jobs, then exit: 0 nothing confirmed, 1 a regression confirmed")
+                   help="one pass and its jobs, then exit: 0 nothing confirmed, 1 a regression confirmed, "
+                        "4 a job failed (named on stderr)")
     p.add_argument("--no-work", action="store_true", help="only poll and queue; workers run the jobs")
     p = with_db(sub.add_parser("worker", help="run queued watch jobs of one device (PostgreSQL)"))
     p.add_argument("--config", required=True, type=Path, help="the watch's TOML config file")

@@ -31,7 +31,7 @@ from abwatch.service import liveness, queue, watch
 from abwatch.service.config import Config
 from abwatch.service.driver import NullProgress, Progress
 
-EXIT_OK, EXIT_REGRESSION = 0, 1
+EXIT_OK, EXIT_REGRESSION, EXIT_INCOMPLETE = 0, 1, 4
 WAKE_S = 60.0  # the idle loop looks at the clock at least this often (suspend, clock changes)
 
 
@@ -59,11 +59,23 @@ class Stopper:
         return self.event.is_set()
 
 
+def pass_exit_code(confirmed: list[int], failed: list[str]) -> int:
+    """The exit status of a pass: 1 when a regression was confirmed (whatever else happened),
+    else 4 when a job failed (an error, not a verdict: the pass did not do all it had to), else 0.
+
+    A commit that does not build is a recorded outcome of a job that finished, not a failure.
+    """
+    if confirmed:
+        return EXIT_REGRESSION
+    return EXIT_INCOMPLETE if failed else EXIT_OK
+
+
 def once(engine: Engine, config: Config, *, work: bool = True, progress: Progress | None = None,
          stopper: Stopper | None = None) -> int:
-    """One pass and the jobs it made (on this process's devices); 1 if a regression was confirmed.
+    """One pass and the jobs it made (on this process's devices): :func:`pass_exit_code`.
 
-    On PostgreSQL a job that another worker holds (or a device it keeps busy) is left to it.
+    Each failed job is reported by its id, device, commit and error. On PostgreSQL a job
+    that another worker holds (or a device it keeps busy) is left to it.
     """
     progress = progress or NullProgress()
     stopper = stopper or Stopper()  # not installed: the CLI's SIGTERM handling stays in force
@@ -73,7 +85,8 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
         progress.message(f"queued {sha[:12]} for {device}")
     if not work:
         return EXIT_OK
-    confirmed = []
+    confirmed: list[int] = []
+    failed: list[str] = []
     for device in watch.device_names(config):
         worker = queue.Worker(engine, device, watch.handlers(config, progress))
         stopper.workers.append(worker)
@@ -82,20 +95,29 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
                 job = worker.run_one()
                 if job is None:
                     break
-                result = job_result(engine, job.id) or {}
+                done = finished_job(engine, job.id)
+                if done is None or done.status == queue.JobStatus.FAILED:
+                    error = done.error if done is not None else "the job's row is gone"
+                    text = f"job {job.id} on {device} (commit {job.payload.get('sha', '?')[:12]}) FAILED: {error}"
+                    failed.append(text)
+                    progress.message(text)
+                    continue
+                result = done.result or {}
                 confirmed += result.get("confirmed", [])
-                progress.message(f"job {job.id} ({result.get('sha', '?')[:12]}): {result.get('status', 'failed')}")
+                progress.message(f"job {job.id} ({result.get('sha', '?')[:12]}): {result.get('status', '?')}")
         finally:
             stopper.workers.remove(worker)
             worker.close()
-    return EXIT_REGRESSION if confirmed else EXIT_OK
+    code = pass_exit_code(confirmed, failed)
+    if failed:  # said again at the end, where a reader of a long log looks
+        progress.message(f"{len(failed)} job(s) of this pass failed; exit {code}:\n  " + "\n  ".join(failed))
+    return code
 
 
-def job_result(engine: Engine, job_id: int) -> dict | None:
-    """The stored result of a finished job."""
-    with Session(engine) as session:
-        job = session.get(queue.Job, job_id)
-        return job.result if job is not None else None
+def finished_job(engine: Engine, job_id: int) -> queue.Job | None:
+    """The stored row of a job the worker just ran (status, result, error)."""
+    with Session(engine, expire_on_commit=False) as session:
+        return session.get(queue.Job, job_id)
 
 
 def trigger(config: Config):
