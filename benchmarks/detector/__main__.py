@@ -189,7 +189,9 @@ def real_file(args) -> None:
             pair_s = [a + b for a, b in zip(walls["control"], walls["treatment"])]
             by_tag.setdefault(row["tag"], []).append(Trial(control, treatment, pair_s))
             loads.append(row["load"])
-    pairs = min(len(t.control) for ts in by_tag.values() for t in ts)
+    # each trial is replayed up to its own length (a trial recorded with --until-decided
+    # ends where the live rule stopped, so the replay reproduces that run's verdict)
+    pairs = max(len(t.control) for ts in by_tag.values() for t in ts)
     budget = Budget(start=12, step=6, most=pairs, max_seconds=args.budget_s)
     by_effect = {0.0 if tag == "same" else float(tag[4:]): judge(trials, args.seed, budget, sizes=(6, 12))
                  for tag, trials in sorted(by_tag.items(), key=lambda kv: 0 if kv[0] == "same" else float(kv[0][4:]))}
