@@ -15,6 +15,7 @@ Each anchor is shown twice on the same trials: "@60" judges the first look's dat
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -27,7 +28,11 @@ EFFECTS = (0.5, 1.0, 2.0, 5.0, 10.0)
 BUDGET = Budget()
 
 
-POOLED = "abwatch pooled, no labels (Hodges-Lehmann)"
+POOLED = "abwatch pooled, no labels (10th-percentile shift)"
+HL = "Hodges-Lehmann, pooled (previous pooled path)"
+CS = "abwatch (paired, adaptive)"
+LD = "Lan-DeMets OBF (paired, same looks; horizon: pair cap)"
+LD_TIME = "Lan-DeMets OBF (horizon: pairs the time budget buys at look 1's pace)"
 # one A/A trial judged with 1, 5, 20 or 100 looks over the same 103 pairs
 LOOKS = {1: Budget(103, 1, 103), 5: Budget(23, 20, 103), 20: Budget(8, 5, 103), 100: Budget(4, 1, 103)}
 
@@ -36,13 +41,20 @@ def judge(trials: list[Trial], seed: int, budget: Budget = BUDGET,
           sizes: tuple[int, ...] | None = None) -> dict[str, list[Decision]]:
     """Every rule's decision on every trial: abwatch's stopping rule, its pooled path and the
     anchors on the same pooled samples (at the first look's data and at the whole budget)."""
-    out: dict[str, list[Decision]] = {"abwatch (paired, adaptive)": []}
+    out: dict[str, list[Decision]] = {CS: [], LD: []}
+    timed = not math.isinf(budget.max_seconds)
+    if timed:
+        out[LD_TIME] = []
     sizes = sizes or (budget.start, budget.most)
-    out.update({f"{name} @{k * 5}": [] for name in (POOLED, *ANCHORS) for k in sizes})
+    out.update({f"{name} @{k * 5}": [] for name in (POOLED, HL, *ANCHORS) for k in sizes})
     for i, t in enumerate(trials):
-        out["abwatch (paired, adaptive)"].append(rules.abwatch(t, budget, seed=seed + i))
+        out[CS].append(rules.abwatch(t, budget, seed=seed + i))
+        out[LD].append(rules.lan_demets(t, budget, horizon=min(budget.most, len(t.control))))
+        if timed:
+            out[LD_TIME].append(rules.lan_demets(t, budget))
         for k in sizes:
             out[f"{POOLED} @{k * 5}"].append(rules.abwatch(t, Budget(start=k), seed=seed + i, groups=False))
+            out[f"{HL} @{k * 5}"].append(rules.hodges_lehmann(t, k))
             for name, rule in ANCHORS.items():
                 out[f"{name} @{k * 5}"].append(rule(t, k))
     return out
@@ -58,19 +70,46 @@ def coverage(decisions: list[Decision], truth_pct: float) -> tuple[int, int, flo
 
 
 def looks_table(rng, args) -> str:
-    """Markdown: A/A false positives of the stopping rule at 1, 5, 20, 100 looks per shape."""
-    head = ["shape"] + [f"{k} look{'s' if k > 1 else ''}: A/A false pos. (pairs)" for k in LOOKS]
+    """Markdown: A/A false positives of the confidence sequence and of Lan-DeMets spending at
+    1, 5, 20, 100 looks per shape (the same trials, the same looks; horizon 103 pairs), and
+    Lan-DeMets with a 36-pair horizon on runs that may go on to 103 pairs: stopped at the
+    horizon, or looking on past it with the spending function carried past t = 1."""
+    head = ["shape", "rule"] + [f"{k} look{'s' if k > 1 else ''}: A/A false pos. (pairs)" for k in LOOKS]
     lines = ["### Sequential validity: A/A false positives by number of looks (103 pairs at most)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = {"confidence sequence (abwatch)": lambda t, b, i: rules.abwatch(t, b, seed=args.seed + i),
+            "Lan-DeMets OBF, horizon 103": lambda t, b, i: rules.lan_demets(t, b, horizon=103),
+            "Lan-DeMets OBF, horizon 36, stop there": lambda t, b, i: rules.lan_demets(t, b, horizon=36),
+            "Lan-DeMets OBF, horizon 36, spending carried past it":
+                lambda t, b, i: rules.lan_demets(t, b, horizon=36, past_horizon="extend")}
     for shape in simulate.SHAPES:
         trials = [simulate.trial(rng, shape, 0.0, 103) for _ in range(args.sim_trials)]
-        cells = [shape]
-        for k, budget in LOOKS.items():
-            ds = [rules.abwatch(t, budget, seed=args.seed + i) for i, t in enumerate(trials)]
-            cells.append(f"{rules.rate([d.call for d in ds], 0)} ({np.mean([d.samples for d in ds]) / 5:.0f})")
-        lines.append("| " + " | ".join(cells) + " |")
+        for name, rule in rows.items():
+            cells = [shape, name]
+            for budget in LOOKS.values():
+                ds = [rule(t, budget, i) for i, t in enumerate(trials)]
+                cells.append(f"{rules.rate([d.call for d in ds], 0)} ({np.mean([d.samples for d in ds]) / 5:.0f})")
+            lines.append("| " + " | ".join(cells) + " |")
         print(f"  looks: {shape} done", file=sys.stderr)
-    return "\n".join(lines + ["", f"Trials: {args.sim_trials} per shape; the same trials at every look count.", ""])
+    return "\n".join(lines + ["", f"Trials: {args.sim_trials} per shape; the same trials at every look count "
+                                  "and for every rule.", ""])
+
+
+def sequential_table(results: dict[str, dict[float, dict[str, list[Decision]]]]) -> str:
+    """Markdown: the confidence sequence against Lan-DeMets spending on the same trials and
+    looks: A/A false positives, power per slowdown, mean pairs at the stop."""
+    effects = [e for e in next(iter(results.values())) if e > 0]
+    head = ["shape", "rule", "A/A false pos."] + [f"+{e:g}%" for e in effects] + ["mean pairs: A/A", "slowdowns"]
+    lines = ["### Confidence sequence vs Lan-DeMets spending (same trials, same looks: 12 pairs, +6, at most 36)",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape, by_effect in results.items():
+        for name in (CS, LD):
+            cells = [shape, name, rules.rate([d.call for d in by_effect[0.0][name]], 0)]
+            cells += [rules.rate([d.call for d in by_effect[e][name]], 1) for e in effects]
+            cells += [f"{np.mean([d.samples for d in by_effect[0.0][name]]) / 5:.1f}",
+                      f"{np.mean([d.samples for e in effects for d in by_effect[e][name]]) / 5:.1f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + [""])
 
 
 def coverage_table(title: str, by_effect: dict[float, dict[str, list[Decision]]], truth=None) -> str:
@@ -80,7 +119,7 @@ def coverage_table(title: str, by_effect: dict[float, dict[str, list[Decision]]]
     for effect, rows in by_effect.items():
         true_pct = truth(effect) if truth else effect
         cells = [f"+{effect:g}%"]
-        for name in ("abwatch (paired, adaptive)", f"{POOLED} @{BUDGET.start * 5}"):
+        for name in (CS, f"{POOLED} @{BUDGET.start * 5}"):
             hits, n, skew = coverage(rows[name], true_pct)
             lo, hi = rules.wilson(hits, n)
             cells += [f"{100 * hits / max(n, 1):.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] of {n}", f"{skew:.2f}"]
@@ -127,6 +166,7 @@ def layout_table(title: str, rows: dict[str, dict[str, list[Decision]]]) -> str:
 def simulation(args) -> None:
     rng = np.random.default_rng(args.seed)
     print(looks_table(rng, args))
+    results = {}
     for shape in simulate.SHAPES:
         started = time.monotonic()
         by_effect = {}
@@ -134,9 +174,11 @@ def simulation(args) -> None:
             count = args.sim_trials if effect == 0 else args.sim_effect_trials
             trials = [simulate.trial(rng, shape, effect / 100, BUDGET.most) for _ in range(count)]
             by_effect[effect] = judge(trials, args.seed)
+        results[shape] = by_effect
         print(table(f"Simulated: {shape}", by_effect))
         print(coverage_table(f"Simulated: {shape}: interval coverage (nominal 99 %)", by_effect))
         print(f"({time.monotonic() - started:.0f}s)\n", file=sys.stderr)
+    print(sequential_table(results))
     rows = {}
     for layout in ("interleaved", "blocks"):
         aa = [simulate.trial(rng, "phases", 0.0, BUDGET.most, layout=layout) for _ in range(args.sim_trials)]
@@ -200,7 +242,7 @@ def real_file(args) -> None:
     print(verdict_table(by_effect, budget))
     # the true change of a real build is its work ratio's effect on time, estimated from all
     # trials of that build pooled (thousands of pairs), not the nominal +x %
-    truth = {e: float(np.median([d.change_pct for d in rows["abwatch (paired, adaptive)"]
+    truth = {e: float(np.median([d.change_pct for d in rows[CS]
                                  if d.change_pct is not None])) for e, rows in by_effect.items()}
     print(coverage_table("Real trials: interval coverage (truth: the median estimate over all trials of that build)",
                          by_effect, truth=lambda e: truth[e]))
@@ -211,7 +253,7 @@ def verdict_table(by_effect: dict[float, dict[str, list[Decision]]], budget: Bud
     lines = ["| change | same | regression | improvement | unknown | median s to verdict | "
              "median pairs | stop: decided / time / pairs exhausted |", "|---|---|---|---|---|---|---|---|"]
     for effect, rows in by_effect.items():
-        ds = rows["abwatch (paired, adaptive)"]
+        ds = rows[CS]
         count = {v: sum(d.verdict == v for d in ds) for v in ("same", "regression", "improvement", "unknown")}
         decided = sum(d.verdict != "unknown" for d in ds)
         timed = sum(d.verdict == "unknown" and d.elapsed_s + d.elapsed_s / max(d.samples / 5, 1) > budget.max_seconds
