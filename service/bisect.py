@@ -15,22 +15,40 @@ part goes on in its own half of the range. One culprit costs at most ceil(log2 N
 half still needs. Every step is a :class:`~service.models.BisectionStep` of each regression
 it judged; the culprit and the group (regressions with the same culprit on one device) are
 stored on each regression.
+
+What "slower" means is the regression's kind: each step is judged by the verdict :data:`JUDGES`
+names for it — the run-time verdict for ``speed``, the compile-time verdict (the comparison's
+``compile`` details, :func:`service.compile_time.judged`) for ``compile-time``. The engine is
+the same; only the verdict it reads differs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from abwatch.builders.repo import RepoMirror
-from abwatch.service import driver, stats
+from abwatch.service import compile_time, driver, stats
 from abwatch.service.config import Config
 from abwatch.service.models import BisectionStep, Regression, RunType
 from abwatch.service.store import get_commit, get_repository
 
 BAD, GOOD, SKIP = "bad", "good", "skip"
+
+# A step's verdict of one workload, and why it could not be judged (None when it could).
+Judge = Callable[[driver.WorkloadResult], tuple[stats.Verdict, str | None]]
+
+
+def run_time(result: driver.WorkloadResult) -> tuple[stats.Verdict, str | None]:
+    """The run-time verdict (``speed`` regressions)."""
+    return result.verdict, result.failure
+
+
+# The regression kinds bisection knows how to judge; a correctness regression is not bisected.
+JUDGES: dict[str, Judge] = {"speed": run_time, compile_time.KIND: compile_time.judged}
 
 
 def max_builds(n: int) -> int:
@@ -51,14 +69,15 @@ class _Part:
         return [i for i in range(self.lo + 1, self.hi) if i not in self.skipped]
 
 
-def _sides(outcome: driver.CompareOutcome, names: set[str], good_is_control: bool) -> dict[str, tuple]:
-    """Per workload: good, bad or None (undecided), with its verdict and change."""
+def _sides(outcome: driver.CompareOutcome, names: set[str], good_is_control: bool,
+           judge: Judge = run_time) -> dict[str, tuple]:
+    """Per workload: good, bad or None (undecided), with its verdict (as ``judge`` reads it) and change."""
     found = {}
     for r in outcome.results:
         if r.workload not in names:
             continue
-        v = r.verdict
-        if r.failure:  # hung or crashed at the tried commit: it cannot be judged, like a broken build
+        v, failure = judge(r)
+        if failure:  # hung or crashed at the tried commit: it cannot be judged, like a broken build
             found[r.workload] = (SKIP, "failed", None)
             continue
         slower = v.verdict == stats.Outcome.REGRESSION
@@ -72,15 +91,21 @@ def _sides(outcome: driver.CompareOutcome, names: set[str], good_is_control: boo
 
 
 def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressions: list[Regression],
-                 parent_run_id: int, progress: driver.Progress | None = None) -> dict[str, str]:
-    """Bisect the range of ``regressions`` (one verify run's confirmed ones).
+                 parent_run_id: int, progress: driver.Progress | None = None,
+                 judge: Judge | None = None) -> dict[str, str]:
+    """Bisect the range of ``regressions`` (one verify run's confirmed ones, all of one kind).
 
+    Each step is judged by ``judge`` (default: :data:`JUDGES` of the regressions' kind).
     Returns ``{workload: culprit sha}`` for the workloads whose culprit was found.
     """
     from abwatch.service.watch import first_parents  # the watch imports this module
 
     progress = progress or driver.NullProgress()
     first = regressions[0]
+    if judge is None:
+        if {r.kind for r in regressions} != {first.kind} or first.kind not in JUDGES:
+            raise ValueError(f"cannot bisect regressions of kinds {sorted({r.kind for r in regressions})} together")
+        judge = JUDGES[first.kind]
     good, bad = first.control_commit.sha, first.treatment_commit.sha
     commits = first_parents(mirror, good, bad)
     if not commits or commits[-1] != bad:  # not on one first-parent line (e.g. a fixed: control)
@@ -118,11 +143,11 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         if outcome.status == "build_failed":
             found = {name: (SKIP, "build_failed", None) for name in part.names}
         else:
-            found = _sides(outcome, part.names, good_is_control=True)
+            found = _sides(outcome, part.names, good_is_control=True, judge=judge)
             found.update({name: (None, "unknown", None) for name in part.names - set(found)})
             undecided = {name for name in part.names if found[name][0] is None}
             if undecided:  # ask the bad end about those (no build: both are cached)
-                again = _sides(compare(undecided, sha, bad), undecided, good_is_control=False)
+                again = _sides(compare(undecided, sha, bad), undecided, good_is_control=False, judge=judge)
                 for name in undecided:
                     side, value, change = again.get(name, (None, "unknown", None))
                     # neither end tells them apart: keep the earlier commit as the suspect

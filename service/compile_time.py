@@ -117,6 +117,18 @@ def verdict_of(workload_details: Mapping[str, Any] | None) -> stats.Verdict:
         c.get("looks", 0), c.get("elapsed_s"))
 
 
+def judged(result) -> tuple[stats.Verdict, str | None]:
+    """A workload result's compile-time verdict, and why it was not judged (None when it was):
+    what bisection reads of each step for a ``compile-time`` regression (``result`` is a
+    :class:`service.driver.WorkloadResult`)."""
+    if result.failure:  # the run itself failed: nothing was compiled for timing
+        return result.verdict, result.failure
+    found = (result.details or {}).get("compile") or {}
+    if not found.get("verdict"):
+        return verdict_of(result.details), "compile time not measured"
+    return verdict_of(result.details), found.get("failure")
+
+
 def adjust(judged: list[CompileJudged | None]) -> list[CompileJudged | None]:
     """Benjamini-Hochberg across one run's compile-time verdicts (a family of its own)."""
     present = [j for j in judged if j is not None]

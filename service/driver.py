@@ -424,10 +424,14 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         raise NothingToVerify(f"nothing to verify: run {run_id} has no suspected regressions (state 'benchmark')")
     config = Config.model_validate(original.config)
     names = {r.workload.name for r in pending}
+    repetitions = max(config.run.repetitions + 1, round(config.run.repetitions * config.run.verify_factor))
     config = config.model_copy(update={
         "workloads": [w for w in config.workloads if w.name in names],
         "run": config.run.model_copy(update={
-            "repetitions": max(config.run.repetitions + 1, round(config.run.repetitions * config.run.verify_factor)),
+            "repetitions": repetitions,
+            # the cap grows with them: the stored config must validate again (bisection reads it)
+            "max_repetitions": None if config.run.max_repetitions is None
+            else max(config.run.max_repetitions, repetitions),
             "seed": None,
         }),
     })

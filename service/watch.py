@@ -321,14 +321,14 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
     if config.watch.bisect:
         unbisected = list(session.scalars(
             select(Regression).where(Regression.run_id == run_id, Regression.state == RegressionState.REGRESS,
-                                     Regression.kind == "speed", Regression.culprit_commit_id.is_(None))
+                                     Regression.kind.in_(list(bisect.JUDGES)), Regression.culprit_commit_id.is_(None))
             .order_by(Regression.id)))
-        by_verify: dict[int, list[Regression]] = {}
-        for regression in unbisected:  # one bisection per verify run (its config and budget)
+        by_verify: dict[tuple[int, str], list[Regression]] = {}
+        for regression in unbisected:  # one bisection per verify run (its config and budget) and kind
             verify_run = max(e.run_id for e in regression.events
                              if e.to_state == RegressionState.REGRESS and e.run_id is not None)
-            by_verify.setdefault(verify_run, []).append(regression)
-        for verify_run, regressions in by_verify.items():
+            by_verify.setdefault((verify_run, regression.kind), []).append(regression)
+        for (verify_run, _), regressions in by_verify.items():
             bisect.find_culprit(session, config, mirror, regressions, verify_run, progress)
     session.commit()
     return confirmed

@@ -1,0 +1,92 @@
+"""The bisection engine judges each step with the verdict its regression's kind names
+(:data:`service.bisect.JUDGES`): run time for ``speed``, the comparison's ``compile`` details for
+``compile-time``. Here the engine runs on a real git history (the C benchmark, real builds and
+processes, SQLite) with a judge given to it; the compile-time judge itself is checked on the
+details a comparison stores. (The whole path with real TVM compiles takes minutes a comparison
+on a busy 2-core machine, too long for the suite.)
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from abwatch.service import bisect, compile_time, db, driver, lifecycle, stats, watch
+from abwatch.service.config import load_config
+from abwatch.service.demo import make_demo_repo
+from abwatch.service.models import BisectionStep, Comparison, Run
+
+from tests.test_watch import shas, step, write_watch_config
+
+FLIP = {stats.Outcome.IMPROVEMENT: stats.Outcome.REGRESSION, stats.Outcome.REGRESSION: stats.Outcome.IMPROVEMENT}
+
+
+def faster_is_worse(result: driver.WorkloadResult) -> tuple[stats.Verdict, str | None]:
+    """A judge for a quantity where less time is worse (as a throughput drop would be read)."""
+    v = result.verdict
+    return replace(v, verdict=FLIP.get(v.verdict, v.verdict)), result.failure
+
+
+def test_each_step_is_judged_by_the_judge_given(tmp_path, sqlite_url):
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (step("base", "Baseline"), step("n1", "README", note="n1"),
+                          step("fast", "Do 25% less work", 0.75), step("n2", "README", 0.75, note="n2")))
+    tags = shas(repo)
+    config = load_config(write_watch_config(tmp_path, repo, ""))
+    db.upgrade(sqlite_url)
+    engine = db.make_engine(sqlite_url)
+    with Session(engine, expire_on_commit=False) as session:
+        outcome = driver.run_compare(session, config, tags["base"], tags["n2"])
+        assert outcome.results[0].verdict.verdict == stats.Outcome.IMPROVEMENT  # run time: faster
+        run = session.get(Run, outcome.run_id)
+        comparison = session.get(Comparison, outcome.results[0].comparison_id)
+        # what the faster-is-worse judge calls a regression of the range, opened as the lifecycle does
+        regression = lifecycle.open_regression(session, run, comparison, kind="speed", reason="test")
+        other = lifecycle.open_regression(session, run, comparison, kind="compile-time", reason="test")
+        session.commit()
+        with pytest.raises(ValueError, match="cannot bisect regressions of kinds"):  # each kind its own judge
+            bisect.find_culprit(session, config, watch.mirror_of(config), [regression, other], run.id)
+        culprits = bisect.find_culprit(session, config, watch.mirror_of(config), [regression], run.id,
+                                       judge=faster_is_worse)
+        assert culprits == {"loop": tags["fast"]}
+        assert regression.culprit_commit.sha == tags["fast"] and regression.group_id == regression.id
+        steps = {s.commit.sha: s for s in session.scalars(
+            select(BisectionStep).where(BisectionStep.regression_id == regression.id))}
+        # the judge's reading, not the run time's, is stored: "regression (bad)" where it ran faster
+        assert steps[tags["fast"]].verdict == "regression (bad)" and steps[tags["fast"]].change_pct < -15
+        assert all(s.verdict.endswith("(good)") for sha, s in steps.items() if sha != tags["fast"])
+        assert tags["n2"] not in steps  # the bad end is never tried
+    engine.dispose()
+
+
+def test_the_kind_picks_the_judge():
+    assert bisect.JUDGES == {"speed": bisect.run_time, "compile-time": compile_time.judged}
+    assert "correctness" not in bisect.JUDGES  # a wrong output has no "slower" to bisect on
+
+
+def _judged(control: list[float], treatment: list[float]) -> compile_time.CompileJudged:
+    verdict = stats.compare(control, treatment, threshold_pct=1.0, seed=1)
+    return compile_time.CompileJudged(verdict, {"control": control, "treatment": treatment})
+
+
+def test_the_compile_judge_reads_the_compile_verdict_not_the_run_time():
+    rng = random.Random(4)
+    control = [400 + rng.random() * 8 for _ in range(12)]
+    slower = [600 + rng.random() * 8 for _ in range(12)]
+    same_run_time = replace(stats.compare([1.0] * 12, [1.0] * 12), verdict=stats.Outcome.SAME)
+    details = {"compile": compile_time.details(_judged(control, slower))}
+    result = driver.WorkloadResult("mlp", same_run_time, 1, None, None, details=details)  # type: ignore[arg-type]
+    verdict, failure = compile_time.judged(result)
+    assert failure is None and verdict.verdict == stats.Outcome.REGRESSION and verdict.change_pct > 40
+    assert bisect.run_time(result)[0].verdict == stats.Outcome.SAME
+    # no compiles (not a TVM workload, or compile_repetitions = 0): a step it cannot judge
+    bare = replace(result, details=None)
+    assert compile_time.judged(bare)[1] == "compile time not measured"
+    # the compiles failed, or the run did: skipped like a commit that does not build
+    broken = {"compile": {**details["compile"], "failure": "treatment compile 3 error: boom"}}
+    assert compile_time.judged(replace(result, details=broken))[1] == "treatment compile 3 error: boom"
+    assert compile_time.judged(replace(result, failure="hung"))[1] == "hung"
