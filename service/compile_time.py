@@ -95,6 +95,7 @@ def open_if_slower(session: Session, run: Run, comparison: Comparison, judged: C
         session, run, comparison, kind=KIND, reason=f"compile time {v.reason}")
     if regression.run_id != run.id:  # a re-run of the pair: the one opened earlier stays as it was
         return regression.id
+    assert v.change_pct is not None  # a regression verdict always carries its estimate
     regression.change_pct = v.change_pct
     regression.benchmark_verdict = {"run_id": run.id, "verdict": v.verdict.value, "change_pct": v.change_pct,
                                     "ci_pct": list(v.ci_pct) if v.ci_pct else None, "p_value": v.p_value,

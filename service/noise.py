@@ -3,7 +3,9 @@ verdicts, and start the next run with as many invocations as that noise needs.""
 
 from __future__ import annotations
 
-from sqlalchemy import case, select
+from typing import cast
+
+from sqlalchemy import Table, case, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -48,7 +50,7 @@ def learn(session: Session, workload_id: int, device_id: int | None, samples: di
         return
     # One statement that reads and writes the row: two runs that finish at once both count
     # (a read-then-write in Python would lose one of them).
-    table = NoiseProfile.__table__
+    table = cast(Table, NoiseProfile.__table__)
     dialect = session.get_bind().dialect.name
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
         workload_id=workload_id, device_id=device_id, process_cv=cv, observations=1, updated_at=utcnow())

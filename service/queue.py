@@ -136,23 +136,24 @@ class Worker:
         finally:
             self.current = None
 
-    def _run_claimed(self, job: Job) -> None:
+    def _run_claimed(self, claimed: Job) -> None:
         with self.factory() as session:
-            job = session.get(Job, job.id)
+            # the row exists: this worker claimed it and holds its lock
+            job = session.get_one(Job, claimed.id)
             try:
                 result = self.handlers[job.kind](session, job)
             except KeyboardInterrupt:  # SIGTERM or Ctrl-C: the job is not done; another worker takes it
                 session.rollback()
-                job = session.get(Job, job.id)
+                job = session.get_one(Job, claimed.id)
                 job.status, job.error = JobStatus.QUEUED, f"worker {self.name} was stopped; queued again"
                 session.commit()
                 raise
             except Exception as exc:  # the job failed; the worker goes on with the next one
                 session.rollback()
-                job = session.get(Job, job.id)
+                job = session.get_one(Job, claimed.id)
                 job.status, job.error = JobStatus.FAILED, f"{type(exc).__name__}: {exc}"
             else:
-                job = session.get(Job, job.id)
+                job = session.get_one(Job, claimed.id)
                 job.status, job.result = JobStatus.DONE, result
             job.finished_at = utcnow()
             session.commit()

@@ -113,7 +113,7 @@ def add_new(session: Session, rows: list[Record]) -> tuple[list[Record], int]:
         stored.update(session.scalars(select(Record.record_key).where(Record.record_key.in_(keys[start:start + 500]))))
     new, seen = [], set(stored)
     for row in rows:
-        if row.record_key in seen:
+        if row.record_key is None or row.record_key in seen:
             continue
         seen.add(row.record_key)
         new.append(row)

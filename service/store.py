@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
-from sqlalchemy import ColumnElement, insert, select, text
+from sqlalchemy import ColumnElement, Table, TextClause, insert, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -27,16 +27,18 @@ NOT_IDENTITY = frozenset({"name", "timeout_s", "rtol", "atol"})
 
 
 def insert_ignoring_conflict(session: Session, model: type[Base], values: dict[str, Any],
-                             key: Sequence[str], where: ColumnElement | None = None) -> None:
+                             key: Sequence[str], where: ColumnElement | TextClause | None = None) -> None:
     """``INSERT ... ON CONFLICT (key) DO NOTHING`` of one row, in the session's transaction.
 
     ``where`` is the predicate of a partial unique index on ``key``.
     """
     dialect = session.get_bind().dialect.name
+    table = cast(Table, model.__table__)
+    statement: postgresql.Insert | sqlite.Insert
     if dialect == "postgresql":
-        statement = postgresql.insert(model.__table__)
+        statement = postgresql.insert(table)
     elif dialect == "sqlite":
-        statement = sqlite.insert(model.__table__)
+        statement = sqlite.insert(table)
     else:  # pragma: no cover - make_engine accepts these two only
         raise NotImplementedError(f"get-or-create on {dialect}")
     session.execute(statement.values(**values).on_conflict_do_nothing(index_elements=list(key), index_where=where))
@@ -141,7 +143,9 @@ def copy_rows(session: Session, table: str, columns: Sequence[str], rows: Iterab
             count += 1
         if count:
             buffer.seek(0)
-            cursor = connection.connection.dbapi_connection.cursor()
+            raw = connection.connection.dbapi_connection
+            assert raw is not None  # a connection checked out of the pool has its DBAPI connection
+            cursor = raw.cursor()
             try:
                 cursor.copy_expert(f"COPY {table} ({', '.join(columns)}) FROM STDIN "
                                    f"WITH (FORMAT csv, NULL '{_NULL}')", buffer)
