@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,12 @@ def fmt(v: dict) -> str:
     return f"{v['verdict']} | {v['change_pct']:+.2f}% | " + (f"{ci[0]:+.2f}..{ci[1]:+.2f}%" if ci else "-")
 
 
+def pairs(result: dict) -> str:
+    """The pairs a run-time verdict used, from its stop reason ("... at look 3, 13 pairs, ...")."""
+    found = re.search(r"(\d+) pairs", result.get("stop_reason") or "")
+    return found.group(1) if found else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", required=True, help="cache_dir holding (or receiving) the two wheel venvs")
@@ -78,7 +85,7 @@ def main() -> None:
                     continue
                 for r in json.loads(proc.stdout)["results"]:
                     c = r.get("compile") or {}
-                    print(f"| {control} -> {treatment} | {r['workload']} | {fmt(r)} | {r['control']['n'] // 5} | "
+                    print(f"| {control} -> {treatment} | {r['workload']} | {fmt(r)} | {pairs(r)} | "
                           f"{r['elapsed_s']:.0f}s, {r['stop_reason']} | {fmt(c)} | {(c.get('n') or ['-'])[0]} | "
                           f"{(c.get('elapsed_s') or 0):.0f}s, {c.get('stop_reason', '-')} |", flush=True)
 
