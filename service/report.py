@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from abwatch.builders.redact import mask_url
 from abwatch.service.driver import CompareOutcome, WorkloadResult
 from abwatch.service.models import Regression
 from abwatch.service.stored import StoredRun
@@ -228,7 +229,8 @@ def print_tvm_details(out: Console, r: WorkloadResult, ops: bool = False) -> Non
 def regression_json(r: Regression) -> dict:
     """The ``--json`` shape of a regression with its state history."""
     return {
-        "id": r.id, "workload": r.workload.name, "kind": r.kind, "state": r.state.value, "change_pct": r.change_pct,
+        "id": r.id, "workload": r.workload.name,
+        "repository": mask_url(r.workload.repository.url) if r.workload.repository else None, "kind": r.kind, "state": r.state.value, "change_pct": r.change_pct,
         "run_id": r.run_id, "control_sha": r.control_commit.sha, "treatment_sha": r.treatment_commit.sha,
         "benchmark_verdict": r.benchmark_verdict, "verify_verdict": r.verify_verdict,
         "device": r.device.name if r.device else None,
@@ -255,15 +257,19 @@ def print_regressions(out: Console, rows: list[Regression]) -> None:
     """The regressions table, then each one's state history (a line per change, never squeezed
     into a column)."""
     table = Table(title="regressions", box=box.SIMPLE_HEAD)
-    for column in ("id", "workload", "kind", "state", "change", "commits"):
+    for column in ("id", "workload", "device", "kind", "state", "change"):
         table.add_column(column, overflow="fold", no_wrap=column in ("id", "kind", "state", "change"))
     for r in rows:
         change = "output" if r.kind == "correctness" else f"{r.change_pct:+.2f}%"
-        table.add_row(str(r.id), r.workload.name, r.kind, r.state.value, change,
-                      f"{short_sha(r.control_commit.sha)}..{short_sha(r.treatment_commit.sha)}")
+        table.add_row(str(r.id), r.workload.name, r.device.name if r.device else "-", r.kind, r.state.value, change)
     out.print(table)
     for r in rows:
-        out.print(f"regression {r.id}:", markup=False)
+        culprit = r.culprit_commit
+        # the answer to "which commit did it?", once bisection found it
+        named = (f", culprit {short_sha(culprit.sha)} {culprit.summary or ''} ({culprit.author or 'unknown author'})"
+                 if culprit is not None else "")
+        out.print(f"regression {r.id}: {short_sha(r.control_commit.sha)}..{short_sha(r.treatment_commit.sha)}{named}",
+                  markup=False)
         for e in r.events:
             out.print(f"  {e.at:%Y-%m-%d %H:%M} {e.from_state.value if e.from_state else '-'}→{e.to_state.value}: "
                       f"{e.reason}", markup=False)

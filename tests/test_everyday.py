@@ -18,7 +18,7 @@ from abwatch.service import db, report, stats
 from abwatch.service import cli as cli_module
 from abwatch.service.cli import main
 from abwatch.service.driver import BuildOutcome, CompareOutcome, WorkloadResult
-from abwatch.service.models import Commit, Regression, RegressionEvent, RegressionState, Workload
+from abwatch.service.models import Commit, Device, Regression, RegressionEvent, RegressionState, Repository, Workload
 from abwatch.service.stored import StoredRun
 
 
@@ -174,6 +174,26 @@ def test_regressions_table_for_a_correctness_regression_keeps_refs_whole():
     assert "0.26.0..0.27.0.post1" in text and "output" in text and "+0.00%" not in text
     assert "outputs differ: max abs error 0.5" in " ".join(text.split())
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_regressions_name_device_culprit_and_a_masked_repository():
+    at = datetime(2026, 1, 2, 3, 4, tzinfo=timezone.utc)
+    culprit = Commit(sha="c" * 40, summary="Slow down the matmul schedule", author="Ada")
+    regression = Regression(
+        id=7, kind="speed", state=RegressionState.REGRESS, change_pct=6.25,
+        workload=Workload(name="resnet18", repository=Repository(url="https://bot:s3cret@example.org/tvm.git")),
+        device=Device(name="rk3399-board"), control_commit=Commit(sha="a" * 40), treatment_commit=Commit(sha="b" * 40),
+        culprit_commit=culprit, bisection=[], events=[
+            RegressionEvent(from_state=RegressionState.VERIFY, to_state=RegressionState.REGRESS, at=at,
+                            reason="verify run 9: slower by 6.25%")])
+    out = Console(width=100, file=io.StringIO(), highlight=False, color_system=None)
+    report.print_regressions(out, [regression])
+    text = " ".join(out.file.getvalue().split())
+    assert "rk3399-board" in text and "+6.25%" in text
+    assert "regression 7: aaaaaaaaaaaa..bbbbbbbbbbbb, culprit cccccccccccc Slow down the matmul schedule (Ada)" in text
+    data = report.regression_json(regression)
+    assert data["device"] == "rk3399-board" and data["culprit"]["sha"] == "c" * 40
+    assert "s3cret" not in data["repository"] and data["repository"].endswith("example.org/tvm.git")
 
 
 def _actions(parser):
