@@ -97,3 +97,14 @@ def test_sequential_comparison_smoke():
     assert all(d.call == 1 for d in by_effect[10.0][LD] + by_effect[10.0][CS])
     text = sequential_table({"lognormal": by_effect})
     assert "Lan-DeMets" in text and "+10%" in text
+
+
+def test_pooled_windows_cut_long_trials_into_windows():
+    from benchmarks.detector.__main__ import POOLED, pooled_windows_table
+
+    rng = np.random.default_rng(4)
+    by_tag = {"same": [simulate.trial(rng, "lognormal", 0.0, 36)], "plus10": [simulate.trial(rng, "lognormal", 0.1, 24)]}
+    text = pooled_windows_table(by_tag, 12)
+    assert "Windows: A/A 3, +10% 2." in text
+    row = next(line for line in text.splitlines() if line.startswith(f"| {POOLED}"))
+    assert row.rstrip(" |").endswith("100.0% [34.2, 100.0]")  # both +10 % windows called

@@ -38,9 +38,11 @@ LOOKS = {1: Budget(103, 1, 103), 5: Budget(23, 20, 103), 20: Budget(8, 5, 103), 
 
 
 def judge(trials: list[Trial], seed: int, budget: Budget = BUDGET,
-          sizes: tuple[int, ...] | None = None) -> dict[str, list[Decision]]:
-    """Every rule's decision on every trial: abwatch's stopping rule, its pooled path and the
-    anchors on the same pooled samples (at the first look's data and at the whole budget)."""
+          sizes: tuple[int, ...] | None = None, ld_horizon: int | None = None) -> dict[str, list[Decision]]:
+    """Every rule's decision on every trial: abwatch's stopping rule, Lan-DeMets spending on the
+    same looks (horizon ``ld_horizon`` pairs, default the pair cap: fixed before any data),
+    the pooled path and the anchors on the same pooled samples (at the first look's data and
+    at the whole budget)."""
     out: dict[str, list[Decision]] = {CS: [], LD: []}
     timed = not math.isinf(budget.max_seconds)
     if timed:
@@ -49,7 +51,7 @@ def judge(trials: list[Trial], seed: int, budget: Budget = BUDGET,
     out.update({f"{name} @{k * 5}": [] for name in (POOLED, HL, *ANCHORS) for k in sizes})
     for i, t in enumerate(trials):
         out[CS].append(rules.abwatch(t, budget, seed=seed + i))
-        out[LD].append(rules.lan_demets(t, budget, horizon=min(budget.most, len(t.control))))
+        out[LD].append(rules.lan_demets(t, budget, horizon=ld_horizon or budget.most))
         if timed:
             out[LD_TIME].append(rules.lan_demets(t, budget))
         for k in sizes:
@@ -235,7 +237,12 @@ def real_file(args) -> None:
     # ends where the live rule stopped, so the replay reproduces that run's verdict)
     pairs = max(len(t.control) for ts in by_tag.values() for t in ts)
     budget = Budget(start=12, step=6, most=pairs, max_seconds=args.budget_s)
-    by_effect = {0.0 if tag == "same" else float(tag[4:]): judge(trials, args.seed, budget, sizes=(6, 12))
+    # Lan-DeMets needs its horizon fixed in advance: the shortest recorded trial (a trial recorded
+    # --until-decided ends where abwatch's rule stopped, which must not set the other rule's horizon)
+    shortest = min(len(t.control) for ts in by_tag.values() for t in ts)
+    print(pooled_windows_table(by_tag, 12))
+    by_effect = {0.0 if tag == "same" else float(tag[4:]): judge(trials, args.seed, budget, sizes=(6, 12),
+                                                                 ld_horizon=shortest)
                  for tag, trials in sorted(by_tag.items(), key=lambda kv: 0 if kv[0] == "same" else float(kv[0][4:]))}
     print(table(f"Real trials from {args.real_file} (C loop, ~2 ms a sample; load average "
                 f"{np.mean(loads):.1f} on 2 cores)", by_effect))
@@ -246,6 +253,28 @@ def real_file(args) -> None:
                                  if d.change_pct is not None])) for e, rows in by_effect.items()}
     print(coverage_table("Real trials: interval coverage (truth: the median estimate over all trials of that build)",
                          by_effect, truth=lambda e: truth[e]))
+
+
+def pooled_windows_table(by_tag: dict[str, list[Trial]], k: int) -> str:
+    """Markdown: the pooled rules on every window of ``k`` consecutive pairs of the real trials
+    (a long A/A trial gives several), 5k samples a side: more trials for the pooled figures."""
+    windows = {tag: [Trial(t.control[s:s + k], t.treatment[s:s + k]) for t in ts
+                     for s in range(0, min(len(t.control), len(t.treatment)) - k + 1, k)]
+               for tag, ts in by_tag.items()}
+    tags = sorted(windows, key=lambda tag: 0 if tag == "same" else float(tag[4:]))
+    head = ["rule @" + str(5 * k)] + [("A/A false pos." if tag == "same" else f"+{tag[4:]}%") for tag in tags]
+    lines = [f"#### Pooled rules on windows of {k} consecutive pairs of the real trials", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    judges = {POOLED: lambda t: rules.abwatch(t, Budget(start=k), groups=False), HL: lambda t: rules.hodges_lehmann(t, k)}
+    judges.update({name: (lambda t, rule=rule: rule(t, k)) for name, rule in ANCHORS.items()})
+    for name, rule in judges.items():
+        cells = [name]
+        for tag in tags:
+            calls = [rule(t).call for t in windows[tag]]
+            cells.append(rules.rate(calls, 0 if tag == "same" else 1))
+        lines.append("| " + " | ".join(cells) + " |")
+    counts = ", ".join(f"{'A/A' if tag == 'same' else '+' + tag[4:] + '%'} {len(windows[tag])}" for tag in tags)
+    return "\n".join(lines + ["", f"Windows: {counts}.", ""])
 
 
 def verdict_table(by_effect: dict[float, dict[str, list[Decision]]], budget: Budget) -> str:
