@@ -86,14 +86,16 @@ def details(judged: CompileJudged) -> dict:
     }
 
 
-def open_if_slower(session: Session, run: Run, comparison: Comparison, judged: CompileJudged | None) -> int | None:
-    """Open a ``compile-time`` regression when a benchmark run found compiles slower."""
+def open_if_slower(session: Session, run: Run, comparison: Comparison, judged: CompileJudged | None,
+                   attach=None) -> int | None:
+    """Open a ``compile-time`` regression when a benchmark run found compiles slower (or note it
+    on the open one ``attach`` finds it the same as)."""
     if judged is None or run.run_type != RunType.BENCHMARK or judged.verdict.verdict != stats.Outcome.REGRESSION:
         return None
     v = judged.verdict
-    regression: Regression = lifecycle.open_regression(
-        session, run, comparison, kind=KIND, reason=f"compile time {v.reason}")
-    if regression.run_id != run.id:  # a re-run of the pair: the one opened earlier stays as it was
+    regression: Regression = lifecycle.open_or_attach(
+        session, run, comparison, KIND, v, attach, reason=f"compile time {v.reason}")
+    if regression.run_id != run.id:  # a re-run of the pair, or attached: the one opened earlier stays as it was
         return regression.id
     assert v.change_pct is not None  # a regression verdict always carries its estimate
     regression.change_pct = v.change_pct

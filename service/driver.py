@@ -35,7 +35,7 @@ from abwatch.service.attribution import TvmDetails
 from abwatch.service.building import BuildOutcome, build_pair
 from abwatch.service.config import CommandWorkloadConfig, Config, TvmWorkloadConfig
 from abwatch.service.models import (
-    Build, Comparison, Invocation, InvocationStatus, RegressionState, Run, RunStatus, RunType, Side, utcnow,
+    Build, Comparison, Invocation, InvocationStatus, Regression, RegressionState, Run, RunStatus, RunType, Side, utcnow,
 )
 from abwatch.service.progress import NullProgress, Progress
 from abwatch.service.records import to_row
@@ -62,6 +62,12 @@ class NothingToVerify(DriverError):
 
 class AlreadyVerifying(NothingToVerify):
     """Another verify started on the same regressions a moment earlier and took them."""
+
+
+# Given the run, the comparison, the regression kind and the least change (%) the run's evidence
+# allows (its confidence interval's lower end), the open regression this slowdown is the same as
+# (the watch's pinned-base mode), or None to open a new one.
+Attach = Callable[[Session, Run, Comparison, str, float], Regression | None]
 
 
 @dataclass(frozen=True)
@@ -172,13 +178,15 @@ def run_compare(
     on_started: Callable[[Run], None] | None = None,
     builder: Builder | None = None,
     runner: Runner | None = None,
+    attach: Attach | None = None,
 ) -> CompareOutcome:
     """One A/B run of ``treatment_ref`` against ``control_ref``, stored in full.
 
     ``on_started(run)`` is called once the run row is committed (verify moves its
     regressions to ``verify`` there, naming the run that verifies them). ``builder`` and
     ``runner`` default to those ``config`` names; a runner passed in is prepared here (its
-    device description goes on the run) and left to its owner to tear down.
+    device description goes on the run) and left to its owner to tear down. ``attach`` finds
+    the open regression a slowdown is the same as (then it is noted there, not opened again).
     """
     progress = progress or NullProgress()
     # Everything that can fail on bad input happens before the first row is written.
@@ -214,7 +222,7 @@ def run_compare(
                                                           Side.TREATMENT: (treatment_ref, treatment)}, held, progress)
                 if not pair.ok:  # build_pair finished the run as build_failed
                     return CompareOutcome(run.id, run_type.value, run.status.value, pair.builds)
-                results = measure_pair(session, config, runner, run, device_info, pair.paths, progress)
+                results = measure_pair(session, config, runner, run, device_info, pair.paths, progress, attach)
                 return CompareOutcome(run.id, run_type.value, run.status.value, pair.builds, results)
         except BaseException as exc:
             # Whatever stopped the run (Ctrl-C, SIGTERM, a bug), it must not stay 'running'
@@ -234,7 +242,8 @@ def run_compare(
 
 
 def measure_pair(session: Session, config: Config, runner: Runner, run: Run, device_info: DeviceInfo,
-                 artifacts: Mapping[Side, Path], progress: Progress | None = None) -> list[WorkloadResult]:
+                 artifacts: Mapping[Side, Path], progress: Progress | None = None,
+                 attach: Attach | None = None) -> list[WorkloadResult]:
     """Measure every workload of ``config`` on the built pair, judge, store, and finish ``run``.
 
     ``run`` is stored with both build ids; ``artifacts`` are the built sides' directories,
@@ -259,7 +268,7 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
     verdicts = stats.adjust_fdr([verdict for _, _, verdict, _ in measured])
     compiles = compile_time.adjust([judged for *_, judged in measured])  # a family of its own
     results = [
-        _store_result(session, config, run, workload, m, verdict, device_info, progress, judged)
+        _store_result(session, config, run, workload, m, verdict, device_info, progress, judged, attach)
         for (workload, m, _, _), verdict, judged in zip(measured, verdicts, compiles)
     ]
     unjudged = [r.workload for r in results if r.failure]
@@ -345,7 +354,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
 
 def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig | TvmWorkloadConfig,
                   m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress,
-                  judged: compile_time.CompileJudged | None = None) -> WorkloadResult:
+                  judged: compile_time.CompileJudged | None = None, attach: Attach | None = None) -> WorkloadResult:
     """Store the comparison, open regressions (speed, compile time, output) if found, write the records."""
     row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
     extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
@@ -372,14 +381,14 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     session.flush()
     regression_id = correctness_id = None
     if verdict.verdict == stats.Outcome.REGRESSION and run.run_type == RunType.BENCHMARK:
-        regression = lifecycle.open_regression(session, run, comparison)
+        regression = lifecycle.open_or_attach(session, run, comparison, "speed", verdict, attach)
         if regression.run_id == run.id:  # opened now; a re-run of the pair finds the open one
             regression.benchmark_verdict = verdict_json(verdict, run.id)
         else:
             progress.message(f"  {workload.name}: regression {regression.id} (run {regression.run_id}) "
-                             "is open for this pair already")
+                             "is open for this pair (or is this slowdown, seen again) already")
         regression_id = regression.id
-    compile_id = compile_time.open_if_slower(session, run, comparison, judged)
+    compile_id = compile_time.open_if_slower(session, run, comparison, judged, attach)
     if compile_id is not None and extra is not None:  # a new dict, so the JSON column sees the change
         comparison.details = {**comparison.details, "compile": {**extra["compile"], "regression_id": compile_id}}
         extra["compile"] = comparison.details["compile"]

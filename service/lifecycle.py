@@ -110,6 +110,34 @@ def open_regression(session: Session, run: Run, comparison: Comparison, kind: st
     return regression
 
 
+def note(session: Session, regression: Regression, run: Run, reason: str) -> RegressionEvent:
+    """Record that ``run`` saw ``regression`` again: an event that keeps its state (from and to
+    are the same), so its history names every later run that still shows it."""
+    lock(session, regression)
+    event = RegressionEvent(regression=regression, from_state=regression.state, to_state=regression.state,
+                            run_id=run.id, reason=reason, at=utcnow())
+    session.add(event)
+    session.flush()
+    return event
+
+
+def open_or_attach(session: Session, run: Run, comparison: Comparison, kind: str, verdict,
+                   attach=None, reason: str | None = None) -> Regression:
+    """:func:`open_regression`, unless ``attach(session, run, comparison, kind, least_pct)``
+    names an open regression this slowdown (``verdict``, a :class:`service.stats.Verdict`) is
+    the same as: then it is :func:`note`-d there. ``least_pct`` is the lower end of the
+    verdict's confidence interval (its change when it has none)."""
+    change_pct = verdict.change_pct
+    least = verdict.ci_pct[0] if verdict.ci_pct else change_pct
+    same = attach(session, run, comparison, kind, least or 0.0) if attach is not None else None
+    if same is None:
+        return open_regression(session, run, comparison, kind, reason)
+    shown = f"{change_pct:+.2f}%" if change_pct is not None else "slower"
+    note(session, same, run, f"seen again by run {run.id} ({run.treatment_commit.sha[:12]}: {shown} against "
+                             f"{run.control_commit.sha[:12]}): the same regression, not opened again")
+    return same
+
+
 def pending_for_run(session: Session, run_id: int) -> list[Regression]:
     """The speed and compile-time regressions found by ``run_id`` that still wait for verification."""
     return list(session.scalars(

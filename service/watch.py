@@ -221,12 +221,47 @@ def pick_control(session: Session, config: Config, mirror: RepoMirror, row: Watc
     return earliest_this_week or newest
 
 
+def same_as_open(config: Config, mirror: RepoMirror) -> driver.Attach | None:
+    """With a pinned base (``fixed:<ref>``) every later commit is compared with the same base, so
+    a regression at C shows again at C+1, C+2, ...: those are the open (confirmed) regression of
+    C seen again, not new ones. The :data:`driver.Attach` that finds it: same workload, device,
+    kind and base, its bad commit an ancestor of this one, and this run's evidence not beyond
+    its change by more than the threshold (the lower end of this run's confidence interval:
+    a slowdown significantly further than the open one's is a new regression). None for
+    the other rules.
+    """
+    if not config.watch.control.startswith("fixed:"):
+        return None
+    threshold = config.stats.threshold_pct
+
+    def attach(session: Session, run: Run, comparison: Comparison, kind: str, least_pct: float) -> Regression | None:
+        for regression in session.scalars(
+                select(Regression).where(
+                    Regression.workload_id == comparison.workload_id, Regression.device_id == run.device_id,
+                    Regression.kind == kind, Regression.control_commit_id == run.control_commit_id,
+                    Regression.treatment_commit_id != run.treatment_commit_id,
+                    Regression.state == RegressionState.REGRESS).order_by(Regression.id)):
+            further = (1 + least_pct / 100) / (1 + regression.change_pct / 100)
+            if further <= 1 + threshold / 100 and is_ancestor(
+                    mirror, regression.treatment_commit.sha, run.treatment_commit.sha):
+                return regression
+        return None
+
+    return attach
+
+
 def _fixes(session: Session, config: Config, outcome: driver.CompareOutcome) -> list[int]:
-    """Mark ``regress`` regressions fixed when this run's improvement undoes them."""
+    """Mark ``regress`` regressions fixed when this run's improvement undoes them.
+
+    Against a pinned base the run measures the level itself: :func:`_back_to_base`.
+    """
     run = session.get(Run, outcome.run_id)
     fixed = []
     for result in outcome.results:
         v = result.verdict
+        if config.watch.control.startswith("fixed:"):
+            fixed += _back_to_base(session, config, run, result)
+            continue
         if v.verdict.value != "improvement" or v.change_pct is None:
             continue
         # the same series only: another repository's or another spec's workload of this name is not undone
@@ -241,6 +276,31 @@ def _fixes(session: Session, config: Config, outcome: driver.CompareOutcome) -> 
                 lifecycle.transition(session, regression, RegressionState.FIXED, run,
                                      f"run {run.id}: {v.change_pct:+.2f}% undoes {regression.change_pct:+.2f}%")
                 fixed.append(regression.id)
+    return fixed
+
+
+def _back_to_base(session: Session, config: Config, run: Run, result: driver.WorkloadResult) -> list[int]:
+    """Pinned base: the ``regress`` regressions against this run's base that it no longer shows.
+
+    Fixed when the run's change against the base is back within the threshold (as
+    :func:`_fixes` asks of the net change) and its confidence interval lies wholly below the
+    regression's change (so it is not the regression measured low by chance).
+    """
+    v = result.verdict
+    if (result.failure or v.verdict.value == "regression" or v.change_pct is None or v.ci_pct is None
+            or v.change_pct > config.stats.threshold_pct):
+        return []
+    workload_id = session.get(Comparison, result.comparison_id).workload_id
+    fixed = []
+    for regression in session.scalars(
+            select(Regression).where(Regression.state == RegressionState.REGRESS, Regression.kind == "speed",
+                                     Regression.device_id == run.device_id, Regression.workload_id == workload_id,
+                                     Regression.control_commit_id == run.control_commit_id)):
+        if v.ci_pct[1] < regression.change_pct:
+            lifecycle.transition(session, regression, RegressionState.FIXED, run,
+                                 f"run {run.id}: back to the base ({v.change_pct:+.2f}%, CI "
+                                 f"{v.ci_pct[0]:+.2f}..{v.ci_pct[1]:+.2f}%; it was {regression.change_pct:+.2f}%)")
+            fixed.append(regression.id)
     return fixed
 
 
@@ -270,7 +330,8 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
                     row.last_tested_sha = sha
                 session.commit()
                 return {**result, "status": watched.status}
-            outcome = driver.run_compare(session, config, control, sha, progress=progress)
+            outcome = driver.run_compare(session, config, control, sha, progress=progress,
+                                         attach=same_as_open(config, mirror))
             # the run, the commit's status and the fixes are committed together: a retry trusts them
             watched.run_id = outcome.run_id
             if outcome.status == RunStatus.BUILD_FAILED.value:
@@ -325,8 +386,9 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
             .order_by(Regression.id)))
         by_verify: dict[tuple[int, str], list[Regression]] = {}
         for regression in unbisected:  # one bisection per verify run (its config and budget) and kind
-            verify_run = max(e.run_id for e in regression.events
-                             if e.to_state == RegressionState.REGRESS and e.run_id is not None)
+            verify_run = max(e.run_id for e in regression.events  # the confirming run, not a later note
+                             if e.to_state == RegressionState.REGRESS and e.from_state != e.to_state
+                             and e.run_id is not None)
             by_verify.setdefault((verify_run, regression.kind), []).append(regression)
         for (verify_run, _), regressions in by_verify.items():
             bisect.find_culprit(session, config, mirror, regressions, verify_run, progress)
