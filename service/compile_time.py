@@ -66,7 +66,8 @@ def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, see
         step = stats.sequential_look(
             samples[CONTROL], samples[TREATMENT], groups[CONTROL], groups[TREATMENT], look=look,
             elapsed_s=time.monotonic() - started, budget=budget, threshold_pct=config.stats.threshold_pct,
-            alpha=config.stats.alpha, confidence=config.stats.confidence, seed=seed)
+            alpha=config.stats.alpha, confidence=config.stats.confidence,
+            equivalence_alpha=config.stats.equivalence_alpha, seed=seed)
         if step.stop:
             return CompileJudged(step.verdict, samples)
         schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)

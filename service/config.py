@@ -67,6 +67,8 @@ class StatsConfig(StrictModel):
     power: float = Field(default=0.95, gt=0.5, lt=1)
     alpha: float = Field(default=0.01, gt=0, lt=0.5)
     confidence: float = Field(default=0.99, gt=0.5, lt=1)
+    equivalence_alpha: float = Field(default=0.05, gt=0, lt=0.5,
+                                     description="`same` = two one-sided tests at this level each")
     bootstrap_resamples: int = Field(default=2000, ge=200)
 
 

@@ -343,6 +343,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
             look=look, elapsed_s=time.monotonic() - started, budget=budget,
             threshold_pct=config.stats.threshold_pct, alpha=config.stats.alpha,
             confidence=config.stats.confidence, resamples=config.stats.bootstrap_resamples, seed=run.seed,
+            equivalence_alpha=config.stats.equivalence_alpha,
             plan_pairs=max(start, stats.DEFAULT_PLAN_PAIRS),  # fixed before any data: keeps it valid
         )
         if step.stop:

@@ -44,6 +44,11 @@ from scipy import stats as sps
 DEFAULT_THRESHOLD_PCT = 1.0
 DEFAULT_ALPHA = 0.01
 DEFAULT_CONFIDENCE = 0.99
+# `same` is an equivalence claim, decided as two one-sided tests (Schuirmann's TOST) at this
+# level each, i.e. by the 1 - 2 x 0.05 = 90 % confidence sequence lying inside ±threshold.
+# A false `same` costs a missed change smaller than about the threshold; a false
+# `regression` costs a verify run, a bisection and an alert, so it keeps the stricter alpha.
+DEFAULT_EQUIVALENCE_ALPHA = 0.05
 DEFAULT_RESAMPLES = 2000
 MIN_SAMPLES = 5
 
@@ -79,6 +84,9 @@ class Verdict:
     method: str = ""  # which estimator and interval decided (see the module docstring)
     looks: int = 0  # how many times the sequential rule judged the data (0: one fixed look)
     elapsed_s: float | None = None  # measuring time until the verdict (set by adaptive callers)
+    # the interval that decides `same` (TOST at equivalence_alpha a side); None: ci_pct does
+    same_ci_pct: tuple[float, float] | None = None
+    equivalence_alpha: float = DEFAULT_EQUIVALENCE_ALPHA
 
 
 DEFAULT_PLAN_PAIRS = 30  # where the confidence sequence is tightest: a typical A/A stopping point
@@ -192,6 +200,7 @@ def compare(
     treatment_groups: Sequence | None = None,
     paired: bool = False,
     plan_pairs: int = DEFAULT_PLAN_PAIRS,
+    equivalence_alpha: float = DEFAULT_EQUIVALENCE_ALPHA,
 ) -> Verdict:
     """Judge ``treatment`` against ``control`` (both sequences of milliseconds).
 
@@ -201,15 +210,17 @@ def compare(
     i-th treatment process (one interleaved pair), so their ratio cancels what the machine
     was doing at that moment; the interval is then a confidence sequence tightest near
     ``plan_pairs`` pairs, valid however often the caller looks (:func:`sequential_look`).
+    On that paired path `same` is decided by the interval at ``equivalence_alpha`` a side
+    (two one-sided tests); elsewhere by the reported interval.
     """
     if threshold_pct <= 0:
         raise ValueError("threshold_pct must be > 0")
-    if not 0 < alpha < 1 or not 0 < confidence < 1:
-        raise ValueError("alpha and confidence must lie in (0, 1)")
+    if not 0 < alpha < 1 or not 0 < confidence < 1 or not 0 < equivalence_alpha < 0.5:
+        raise ValueError("alpha and confidence must lie in (0, 1), equivalence_alpha in (0, 0.5)")
     a = _as_samples(control, "control")
     b = _as_samples(treatment, "treatment")
     params = dict(threshold_pct=threshold_pct, alpha=alpha, confidence=confidence)
-    base = dict(control_n=len(a), treatment_n=len(b), **params)
+    base = dict(control_n=len(a), treatment_n=len(b), equivalence_alpha=equivalence_alpha, **params)
     ca, cb = _clusters(a, control_groups, "control"), _clusters(b, treatment_groups, "treatment")
     min_clusters = 3 if control_groups is not None or treatment_groups is not None else min_samples
     if len(a) < min_samples or len(b) < min_samples or min(len(ca), len(cb)) < min_clusters:
@@ -235,7 +246,8 @@ def compare(
         p_value = 1.0 if med_a == med_b else 0.0
     elif paired and control_groups is not None and treatment_groups is not None and _positive(ca, cb):
         change, ci, p_value = _paired(ca, cb, confidence, plan_pairs)
-        method = PAIRED_METHOD
+        _, same_ci, _ = _paired(ca, cb, 1.0 - 2.0 * equivalence_alpha, plan_pairs)
+        return replace(_decide(change, ci, p_value, base, same_ci=same_ci), method=PAIRED_METHOD)
     elif ca.shape[1] == 1 and cb.shape[1] == 1 and positive:  # one sample per unit: pooled samples
         if min(len(a), len(b)) >= QUANTILE_MIN_SAMPLES:
             change, ci, p_value = quantile_shift(a, b, confidence)
@@ -419,20 +431,23 @@ def _hodges_lehmann(a: np.ndarray, b: np.ndarray, confidence: float,
 
 
 def _decide(change: float, ci: tuple[float, float], p_value: float, base: dict,
-            p_decide: float | None = None) -> Verdict:
-    """Apply the decision rule; ``p_decide`` (an adjusted p-value) replaces ``p_value`` if given."""
+            p_decide: float | None = None, same_ci: tuple[float, float] | None = None) -> Verdict:
+    """Apply the decision rule; ``p_decide`` (an adjusted p-value) replaces ``p_value`` if given;
+    ``same_ci`` (the equivalence interval), if given, decides `same` instead of ``ci``."""
     t, alpha = base["threshold_pct"], base["alpha"]
     p = p_value if p_decide is None else p_decide
     low, high = ci
+    same_low, same_high = same_ci or ci
     if low > 0 and p < alpha and change >= t:
         outcome, reason = Outcome.REGRESSION, f"slower by {change:.2f}% (CI above 0, p={p:.2g})"
     elif high < 0 and p < alpha and change <= -t:
         outcome, reason = Outcome.IMPROVEMENT, f"faster by {-change:.2f}% (CI below 0, p={p:.2g})"
-    elif -t < low and high < t:
-        outcome, reason = Outcome.SAME, f"any change is within ±{t:g}% (CI {low:.2f}..{high:.2f}%)"
+    elif -t < same_low and same_high < t:
+        level = f"{100 * (1 - 2 * base['equivalence_alpha']):g}% CI" if same_ci else "CI"
+        outcome, reason = Outcome.SAME, f"any change is within ±{t:g}% ({level} {same_low:.2f}..{same_high:.2f}%)"
     else:
         outcome, reason = Outcome.UNKNOWN, f"inconclusive (CI {low:.2f}..{high:.2f}%, p={p:.2g})"
-    return Verdict(outcome, change, (low, high), p_value, reason=reason, **base)
+    return Verdict(outcome, change, (low, high), p_value, reason=reason, same_ci_pct=same_ci, **base)
 
 
 def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
@@ -451,8 +466,9 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
         v = verdicts[i]
         base = dict(control_n=v.control_n, treatment_n=v.treatment_n,
                     control_median_ms=v.control_median_ms, treatment_median_ms=v.treatment_median_ms,
-                    threshold_pct=v.threshold_pct, alpha=v.alpha, confidence=v.confidence)
-        decided = _decide(v.change_pct, v.ci_pct, v.p_value, base, p_decide=float(p_adj))
+                    threshold_pct=v.threshold_pct, alpha=v.alpha, confidence=v.confidence,
+                    equivalence_alpha=v.equivalence_alpha)
+        decided = _decide(v.change_pct, v.ci_pct, v.p_value, base, p_decide=float(p_adj), same_ci=v.same_ci_pct)
         # the reason names the p that decided, so it is not mistaken for the raw one
         stop = v.stop_reason
         if stop and decided.verdict != v.verdict:  # the look decided; the run's correction did not agree

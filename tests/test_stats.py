@@ -235,6 +235,48 @@ def test_looking_after_every_pair_keeps_aa_false_positives_within_alpha():
     assert flagged <= 3  # 2 % of 150: alpha is 1 %, with room for chance
 
 
+def _looked_until_stopped(rng, change: float, seed: int, most: int = 100) -> Outcome:
+    """One trial judged after every batch of 4 pairs, as the driver would, up to ``most`` pairs."""
+    from abwatch.service.stats import Budget, sequential_look
+
+    a, b, ga, gb = _pairs_data(rng, most, change, cv=0.02)
+    budget, k, look = Budget(max_seconds=1e9, max_pairs=most, batch=4), 8, 0
+    while True:
+        look += 1
+        step = sequential_look(a[:5 * k], b[:5 * k], ga[:5 * k], gb[:5 * k], look=look, elapsed_s=0.0,
+                               budget=budget, seed=seed)
+        if step.stop:
+            return step.verdict.verdict
+        k += step.next_pairs
+
+
+def test_same_is_two_one_sided_tests_on_the_narrower_interval():
+    rng = np.random.default_rng(21)
+    a, b, ga, gb = _pairs_data(rng, 30, 0.0, cv=0.01)
+    strict = compare(a, b, control_groups=ga, treatment_groups=gb, paired=True, equivalence_alpha=0.005)
+    tost = compare(a, b, control_groups=ga, treatment_groups=gb, paired=True)  # 0.05 a side: a 90 % interval
+    (low, high), (same_low, same_high) = tost.ci_pct, tost.same_ci_pct
+    assert low < same_low < tost.change_pct < same_high < high  # same centre, narrower
+    # at 0.005 a side the equivalence interval is the reported 99 % one
+    assert strict.same_ci_pct == pytest.approx(strict.ci_pct)
+    assert strict.verdict == Outcome.UNKNOWN  # these 30 pairs: not yet at 0.005 a side...
+    assert tost.verdict == Outcome.SAME and "90% CI" in tost.reason  # ...but at 0.05
+    with pytest.raises(ValueError):
+        compare(a, b, equivalence_alpha=0.5)
+
+
+def test_same_is_rarely_claimed_at_the_threshold_and_never_at_twice_it():
+    """`same` claims |change| < 1 %: at a true +1 % (the boundary) TOST allows 5 %, at +2 % none,
+    under optional stopping after every batch; A/A trials mostly end `same`."""
+    rng = np.random.default_rng(22)
+    boundary = [_looked_until_stopped(rng, 0.01, seed) for seed in range(120)]
+    twice = [_looked_until_stopped(rng, 0.02, seed) for seed in range(60)]
+    aa = [_looked_until_stopped(rng, 0.0, seed) for seed in range(60)]
+    assert boundary.count(Outcome.SAME) <= 9  # 7.5 % of 120: 5 % with room for chance
+    assert Outcome.SAME not in twice
+    assert aa.count(Outcome.SAME) >= 50
+
+
 def test_sequential_look_stops_when_decided_capped_or_out_of_time():
     from abwatch.service.stats import Budget, sequential_look
 
