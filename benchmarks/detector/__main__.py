@@ -1,13 +1,13 @@
 """Ground-truth suite: false positives and power of abwatch's rule against the anchors.
 
-    python -m benchmarks.detector                 # simulation and real runs (~15 min here)
-    python -m benchmarks.detector --skip-real     # simulation only (~5 min)
+    python -m benchmarks.detector                 # simulation and real runs
+    python -m benchmarks.detector --skip-real     # simulation only (~20 min at load 8 on 2 cores)
     python -m benchmarks.detector --skip-sim --real-file T.jsonl   # judge trials saved by .collect
 
 Prints Markdown tables: per noise shape (simulated) and for real runs on this machine, the
 A/A false-positive rate and the power at each injected slowdown, with 95 % Wilson
-intervals, and the mean samples each rule used; then interleaved against back-to-back
-blocks. abwatch looks again (up to 36 processes) only while its verdict is `unknown`.
+intervals, and the mean samples each rule used; abwatch's confidence sequence against
+Lan-DeMets spending on the same looks; then interleaved against back-to-back blocks. abwatch looks again (up to 36 processes) only while its verdict is `unknown`.
 Each anchor is shown twice on the same trials: "@60" judges the first look's data
 (12 processes x 5 samples a side), "@180" the whole budget (36 processes).
 """
