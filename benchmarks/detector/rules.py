@@ -222,12 +222,16 @@ def obf_boundary(info: Sequence[float], alpha: float, extend: bool = False) -> f
 
 
 def lan_demets(trial: Trial, budget: Budget, threshold_pct: float = 1.0, alpha: float = 0.01,
-               horizon: int | None = None, past_horizon: str = "stop") -> Decision:
+               horizon: int | None = None, past_horizon: str = "stop",
+               equivalence_alpha: float = stats.DEFAULT_EQUIVALENCE_ALPHA) -> Decision:
     """Group-sequential rule on the same paired statistic and the same looks as :func:`abwatch`:
     the 10 %-trimmed mean of the pairs' log ratios and its Yuen standard error, judged by
     repeated confidence intervals estimate ± c_k se whose boundaries c_k spend alpha by the
     O'Brien-Fleming-type function of the information fraction n / ``horizon`` pairs (widened
     by the same Student-t factor as abwatch's sequence; nothing decided under 8 pairs).
+    `same`, as in ``stats.compare``, is two one-sided tests at ``equivalence_alpha`` a side:
+    the repeated interval of a spending rule for 2 x ``equivalence_alpha`` lies inside
+    ±threshold.
 
     ``horizon`` (pairs) defaults to what the time budget buys at the first look's pace;
     without a time budget, to the pair cap. Decisions as in ``stats.compare``:
@@ -253,10 +257,15 @@ def lan_demets(trial: Trial, budget: Budget, threshold_pct: float = 1.0, alpha: 
             info.append(k / horizon)
             d = np.log(np.array([min(p) for p in trial.treatment[:k]]) / np.array([min(p) for p in trial.control[:k]]))
             est, se = stats.trimmed_mean_se(d)
-            c = obf_boundary(info, alpha, past_horizon == "extend") * stats._small_sample(k, alpha)
+            extend, eq = past_horizon == "extend", 2.0 * equivalence_alpha
+            c = obf_boundary(info, alpha, extend) * stats._small_sample(k, alpha)
+            c_same = obf_boundary(info, eq, extend) * stats._small_sample(k, eq)
             low, high = (est - c * se, est + c * se) if se > 0 else (est, est)
+            s_low, s_high = (est - c_same * se, est + c_same * se) if se > 0 else (est, est)
+            same = (stats._pct(s_low), stats._pct(s_high))
             crossed = low > 0 or high < 0
-            v = stats._decide(stats._pct(est), (stats._pct(low), stats._pct(high)), 0.0 if crossed else 1.0, base)
+            v = stats._decide(stats._pct(est), (stats._pct(low), stats._pct(high)), 0.0 if crossed else 1.0,
+                              dict(base, equivalence_alpha=equivalence_alpha), same_ci=same)
             verdict, estimate, ci = v.verdict.value, v.change_pct, v.ci_pct
         pace = elapsed / k
         room = min(budget.step, cap - k)
