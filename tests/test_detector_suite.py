@@ -80,6 +80,8 @@ def test_lan_demets_rule_decides_a_clear_change_and_stops_at_its_horizon():
     budget = Budget(start=12, step=6, most=36)
     clear = rules.lan_demets(_trial(0.10, k=36), budget)
     assert clear.call == 1 and clear.verdict == "regression"
+    quiet = rules.lan_demets(_trial(0.0, k=36, cv=0.002), budget)
+    assert quiet.verdict == "same" and quiet.samples == 12 * 5
     hopeless = rules.lan_demets(_trial(0.0, k=60, cv=0.3), Budget(start=12, step=6, most=60), horizon=24)
     assert hopeless.call == 0 and hopeless.samples == 24 * 5  # no alpha left past 24 pairs
     carried = rules.lan_demets(_trial(0.0, k=60, cv=0.3), Budget(start=12, step=6, most=60), horizon=24,
