@@ -108,6 +108,23 @@ def session(migrated_pg_url):
 
 
 @pytest.fixture(scope="session")
+def tvm_cache(tmp_path_factory):
+    """A cache directory shared by the TVM tests, so each wheel venv is built once a session."""
+    return tmp_path_factory.mktemp("tvm-cache")
+
+
+@pytest.fixture(scope="session")
+def tvm_python(tvm_cache) -> str:
+    """The Python of a venv with the newest apache-tvm release the tests use (built once a session)."""
+    from abwatch.builders import TvmWheelBuilder
+    from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
+
+    config = Config(build=TvmWheelBuildConfig(), cache_dir=tvm_cache,
+                    workloads=[TvmWorkloadConfig(name="x", model="builtin:mlp")])
+    return str(TvmWheelBuilder(config).build("0.27.0.post1").path / "bin" / "python")
+
+
+@pytest.fixture(scope="session")
 def bench_repo(tmp_path_factory) -> Path:
     """A real git repository of a C benchmark with the tags in :data:`HISTORY`."""
     path = tmp_path_factory.mktemp("bench-repo")
@@ -285,3 +302,40 @@ def filled_server(filled_pg_url, tmp_path_factory):
     url, runs = filled_pg_url
     with live_server(url, tmp_path_factory.mktemp("server")) as base:
         yield base, runs, "s3cret-token"
+
+
+def wait_listening(port: int, seconds: float = 30) -> None:
+    """Wait until something accepts connections on 127.0.0.1:``port``."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+@pytest.fixture
+def rpc_board(tvm_python):
+    """A real TVM RPC tracker and server ('local-cpu') on 127.0.0.1, each in its own process group:
+    ``(tracker "host:port", [tracker, server] processes)``."""
+    import signal
+    import subprocess
+
+    tracker_port, server_port = free_port(), free_port()
+    procs = [subprocess.Popen([tvm_python, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                               "--port", str(tracker_port), "--port-end", str(tracker_port + 1)],
+                              start_new_session=True)]
+    wait_listening(tracker_port)
+    procs.append(subprocess.Popen([tvm_python, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{tracker_port}",
+                                   "--key", "local-cpu", "--host", "127.0.0.1", "--port", str(server_port),
+                                   "--port-end", str(server_port + 1)], start_new_session=True))
+    wait_listening(server_port)
+    yield f"127.0.0.1:{tracker_port}", procs
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

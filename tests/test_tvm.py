@@ -8,14 +8,9 @@ check what is checkable without a GPU: this machine has none, so they check the 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 
 from abwatch.builders import TvmWheelBuilder
@@ -24,13 +19,9 @@ from abwatch.service.cli import main
 from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
 from abwatch.service.models import Record, Regression
 
+from tests.conftest import free_port
+
 OLD, NEW = "0.26.0", "0.27.0.post1"
-
-
-@pytest.fixture(scope="session")
-def tvm_cache(tmp_path_factory):
-    """A cache directory shared by the TVM tests, so each wheel venv is built once."""
-    return tmp_path_factory.mktemp("tvm-cache")
 
 
 def write(tmp_path, cache, workloads: str, runner: str = 'kind = "cpu"\nthreads = 1', run: str = "") -> str:
@@ -210,44 +201,6 @@ def test_gpu_runner_refuses_without_a_gpu(capsys, tmp_path, tvm_cache, sqlite_ur
     assert code == 2 and "no CUDA device is present" in err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_listening(port: int, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"nothing listens on {port}")
-
-
-@pytest.fixture
-def rpc_board(tvm_cache):
-    """A real TVM RPC tracker and server ('local-cpu') on 127.0.0.1, each in its own process group."""
-    config = Config(build=TvmWheelBuildConfig(), cache_dir=tvm_cache,
-                    workloads=[TvmWorkloadConfig(name="x", model="builtin:mlp")])
-    python = str(TvmWheelBuilder(config).build(NEW).path / "bin" / "python")
-    tracker_port, server_port = _free_port(), _free_port()
-    procs = [subprocess.Popen([python, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
-                               "--port", str(tracker_port), "--port-end", str(tracker_port + 1)],
-                              start_new_session=True)]
-    _wait_listening(tracker_port)
-    procs.append(subprocess.Popen([python, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{tracker_port}",
-                                   "--key", "local-cpu", "--host", "127.0.0.1", "--port", str(server_port),
-                                   "--port-end", str(server_port + 1)], start_new_session=True))
-    _wait_listening(server_port)
-    yield f"127.0.0.1:{tracker_port}", procs
-    for proc in procs:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def test_rpc_ab_through_a_real_tracker_on_loopback(capsys, tmp_path, tvm_cache, sqlite_url, rpc_board):
     tracker, procs = rpc_board
     runner = f'kind = "rpc"\ntracker = "{tracker}"\nkey = "local-cpu"'
@@ -266,7 +219,7 @@ def test_rpc_ab_through_a_real_tracker_on_loopback(capsys, tmp_path, tvm_cache, 
 
 
 def test_rpc_runner_with_no_tracker_is_a_clear_error(capsys, tmp_path, tvm_cache, sqlite_url):
-    runner = f'kind = "rpc"\ntracker = "127.0.0.1:{_free_port()}"\nkey = "local-cpu"'
+    runner = f'kind = "rpc"\ntracker = "127.0.0.1:{free_port()}"\nkey = "local-cpu"'
     code, _, err = compare(capsys, write(tmp_path, tvm_cache, MLP, runner=runner), sqlite_url)
     assert code == 2 and "is not reachable" in err
 
