@@ -91,14 +91,35 @@ class ServerConfig(StrictModel):
     max_body_mb: float = Field(default=10.0, gt=0, description="largest request body accepted")
 
 
+def cron_trigger(expr: str, timezone: str):
+    """The APScheduler ``CronTrigger`` of a ``[watch] schedule``.
+
+    Five fields are crontab's (minute hour day month day-of-week); six put seconds first
+    (second minute hour day month day-of-week, e.g. ``*/5 * * * * *``), for ticks finer than a
+    minute. Fields mean what APScheduler 3 makes of them (day-of-week 0 is Monday, or use
+    names: ``mon-fri``). ``ValueError`` names what is wrong.
+    """
+    from apscheduler.triggers.cron import CronTrigger
+
+    fields = expr.split()
+    if len(fields) == 6:
+        second, minute, hour, day, month, day_of_week = fields
+        return CronTrigger(second=second, minute=minute, hour=hour, day=day, month=month,
+                           day_of_week=day_of_week, timezone=timezone)
+    if len(fields) != 5:
+        raise ValueError(f"{len(fields)} fields; expected 5 (minute hour day month day-of-week) "
+                         "or 6 (second first)")
+    return CronTrigger.from_crontab(expr, timezone=timezone)
+
+
 class WatchConfig(StrictModel):
     """``abwatch watch``: which commits of the branch to test, against what, and how far to escalate.
 
     ``control``: ``previous`` (the last commit of the branch this watch tested and built),
     ``parent`` (the commit's first parent), ``week-start`` (the first tested commit whose
     commit time falls in the same UTC week as the new commit's) or ``fixed:<ref>``.
-    ``schedule`` (a 5-field cron expression) switches to nightly mode: the branch head once
-    per tick; without it every ``step``-th new commit is tested, polled every ``interval_s``.
+    ``schedule`` (a cron expression, :func:`cron_trigger`) switches to nightly mode: the branch
+    head once per tick; without it every ``step``-th new commit is tested, polled every ``interval_s``.
     """
 
     control: str = Field(default="previous", pattern=r"^(previous|parent|week-start|fixed:.+)$")
@@ -116,9 +137,8 @@ class WatchConfig(StrictModel):
     @classmethod
     def _cron(cls, value: str | None) -> str | None:
         if value is not None:
-            from apscheduler.triggers.cron import CronTrigger
             try:
-                CronTrigger.from_crontab(value, timezone="UTC")
+                cron_trigger(value, "UTC")
             except ValueError as exc:
                 raise ValueError(f"not a cron expression ({exc})") from None
         return value

@@ -1,7 +1,8 @@
 """``abwatch watch`` and ``abwatch worker``: the loops around :mod:`service.watch` and :mod:`service.queue`.
 
 The long-running watch fires passes (poll, queue, then work the queued jobs of the watch's
-devices) on an APScheduler trigger: a ``CronTrigger`` for ``[watch] schedule`` (nightly mode)
+devices) on an APScheduler trigger: a ``CronTrigger`` for ``[watch] schedule`` (nightly mode;
+5 crontab fields, or 6 with seconds first: :func:`service.config.cron_trigger`)
 or an ``IntervalTrigger`` of ``interval_s``, both in ``[watch] timezone``. The triggers are
 rebuilt from the config at start; nothing of APScheduler's is stored in the database.
 
@@ -21,14 +22,13 @@ import threading
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from abwatch.builders.redact import mask_url
 from abwatch.service import liveness, queue, watch
-from abwatch.service.config import Config
+from abwatch.service.config import Config, cron_trigger
 from abwatch.service.driver import NullProgress, Progress
 
 EXIT_OK, EXIT_REGRESSION, EXIT_INCOMPLETE = 0, 1, 4
@@ -123,7 +123,7 @@ def finished_job(engine: Engine, job_id: int) -> queue.Job | None:
 def trigger(config: Config):
     """The APScheduler trigger of a watch: cron for ``schedule``, else every ``interval_s``."""
     if config.watch.schedule:
-        return CronTrigger.from_crontab(config.watch.schedule, timezone=config.watch.timezone)
+        return cron_trigger(config.watch.schedule, config.watch.timezone)
     return IntervalTrigger(seconds=config.watch.interval_s, timezone=config.watch.timezone)
 
 
