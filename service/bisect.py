@@ -92,10 +92,12 @@ def _sides(outcome: driver.CompareOutcome, names: set[str], good_is_control: boo
 
 def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressions: list[Regression],
                  parent_run_id: int, progress: driver.Progress | None = None,
-                 judge: Judge | None = None) -> dict[str, str]:
+                 judge: Judge | None = None, good: str | None = None) -> dict[str, str]:
     """Bisect the range of ``regressions`` (one verify run's confirmed ones, all of one kind).
 
-    Each step is judged by ``judge`` (default: :data:`JUDGES` of the regressions' kind).
+    Each step is judged by ``judge`` (default: :data:`JUDGES` of the regressions' kind) against
+    the good end ``good`` (default: the regressions' control; the watch gives a later one for a
+    slowdown beyond an earlier regression against a pinned base).
     Returns ``{workload: culprit sha}`` for the workloads whose culprit was found.
     """
     from abwatch.service.watch import first_parents  # the watch imports this module
@@ -106,7 +108,7 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         if {r.kind for r in regressions} != {first.kind} or first.kind not in JUDGES:
             raise ValueError(f"cannot bisect regressions of kinds {sorted({r.kind for r in regressions})} together")
         judge = JUDGES[first.kind]
-    good, bad = first.control_commit.sha, first.treatment_commit.sha
+    good, bad = good or first.control_commit.sha, first.treatment_commit.sha
     commits = first_parents(mirror, good, bad)
     if not commits or commits[-1] != bad:  # not on one first-parent line (e.g. a fixed: control)
         commits = [bad]

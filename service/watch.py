@@ -384,16 +384,44 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
             select(Regression).where(Regression.run_id == run_id, Regression.state == RegressionState.REGRESS,
                                      Regression.kind.in_(list(bisect.JUDGES)), Regression.culprit_commit_id.is_(None))
             .order_by(Regression.id)))
-        by_verify: dict[tuple[int, str], list[Regression]] = {}
-        for regression in unbisected:  # one bisection per verify run (its config and budget) and kind
+        by_verify: dict[tuple[int, str, str | None], list[Regression]] = {}
+        for regression in unbisected:  # one bisection per verify run (its config and budget), kind and start
             verify_run = max(e.run_id for e in regression.events  # the confirming run, not a later note
                              if e.to_state == RegressionState.REGRESS and e.from_state != e.to_state
                              and e.run_id is not None)
-            by_verify.setdefault((verify_run, regression.kind), []).append(regression)
-        for (verify_run, _), regressions in by_verify.items():
-            bisect.find_culprit(session, config, mirror, regressions, verify_run, progress)
+            start = _further_than(session, config, mirror, regression)
+            by_verify.setdefault((verify_run, regression.kind, start), []).append(regression)
+        for (verify_run, _, start), regressions in by_verify.items():
+            bisect.find_culprit(session, config, mirror, regressions, verify_run, progress, good=start)
     session.commit()
     return confirmed
+
+
+def _further_than(session: Session, config: Config, mirror: RepoMirror, regression: Regression) -> str | None:
+    """Pinned base: where the bisection of a slowdown beyond a confirmed one starts.
+
+    A regression opened although an earlier one against the same base is confirmed (see
+    :func:`same_as_open`) is a further slowdown: every commit since the earlier culprit is
+    slower than the base, so bisecting from the base would name that culprit again. Its good
+    end is the newest commit known to be at the earlier regression's level (its bad commit,
+    or a later commit that saw it again). None: bisect from the regression's control.
+    """
+    if not config.watch.control.startswith("fixed:"):
+        return None
+    bad = regression.treatment_commit.sha
+    newest: str | None = None
+    for earlier in session.scalars(select(Regression).where(
+            Regression.id != regression.id, Regression.workload_id == regression.workload_id,
+            Regression.device_id == regression.device_id, Regression.kind == regression.kind,
+            Regression.control_commit_id == regression.control_commit_id,
+            Regression.state == RegressionState.REGRESS)):
+        seen = [earlier.treatment_commit.sha] + [
+            session.get(Run, e.run_id).treatment_commit.sha for e in earlier.events
+            if e.from_state == e.to_state == RegressionState.REGRESS and e.run_id is not None]
+        for sha in seen:
+            if sha != bad and is_ancestor(mirror, sha, bad) and (newest is None or is_ancestor(mirror, newest, sha)):
+                newest = sha
+    return newest
 
 
 def _baseline(config: Config, sha: str, progress: driver.Progress) -> str:

@@ -53,10 +53,23 @@ def test_a_regression_against_a_pinned_base_is_one_regression_seen_again(tmp_pat
         controls = {w.commit.sha: w.control_sha for w in session.scalars(select(WatchedCommit))}
     assert {controls[tags[t]] for t in ("n1", "slow", "a1", "a2", "a3")} == {tags["v1.0"]}
 
-    # back to the base's work: the regression is fixed
+    # a further slowdown is a regression of its own, bisected from where the first one was last
+    # seen (from the base, every commit since `slow` is slower and `slow` would be named again)
+    make_demo_repo(repo, (step("slow2", "Do 25% more work again", 1.25 * 1.25),
+                          step("a4", "README", 1.25 * 1.25, note="a4")))
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 1
+    tags = shas(repo)
+    found = regressions_json(fresh_pg_url, capsys)
+    assert [(r["state"], r["culprit"]["sha"]) for r in found] == [("regress", tags["slow"]), ("regress", tags["slow2"])]
+    assert found[1]["range"] == {"good": tags["v1.0"], "bad": tags["slow2"]}
+    assert found[0]["group"] != found[1]["group"]
+    assert {s["sha"] for s in found[1]["bisection"]} <= {tags["slow2"]}  # nothing before a3 tried again
+    assert [e["reason"].split("(")[1][:12] for e in found[1]["events"] if e["from"] == e["to"]] == [tags["a4"][:12]]
+
+    # back to the base's work: both are fixed
     make_demo_repo(repo, (step("back", "Back to the release's work", 1.0),))
     assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 0
     found = regressions_json(fresh_pg_url, capsys)
-    assert [r["state"] for r in found] == ["fixed"]
-    assert "back to the base" in found[0]["events"][-1]["reason"]
+    assert [r["state"] for r in found] == ["fixed", "fixed"]
+    assert all("back to the base" in r["events"][-1]["reason"] for r in found)
     engine.dispose()
