@@ -44,6 +44,9 @@ noise_aware = false
     return str(path)
 
 
+# every sample of the 4 invocations a side that write() asks for: a workload's default batch
+SAMPLES = 4 * TvmWorkloadConfig(name="x", model="builtin:mlp").samples
+
 MLP = '''
 [[workloads]]
 name = "mlp"
@@ -83,7 +86,7 @@ def test_release_against_release_with_complete_records(capsys, tmp_path, tvm_cac
     assert set(by_name) == {"mlp", "matmul"}
     for result in by_name.values():
         assert result["verdict"] in ("regression", "improvement", "same", "unknown")
-        assert result["control"]["n"] == result["treatment"]["n"] == 4 * 5
+        assert result["control"]["n"] == result["treatment"]["n"] == SAMPLES
         assert result["compile_ms"]["control"] > 0 and result["compile_ms"]["treatment"] > 0
         assert result["error"]["mismatch"] is False and result["error"]["max_abs"] < 1e-3
         assert result["ops"], "per-operator times for both sides"
@@ -208,7 +211,7 @@ def test_rpc_ab_through_a_real_tracker_on_loopback(capsys, tmp_path, tvm_cache, 
     assert code in (0, 1), err
     result = payload["results"][0]
     assert result["failure"] is None, result
-    assert result["control"]["n"] == result["treatment"]["n"] == 20
+    assert result["control"]["n"] == result["treatment"]["n"] == SAMPLES
     assert result["error"]["mismatch"] is False
     engine = db.make_engine(sqlite_url)
     with db.session_scope(engine) as session:
@@ -252,7 +255,7 @@ def test_onnx_model_by_path_with_md5(capsys, tmp_path, tvm_cache, sqlite_url):
     code, payload, err = compare(capsys, path, sqlite_url, NEW, NEW)
     result = payload["results"][0]
     assert result["failure"] is None, result
-    assert result["control"]["n"] == 20 and result["error"]["max_abs"] == 0.0
+    assert result["control"]["n"] == SAMPLES and result["error"]["max_abs"] == 0.0
     assert any(op["type"].startswith("matmul") or "matmul" in op["name"] for op in result["ops"])
 
     open(path, "w").write(text.replace(md5, "0" * 32))
