@@ -10,12 +10,12 @@ per-process medians. When the processes ran in interleaved pairs (``paired=True`
 the runner does), each treatment process is compared with the control process that ran
 next to it, which cancels the slow phases: each process counts by its fastest sample,
 and the effect is the 10 %-trimmed mean of the pairs' log ratios and the interval is an *anytime-valid confidence sequence* around it
-(:func:`cs_radius`), so the driver may look after every batch, as often as it likes,
+(:func:`cs_multiplier`), so the driver may look after every batch, as often as it likes,
 without inflating the error rate; the p-value is the matching anytime-valid p-value.
 Without groups (pooled samples, e.g. imported records) the effect is the shift of the 10th
 percentile of the log times, with order-statistic standard errors widened by the clustering
-that the samples' order reveals (:func:`quantile_shift`); under 40 samples a side, the
-Hodges-Lehmann shift with Moses's interval and Mann-Whitney's p-value.
+that the samples' order reveals; under 40 samples a side, the Hodges-Lehmann shift with
+Moses's interval and Mann-Whitney's p-value (both in :mod:`service.pooled`).
 
 :func:`sequential_look` is the one stopping rule: the driver and the ground-truth suite
 both call it after each batch to get the verdict, whether to stop, why, and how many pairs
@@ -25,8 +25,10 @@ Decision rule, with ``t`` the threshold (the smallest change worth reporting):
 
 * ``regression``  – the CI lies above 0, p < alpha, and the estimate is at least +t %;
 * ``improvement`` – the mirror image;
-* ``same``        – the whole CI lies within (-t %, +t %): any change is smaller than t,
-  with confidence (an equivalence statement, not merely "nothing found");
+* ``same``        – on the paired path, the interval at ``equivalence_alpha`` a side (two
+  one-sided tests: the 90 % confidence sequence) lies within (-t %, +t %), elsewhere the
+  whole CI: any change is smaller than t, with confidence (an equivalence statement, not
+  merely "nothing found");
 * ``unknown``     – anything else: not enough evidence either way.
 """
 
@@ -40,6 +42,10 @@ from typing import Sequence
 
 import numpy as np
 from scipy import stats as sps
+
+from abwatch.service.pooled import (
+    POOLED_METHOD, QUANTILE_MIN_SAMPLES, SMALL_POOLED_METHOD, hodges_lehmann, pct, quantile_shift,
+)
 
 DEFAULT_THRESHOLD_PCT = 1.0
 DEFAULT_ALPHA = 0.01
@@ -92,7 +98,6 @@ class Verdict:
 DEFAULT_PLAN_PAIRS = 30  # where the confidence sequence is tightest: a typical A/A stopping point
 MIN_PAIRS = 8  # below this the spread of a few pairs is too uncertain to decide anything (measured)
 TRIM = 0.1  # each side of the paired log ratios trimmed away (a whole pre-empted process)
-MAX_PAIRWISE = 4_000_000  # Hodges-Lehmann differences computed at most (thinned beyond)
 
 
 def _mixture_rho2(alpha: float, plan: int) -> float:
@@ -253,7 +258,7 @@ def compare(
             change, ci, p_value = quantile_shift(a, b, confidence)
             method = POOLED_METHOD
         else:
-            change, ci, p_value = _hodges_lehmann(a, b, confidence, np.random.default_rng(seed))
+            change, ci, p_value = hodges_lehmann(a, b, confidence, np.random.default_rng(seed))
             method = SMALL_POOLED_METHOD
     elif ca.shape[1] == 1 and cb.shape[1] == 1:  # zeros among the samples: no log scale
         boot = sps.bootstrap(
@@ -286,89 +291,6 @@ def _positive(ca: np.ndarray, cb: np.ndarray) -> bool:
 
 PAIRED_METHOD = ("paired process medians: trimmed mean of log ratios, "
                  "anytime-valid confidence sequence and p-value")
-POOLED_METHOD = ("pooled samples: shift of the 10th percentile of log times, order-statistic standard "
-                 "errors widened by the design effect of consecutive samples; normal interval")
-SMALL_POOLED_METHOD = "pooled samples: Hodges-Lehmann shift of log times, Moses interval; Mann-Whitney U"
-QUANTILE = 0.10  # the percentile judged: below the ~25 % of clean samples of a machine at load 6-8
-QUANTILE_MIN_SAMPLES = 40  # fewer, and the 10th percentile rests on 3 samples: Hodges-Lehmann instead
-RUN = 5  # consecutive samples taken as one batch for the design effect (a process's samples, in order)
-# Measured and rejected (docs/statistics.md): the shift of each side's fastest fifth, with a
-# 5x allowance for samples that share processes, had 2-3x the power on the loaded machine's
-# real trials, but 1.2-3 % false calls on independent samples with 3 % noise: truncating
-# each side at its own order statistic makes the rank test overconfident. The percentile
-# shift below keeps the power and gets its standard error from the order statistics.
-
-
-def quantile_se(x: np.ndarray, q: float) -> float:
-    """Standard error of the ``q``-quantile of ``x`` from an order-statistic spacing.
-
-    sqrt(q (1-q) / n) / f(xi_q), with the density f estimated by the spacing of the order
-    statistics n q ± 1.96 sqrt(n q (1-q)) (Siddiqui; Bloch & Gastwirth; the median's version
-    is McKean & Schrader's, which Price & Bonett 2002 combine into an interval for a
-    difference of medians). Distribution-free for independent samples; where the density is
-    low at the quantile (between a fast and a slow mode) the spacing is wide and so is the
-    error, instead of the rank test's overconfidence.
-    """
-    xs = np.sort(x)
-    n = len(xs)
-    spread = math.sqrt(n * q * (1.0 - q))
-    low = max(0, int(math.floor(n * q - 1.96 * spread)))
-    high = min(n - 1, int(math.ceil(n * q + 1.96 * spread)))
-    return float((xs[high] - xs[low]) / ((high - low) / spread))
-
-
-def design_effect(x: np.ndarray, q: float, run: int = RUN) -> float:
-    """How much more the count of samples below the ``q``-quantile varies than if the
-    samples were independent, from batches of ``run`` consecutive samples (record order).
-
-    Pooled samples come from processes of a few samples each, and slow phases of the
-    machine last several processes, so "fast" samples arrive in runs: the variance of the
-    batches' fractions below the quantile over its binomial value q (1-q) / run, at least 1.
-    In shuffled order it is ~1 and nothing is lost; in record order it widens the interval
-    by the clustering the order reveals. Measured on 600 A/A trials of 60 samples a side:
-    the 10th-percentile shift without it called 2.2 % on simulated machine phases and 2.5 %
-    on processes with 50-90 % of samples pre-empted, with it 1.0 % and 0.7 %; the cost is
-    on drift, which it also reads as clustering (docs/statistics.md).
-    """
-    k = len(x) // run
-    if k < 4:
-        return 1.0
-    below = (x[: k * run] <= np.quantile(x, q)).reshape(k, run).mean(axis=1)
-    return max(1.0, float(np.var(below, ddof=1)) / (q * (1.0 - q) / run))
-
-
-def quantile_shift(a: np.ndarray, b: np.ndarray, confidence: float,
-                   q: float = QUANTILE) -> tuple[float, tuple[float, float], float]:
-    """Pooled samples: the shift of the ``q``-quantile of the log times (treatment minus
-    control), a normal interval from each side's order-statistic standard error
-    (:func:`quantile_se`) times its design effect (:func:`design_effect`), and the matching
-    two-sided p-value.
-
-    Why a low quantile: under this machine's usual load (6-8 on 2 cores) 70-76 % of 2-3 ms
-    samples are pre-empted 2-5x, so every statistic of all samples (median, Hodges-Lehmann,
-    Mann-Whitney) mostly measures the scheduler; the 10th percentile lies in the clean mode,
-    the pooled analogue of judging a process by its fastest sample. Why this interval: the
-    standard error of one quantile comes from the order statistics around it, so it is valid
-    for independent samples whatever the shape (the rejected fastest-fifth rule truncated each
-    side and then ran a rank test as if the rest were a full sample). Symmetric on the log
-    scale by construction.
-    """
-    la, lb = np.log(a), np.log(b)
-    estimate = float(np.quantile(lb, q) - np.quantile(la, q))
-    variance = sum(quantile_se(x, q) ** 2 * design_effect(x, q) for x in (la, lb))
-    se = math.sqrt(variance)
-    if se == 0.0:
-        return _pct(estimate), (_pct(estimate), _pct(estimate)), 1.0 if estimate == 0 else 0.0
-    half = float(sps.norm.isf((1.0 - confidence) / 2.0)) * se
-    p_value = float(2.0 * sps.norm.sf(abs(estimate) / se))
-    return _pct(estimate), (_pct(estimate - half), _pct(estimate + half)), p_value
-
-
-def _pct(x: float) -> float:
-    """A log ratio as a percent change."""
-    return (math.exp(x) - 1.0) * 100.0
-
-
 def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float,
             plan: int) -> tuple[float, tuple[float, float], float]:
     """Change, confidence sequence and anytime p-value from the paired processes' log ratios.
@@ -392,10 +314,10 @@ def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float,
     estimate, se = trimmed_mean_se(d)
     alpha = 1.0 - confidence
     if se == 0.0:
-        return _pct(estimate), (_pct(estimate), _pct(estimate)), 1.0 if estimate == 0 else 0.0
+        return pct(estimate), (pct(estimate), pct(estimate)), 1.0 if estimate == 0 else 0.0
     half = cs_multiplier(k, alpha, plan) * se
     p_value = cs_p_value(estimate / se, k, alpha, plan)
-    return _pct(estimate), (_pct(estimate - half), _pct(estimate + half)), p_value
+    return pct(estimate), (pct(estimate - half), pct(estimate + half)), p_value
 
 
 def trimmed_mean_se(d: np.ndarray, trim: float = TRIM) -> tuple[float, float]:
@@ -407,29 +329,6 @@ def trimmed_mean_se(d: np.ndarray, trim: float = TRIM) -> tuple[float, float]:
     winsorized = np.clip(ordered, ordered[g], ordered[n - 1 - g])
     sd = float(np.std(winsorized, ddof=1)) if n > 1 else 0.0
     return estimate, sd / ((1.0 - 2.0 * g / n) * math.sqrt(n))
-
-
-def _hodges_lehmann(a: np.ndarray, b: np.ndarray, confidence: float,
-                    rng: np.random.Generator) -> tuple[float, tuple[float, float], float]:
-    """Pooled samples: the Hodges-Lehmann shift of the log times (the median of all
-    treatment-minus-control differences), Moses's distribution-free interval for it (the
-    order statistics of those differences that Mann-Whitney's critical value picks), and
-    Mann-Whitney's p-value. Far more efficient than a ratio of medians on the ~1 %-noisy,
-    skewed samples of a busy machine, and as robust to pre-empted samples."""
-    la, lb = np.log(a), np.log(b)
-    na, nb = len(la), len(lb)
-    if na * nb > MAX_PAIRWISE:  # a huge import: thin both sides at random, same estimate
-        keep = int(math.sqrt(MAX_PAIRWISE))
-        la = rng.choice(la, min(na, keep), replace=False)
-        lb = rng.choice(lb, min(nb, keep), replace=False)
-    diffs = np.sort((lb[None, :] - la[:, None]).ravel())
-    m, n = len(la), len(lb)
-    z = sps.norm.ppf(1.0 - (1.0 - confidence) / 2.0)
-    k = int(math.floor(m * n / 2.0 - z * math.sqrt(m * n * (m + n + 1) / 12.0)))
-    k = min(max(k, 0), len(diffs) // 2)
-    low, high = float(diffs[k]), float(diffs[len(diffs) - 1 - k])
-    p_value = float(sps.mannwhitneyu(b, a, alternative="two-sided").pvalue)
-    return _pct(float(np.median(diffs))), (_pct(low), _pct(high)), p_value if not math.isnan(p_value) else 1.0
 
 
 def _decide(change: float, ci: tuple[float, float], p_value: float, base: dict,

@@ -17,7 +17,7 @@ import numpy as np
 from scipy import stats as sps
 from scipy.optimize import brentq
 
-from abwatch.service import stats
+from abwatch.service import pooled, stats
 
 
 @dataclass(frozen=True)
@@ -262,9 +262,9 @@ def lan_demets(trial: Trial, budget: Budget, threshold_pct: float = 1.0, alpha: 
             c_same = obf_boundary(info, eq, extend) * stats._small_sample(k, eq)
             low, high = (est - c * se, est + c * se) if se > 0 else (est, est)
             s_low, s_high = (est - c_same * se, est + c_same * se) if se > 0 else (est, est)
-            same = (stats._pct(s_low), stats._pct(s_high))
+            same = (pooled.pct(s_low), pooled.pct(s_high))
             crossed = low > 0 or high < 0
-            v = stats._decide(stats._pct(est), (stats._pct(low), stats._pct(high)), 0.0 if crossed else 1.0,
+            v = stats._decide(pooled.pct(est), (pooled.pct(low), pooled.pct(high)), 0.0 if crossed else 1.0,
                               dict(base, equivalence_alpha=equivalence_alpha), same_ci=same)
             verdict, estimate, ci = v.verdict.value, v.change_pct, v.ci_pct
         pace = elapsed / k
@@ -281,7 +281,7 @@ def hodges_lehmann(trial: Trial, k: int, confidence: float = 0.99, alpha: float 
     """The previous pooled path, kept for comparison: the Hodges-Lehmann shift of all log
     times with Moses's interval and Mann-Whitney's p-value, decided as ``stats.compare`` does."""
     a, b = _pooled(trial, k)
-    change, ci, p = stats._hodges_lehmann(a, b, confidence, np.random.default_rng(0))
+    change, ci, p = pooled.hodges_lehmann(a, b, confidence, np.random.default_rng(0))
     base = dict(threshold_pct=threshold_pct, alpha=alpha, confidence=confidence, control_n=len(a),
                 treatment_n=len(b), control_median_ms=None, treatment_median_ms=None)
     v = stats._decide(change, ci, p, base)
