@@ -251,24 +251,26 @@ def same_as_open(config: Config, mirror: RepoMirror) -> driver.Attach | None:
 
 
 def _fixes(session: Session, config: Config, outcome: driver.CompareOutcome) -> list[int]:
-    """Mark ``regress`` regressions fixed when this run's improvement undoes them.
+    """Mark ``regress`` regressions fixed when this run's improvement undoes them: speed
+    regressions by the run-time verdict, compile-time ones by the compile verdict (the
+    verdict each kind is bisected by, :data:`service.bisect.JUDGES`).
 
     Against a pinned base the run measures the level itself: :func:`_back_to_base`.
     """
-    run = session.get(Run, outcome.run_id)
-    fixed = []
-    for result in outcome.results:
-        v = result.verdict
+    run = session.get_one(Run, outcome.run_id)
+    fixed: list[int] = []
+    for result, kind in ((r, k) for r in outcome.results for k in bisect.JUDGES):
+        v, not_judged = bisect.JUDGES[kind](result)
         if config.watch.control.startswith("fixed:"):
-            fixed += _back_to_base(session, config, run, result)
+            fixed += _back_to_base(session, config, run, result, kind)
             continue
-        if v.verdict.value != "improvement" or v.change_pct is None:
+        if not_judged or v.verdict.value != "improvement" or v.change_pct is None:
             continue
         # the same series only: another repository's or another spec's workload of this name is not undone
-        workload_id = session.get(Comparison, result.comparison_id).workload_id
+        workload_id = session.get_one(Comparison, result.comparison_id).workload_id
         for regression in session.scalars(
                 select(Regression)
-                .where(Regression.state == RegressionState.REGRESS, Regression.kind == "speed",
+                .where(Regression.state == RegressionState.REGRESS, Regression.kind == kind,
                        Regression.device_id == run.device_id, Regression.workload_id == workload_id)):
             # back within the threshold of where it was before the regression
             net = (1 + regression.change_pct / 100) * (1 + v.change_pct / 100)
@@ -279,21 +281,24 @@ def _fixes(session: Session, config: Config, outcome: driver.CompareOutcome) -> 
     return fixed
 
 
-def _back_to_base(session: Session, config: Config, run: Run, result: driver.WorkloadResult) -> list[int]:
-    """Pinned base: the ``regress`` regressions against this run's base that it no longer shows.
+def _back_to_base(session: Session, config: Config, run: Run, result: driver.WorkloadResult,
+                  kind: str = "speed") -> list[int]:
+    """Pinned base: the ``regress`` regressions of ``kind`` against this run's base that it no
+    longer shows.
 
-    Fixed when the run's change against the base is back within the threshold (as
-    :func:`_fixes` asks of the net change) and its confidence interval lies wholly below the
-    regression's change (so it is not the regression measured low by chance).
+    Fixed when the run's change against the base (by the verdict ``kind`` is judged by) is
+    back within the threshold (as :func:`_fixes` asks of the net change) and its confidence
+    interval lies wholly below the regression's change (so it is not the regression measured
+    low by chance).
     """
-    v = result.verdict
-    if (result.failure or v.verdict.value == "regression" or v.change_pct is None or v.ci_pct is None
+    v, not_judged = bisect.JUDGES[kind](result)
+    if (not_judged or v.verdict.value == "regression" or v.change_pct is None or v.ci_pct is None
             or v.change_pct > config.stats.threshold_pct):
         return []
-    workload_id = session.get(Comparison, result.comparison_id).workload_id
+    workload_id = session.get_one(Comparison, result.comparison_id).workload_id
     fixed = []
     for regression in session.scalars(
-            select(Regression).where(Regression.state == RegressionState.REGRESS, Regression.kind == "speed",
+            select(Regression).where(Regression.state == RegressionState.REGRESS, Regression.kind == kind,
                                      Regression.device_id == run.device_id, Regression.workload_id == workload_id,
                                      Regression.control_commit_id == run.control_commit_id)):
         if v.ci_pct[1] < regression.change_pct:

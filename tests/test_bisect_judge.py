@@ -90,3 +90,37 @@ def test_the_compile_judge_reads_the_compile_verdict_not_the_run_time():
     broken = {"compile": {**details["compile"], "failure": "treatment compile 3 error: boom"}}
     assert compile_time.judged(replace(result, details=broken))[1] == "treatment compile 3 error: boom"
     assert compile_time.judged(replace(result, failure="hung"))[1] == "hung"
+
+
+def test_a_compile_improvement_fixes_a_compile_time_regression_not_a_speed_one(tmp_path, sqlite_url):
+    """`fixed` reads the verdict of the regression's kind: a later run whose compiles are
+    faster again marks the open compile-time regression fixed; its run time, the same, leaves
+    the speed regression of that workload open."""
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (step("base", "Baseline"), step("n1", "README", note="n1")))
+    tags = shas(repo)
+    config = load_config(write_watch_config(tmp_path, repo, ""))
+    db.upgrade(sqlite_url)
+    engine = db.make_engine(sqlite_url)
+    with Session(engine, expire_on_commit=False) as session:
+        outcome = driver.run_compare(session, config, tags["base"], tags["n1"])
+        run = session.get_one(Run, outcome.run_id)
+        comparison = session.get_one(Comparison, outcome.results[0].comparison_id)
+        opened = {kind: lifecycle.open_regression(session, run, comparison, kind=kind, reason="test")
+                  for kind in ("speed", "compile-time")}
+        for regression in opened.values():
+            regression.change_pct = 30.0
+            lifecycle.transition(session, regression, lifecycle.S.VERIFY, run, "test")
+            lifecycle.transition(session, regression, lifecycle.S.REGRESS, run, "test")
+        session.commit()
+        rng = random.Random(5)
+        faster = _judged([600 + rng.random() * 8 for _ in range(12)], [400 + rng.random() * 8 for _ in range(12)])
+        assert faster.verdict.verdict == stats.Outcome.IMPROVEMENT
+        same_run_time = replace(outcome.results[0].verdict, verdict=stats.Outcome.SAME)
+        result = replace(outcome.results[0], verdict=same_run_time,
+                         details={"compile": compile_time.details(faster)})
+        fixed = watch._fixes(session, config, replace(outcome, results=[result]))
+        session.commit()
+        assert fixed == [opened["compile-time"].id]
+        assert opened["compile-time"].state == lifecycle.S.FIXED and opened["speed"].state == lifecycle.S.REGRESS
+    engine.dispose()
