@@ -15,6 +15,7 @@ Each anchor is shown twice on the same trials: "@60" judges the first look's dat
 from __future__ import annotations
 
 import argparse
+import gzip
 import math
 import sys
 import time
@@ -222,7 +223,8 @@ def real_file(args) -> None:
 
     by_tag: dict[str, list[Trial]] = {}
     loads = []
-    with open(args.real_file) as f:
+    # recorded trials may be kept gzipped (benchmarks/detector/data/)
+    with (gzip.open(args.real_file, "rt") if args.real_file.endswith(".gz") else open(args.real_file)) as f:
         for line in f:
             row = json.loads(line)
             control = [p["samples"] for p in row["procs"] if p["side"] == "control"]
