@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +37,9 @@ def test_runs_and_one_runs_full_report(filled_server):
     assert result["regression_id"] == report["regressions"][0]["id"]
     medians = report["process_medians_ms"]["lcg-loop"]
     assert len(medians["control"]) == result["control"]["n"] // 5  # five samples a process
-    assert statistics.median(medians["treatment"]) > statistics.median(medians["control"])
+    # the least disturbed process of each side: on a busy machine most processes' medians are
+    # pre-empted samples, which can hide the 20 % between the sides' typical medians
+    assert min(medians["treatment"]) > min(medians["control"])
     assert {b["side"]: b["ref"] for b in report["builds"]} == {"control": "noop", "treatment": "slower"}
     missing = requests.get(f"{base}/api/runs/999999", timeout=10)
     assert missing.status_code == 404 and "run 999999 does not exist" in missing.json()["detail"]

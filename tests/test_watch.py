@@ -26,7 +26,7 @@ def step(tag: str, message: str, factor: float = 1.0, **kw) -> Step:
     return Step(tag, message, work=int(W * factor), cpu_clock=True, **kw)
 
 
-def write_watch_config(tmp_path, repo, watch: str) -> str:
+def write_watch_config(tmp_path, repo, watch: str, threshold_pct: float = 1.0) -> str:
     """A watch config for ``repo`` with a ``[watch]`` section ``watch``."""
     path = tmp_path / "watch.toml"
     path.write_text(f"""
@@ -45,7 +45,7 @@ max_repetitions = 40
 timeout_s = 30
 noise_aware = false
 [stats]
-threshold_pct = 1.0
+threshold_pct = {threshold_pct}
 [runner]
 device = "bench-box"
 [watch]

@@ -18,41 +18,15 @@ from sqlalchemy.orm import Session
 
 from abwatch.service import db
 from abwatch.service.cli import main
-from abwatch.service.demo import Step, make_demo_repo
+from abwatch.service.demo import make_demo_repo
 from abwatch.service.models import Commit, Job, Regression, Run, RunStatus, WatchedCommit
 
-W = 1_500_000
-
-
-def step(tag: str, message: str, factor: float = 1.0, **kw) -> Step:
-    return Step(tag, message, work=int(W * factor), cpu_clock=True, **kw)
+from tests.test_watch import step, write_watch_config
 
 
 def write_config(tmp_path, repo) -> str:
-    path = tmp_path / "watch.toml"
-    path.write_text(f"""
-cache_dir = {json.dumps(str(tmp_path / 'cache'))}
-[repo]
-url = {json.dumps(str(repo))}
-[build]
-command = ["sh", "build.sh"]
-artifacts = "out"
-[[workloads]]
-name = "loop"
-command = ["./bench", "10"]
-[run]
-repetitions = 10
-max_repetitions = 40
-timeout_s = 30
-noise_aware = false
-[stats]
-threshold_pct = 2.0
-[runner]
-device = "bench-box"
-[watch]
-interval_s = 1
-""")
-    return str(path)
+    """The watch config of these tests: a pass a second, changes under 2 % are noise."""
+    return write_watch_config(tmp_path, repo, "interval_s = 1", threshold_pct=2.0)
 
 
 def watched(engine) -> dict[str, str]:
