@@ -250,8 +250,7 @@ def compare(
         ci, method = (change, change), "identical samples"
         p_value = 1.0 if med_a == med_b else 0.0
     elif paired and control_groups is not None and treatment_groups is not None and _positive(ca, cb):
-        change, ci, p_value = _paired(ca, cb, confidence, plan_pairs)
-        _, same_ci, _ = _paired(ca, cb, 1.0 - 2.0 * equivalence_alpha, plan_pairs)
+        change, ci, p_value, same_ci = _paired(ca, cb, confidence, plan_pairs, 2.0 * equivalence_alpha)
         return replace(_decide(change, ci, p_value, base, same_ci=same_ci), method=PAIRED_METHOD)
     elif ca.shape[1] == 1 and cb.shape[1] == 1 and positive:  # one sample per unit: pooled samples
         if min(len(a), len(b)) >= QUANTILE_MIN_SAMPLES:
@@ -291,9 +290,10 @@ def _positive(ca: np.ndarray, cb: np.ndarray) -> bool:
 
 PAIRED_METHOD = ("paired process medians: trimmed mean of log ratios, "
                  "anytime-valid confidence sequence and p-value")
-def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float,
-            plan: int) -> tuple[float, tuple[float, float], float]:
-    """Change, confidence sequence and anytime p-value from the paired processes' log ratios.
+def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float, plan: int,
+            same_alpha: float) -> tuple[float, tuple[float, float], float, tuple[float, float]]:
+    """Change, confidence sequence, anytime p-value and the equivalence interval (at
+    ``same_alpha``, for `same`) from the paired processes' log ratios, one estimate for all.
 
     Each process is represented by its fastest sample: on a shared 2-core machine at load
     4-8, most 2 ms samples are pre-empted (2-5x slower), so a process's median is itself a
@@ -314,10 +314,13 @@ def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float,
     estimate, se = trimmed_mean_se(d)
     alpha = 1.0 - confidence
     if se == 0.0:
-        return pct(estimate), (pct(estimate), pct(estimate)), 1.0 if estimate == 0 else 0.0
+        point = (pct(estimate), pct(estimate))
+        return pct(estimate), point, 1.0 if estimate == 0 else 0.0, point
     half = cs_multiplier(k, alpha, plan) * se
+    same_half = cs_multiplier(k, same_alpha, plan) * se  # the equivalence interval (two one-sided tests)
     p_value = cs_p_value(estimate / se, k, alpha, plan)
-    return pct(estimate), (pct(estimate - half), pct(estimate + half)), p_value
+    return (pct(estimate), (pct(estimate - half), pct(estimate + half)), p_value,
+            (pct(estimate - same_half), pct(estimate + same_half)))
 
 
 def trimmed_mean_se(d: np.ndarray, trim: float = TRIM) -> tuple[float, float]:
