@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import psutil
+
+from abwatch.builders.spec import storable
 
 # What a build or a benchmark may see of abwatch's own environment. Everything else
 # (database URLs, tokens, cloud credentials) must be named in the config to be passed.
@@ -143,7 +146,8 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
         reader.join(timeout=max(0.0, deadline - time.monotonic()) if not timed_out else GRACE_S)
     if any(reader.is_alive() for reader in readers):
         kill_tree(proc.pid, tag)  # whatever still holds the pipes belongs to this child
-    text = {name: b"".join(parts).decode(errors="replace") for name, parts in chunks.items()}
+    # build logs are stored: NUL and invalid UTF-8 in a child's output must not fail the row
+    text = {name: storable(b"".join(parts), sys.maxsize) for name, parts in chunks.items()}
     return ProcessResult(None if timed_out else proc.returncode, text["stdout"], text.get("stderr", ""),
                          time.monotonic() - start, timed_out)
 

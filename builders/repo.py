@@ -18,7 +18,7 @@ import psutil
 
 from abwatch.builders.redact import mask_url
 from abwatch.builders.cache import flocked
-from abwatch.builders.spec import CommitInfo
+from abwatch.builders.spec import SUMMARY_CHARS, CommitInfo, storable
 
 
 _FULL_SHA = re.compile(r"[0-9a-f]{40}")
@@ -104,12 +104,15 @@ class RepoMirror:
         except git.GitCommandError:
             raise RepoError(f"unknown ref {ref!r} in repository {self.display_url}") from None
         commit = self.repo.commit(sha)
-        return CommitInfo(
-            sha=commit.hexsha,
-            summary=commit.summary if isinstance(commit.summary, str) else commit.summary.decode(),
-            author=f"{commit.author.name} <{commit.author.email}>",
-            committed_at=commit.committed_datetime,
-        )
+        try:  # git writes whatever it is given (hash-object --literally): a date past time_t, say
+            return CommitInfo(
+                sha=commit.hexsha,
+                summary=storable(commit.summary, SUMMARY_CHARS),
+                author=f"{commit.author.name} <{commit.author.email}>",
+                committed_at=commit.committed_datetime,
+            )
+        except (ValueError, OverflowError) as exc:
+            raise RepoError(f"commit {sha[:12]} in {self.display_url} cannot be read: {exc}") from None
 
     @contextmanager
     def worktree(self, sha: str, dest: Path) -> Iterator[Path]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -31,14 +32,43 @@ def spec_hash(payload: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# What a commit's text may hold once stored: the authors column's length, and a bound on a
+# summary (git puts no limit on either; one pushed commit must not fill a database).
+SUMMARY_CHARS = 1000
+AUTHOR_CHARS = 256
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable(text: str | bytes, limit: int) -> str:
+    """``text`` as both databases can store it: bytes decoded as UTF-8 (invalid bytes
+    replaced), NUL and lone surrogates replaced by U+FFFD, at most ``limit`` characters.
+
+    PostgreSQL refuses NUL in text and the drivers cannot encode a lone surrogate; git accepts
+    both (``git hash-object --literally`` writes any commit), so whatever comes from git or a
+    child process passes through here before it can reach a row.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    text = _SURROGATE.sub("\ufffd", text.replace("\0", "\ufffd"))
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+
+
 @dataclass(frozen=True)
 class CommitInfo:
-    """What abwatch records about one commit (or one release, for release builds)."""
+    """What abwatch records about one commit (or one release, for release builds).
+
+    The summary and author are made storable (:func:`storable`) on construction: every
+    commit read from git is one of these before it is stored, shown or compared.
+    """
 
     sha: str
     summary: str
     author: str
     committed_at: datetime | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "summary", storable(self.summary, SUMMARY_CHARS))
+        object.__setattr__(self, "author", storable(self.author, AUTHOR_CHARS))
 
 
 class StrictModel(BaseModel):

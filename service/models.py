@@ -472,7 +472,8 @@ class WatchProgress(Base):
 
 
 class WatchedCommit(Base):
-    """One commit the watch took up for a branch: queued, then ok / build_failed / failed."""
+    """One commit the watch took up for a branch: queued, then ok / build_failed / failed; or
+    skipped (it could not be read or stored; ``reason`` says why)."""
 
     __tablename__ = "watched_commits"
     __table_args__ = (UniqueConstraint("progress_id", "commit_id"),)
@@ -483,6 +484,7 @@ class WatchedCommit(Base):
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
     control_sha: Mapped[str | None] = mapped_column(String(64))
     tested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    reason: Mapped[str | None] = mapped_column(Text)  # why a `skipped` commit was not taken up
     commit: Mapped[Commit] = relationship()
 
 

@@ -23,18 +23,21 @@ from datetime import datetime, timedelta, timezone
 
 import git
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from abwatch.service import alerts, bisect, driver, lifecycle, queue
 from abwatch.service.config import Config
 from abwatch.service.models import (
-    Commit, Comparison, Job, Regression, RegressionState, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
+    Commit, Comparison, Job, Regression, RegressionState, Repository, Run, RunStatus, WatchedCommit, WatchProgress,
+    utcnow,
 )
 from abwatch.builders.repo import RepoError, RepoMirror
-from abwatch.builders.spec import CommitInfo, spec_hash
+from abwatch.builders.spec import CommitInfo, spec_hash, storable
 from abwatch.service.store import get_commit, get_repository, insert_ignoring_conflict
 
 OK, BUILD_FAILED, FAILED, QUEUED, BASELINE = "ok", "build_failed", "failed", "queued", "baseline"
+SKIPPED = "skipped"  # a commit git gave that could not be read or stored; the reason is on its row
 GOOD = (OK, BASELINE)  # statuses a later commit may be compared with
 
 
@@ -166,17 +169,39 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
         row = _progress_row(session, config, device)
         new = _new_commits(mirror, config, row, head.sha, report, nightly)
         for sha in new:
-            commit = get_commit(session, repository, mirror.resolve(sha))
-            job = queue.enqueue(session, "test", device, {"progress_id": row.id, "sha": sha},
-                                f"test:{row.id}:{sha}")
-            if job is not None:
-                session.add(WatchedCommit(progress_id=row.id, commit_id=commit.id, status=QUEUED))
-                report.queued.append((device, sha))
+            _take_up(session, mirror, repository, row, device, sha, report)
         if new:
             row.last_seen_sha = new[-1] if not nightly else head.sha
         row.updated_at = utcnow()
         session.commit()
     return report
+
+
+def _take_up(session: Session, mirror: RepoMirror, repository: Repository, row: WatchProgress,
+             device: str, sha: str, report: PassReport) -> None:
+    """Queue the ``test`` job of one new commit.
+
+    Text from git is made storable on the way in (:class:`CommitInfo`); a commit that still
+    cannot be read or stored is recorded ``skipped`` with the reason, and the pass goes on:
+    one odd commit must not stop the watch for the commits around it.
+    """
+    try:
+        with session.begin_nested():
+            commit = get_commit(session, repository, mirror.resolve(sha))
+    except (RepoError, ValueError, SQLAlchemyError) as exc:
+        reason = storable(f"commit {sha[:12]} skipped: {type(exc).__name__}: {exc}", 1000)
+        print(f"abwatch watch: WARNING: {reason}", file=sys.stderr)
+        report.messages.append(reason)
+        with session.begin_nested():  # the sha alone: what the watch needs to remember it
+            commit = get_commit(session, repository, CommitInfo(sha=sha, summary="", author="", committed_at=None))
+            insert_ignoring_conflict(session, WatchedCommit, {
+                "progress_id": row.id, "commit_id": commit.id, "status": SKIPPED, "reason": reason,
+                "tested_at": utcnow()}, ["progress_id", "commit_id"])
+        return
+    job = queue.enqueue(session, "test", device, {"progress_id": row.id, "sha": sha}, f"test:{row.id}:{sha}")
+    if job is not None:
+        session.add(WatchedCommit(progress_id=row.id, commit_id=commit.id, status=QUEUED))
+        report.queued.append((device, sha))
 
 
 def _tested(session: Session, row: WatchProgress) -> list[tuple[WatchedCommit, Commit]]:

@@ -1,0 +1,76 @@
+"""Commits that git accepts but a database or a parser may not: a NUL in the message, invalid
+UTF-8 in the author, a date past what the platform can represent. Anyone who can push can make
+them (``git hash-object -t commit --literally``); the watch must store what it can, skip what it
+cannot with the reason, and go on testing the commits around them, on both databases.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import git
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from abwatch.builders.spec import CommitInfo, storable
+from abwatch.service import db
+from abwatch.service.cli import main
+from abwatch.service.models import Commit, WatchedCommit
+from tests.test_watch import shas, step, write_watch_config
+from abwatch.service.demo import make_demo_repo
+
+
+def literal_commit(repo_path, message: bytes, author: bytes, when: bytes, tag: str) -> str:
+    """Put a hand-written commit object (same tree as HEAD) on top of the branch and tag it."""
+    repo = git.Repo(repo_path)
+    tree, parent = repo.git.rev_parse("HEAD^{tree}"), repo.head.commit.hexsha
+    body = (b"tree " + tree.encode() + b"\nparent " + parent.encode() + b"\nauthor " + author + b" " + when
+            + b" +0000\ncommitter abwatch example <example@abwatch.invalid> " + when + b" +0000\n\n" + message)
+    sha = subprocess.run(["git", "hash-object", "-t", "commit", "--literally", "-w", "--stdin"], cwd=repo_path,
+                         input=body, capture_output=True, check=True).stdout.decode().strip()
+    repo.git.update_ref("refs/heads/main", sha)
+    repo.git.reset("--hard", sha)
+    repo.git.update_ref(f"refs/tags/{tag}", sha)  # `git tag` would parse the dates
+    return sha
+
+
+def test_storable_replaces_nul_surrogates_and_bounds_length():
+    assert storable(b"evil \x00 bytes \xff", 100) == "evil \ufffd bytes \ufffd"
+    assert storable("lone \udcff surrogate", 100) == "lone \ufffd surrogate"
+    assert storable("x" * 50, 10) == "x" * 9 + "\u2026"
+    info = CommitInfo(sha="a" * 40, summary="s\0s", author="n\udc80 <e>", committed_at=None)
+    assert info.summary == "s\ufffds" and info.author == "n\ufffd <e>"
+
+
+def test_watch_stores_odd_commits_skips_unreadable_ones_and_goes_on(tmp_path, db_url):
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (step("base", "Baseline"),))
+    config = write_watch_config(tmp_path, repo, 'control = "previous"', threshold_pct=5.0)
+    assert main(["watch", "--config", config, "--once", "--db", db_url]) == 0  # the baseline
+    make_demo_repo(repo, (step("before", "Reword the README", note="before"),))
+    nul = literal_commit(repo, b"evil \x00 message\n\nbody \x00 too\n", b"Bad \xff\xfe Name <x@y>",
+                         b"1767268800", "nul")
+    overflow = literal_commit(repo, b"a date no platform can hold\n", b"Odd <o@d>",
+                              b"99999999999999999999999", "overflow")
+    make_demo_repo(repo, (step("after", "Reword the README again", note="after"),))
+    tags = shas(repo)
+
+    # a NUL once stopped every pass on PostgreSQL; now the pass tests every commit it can
+    assert main(["watch", "--config", config, "--once", "--db", db_url]) == 0
+    engine = db.make_engine(db_url)
+    with Session(engine) as session:
+        rows = {w.commit.sha: w for w in session.scalars(select(WatchedCommit))}
+        assert rows[tags["before"]].status == "ok" and rows[tags["after"]].status == "ok"
+        assert rows[nul].status == "ok"  # stored with its text made storable, and tested
+        stored = session.scalars(select(Commit).where(Commit.sha == nul)).one()
+        assert stored.summary == "evil \ufffd message"
+        assert "\ufffd" in stored.author and "\0" not in stored.author
+        assert rows[overflow].status == "skipped"
+        assert overflow[:12] in rows[overflow].reason and "cannot be read" in rows[overflow].reason
+        # the commit after the skipped one was compared with the last good one
+        assert rows[tags["after"]].control_sha == nul
+    # a later pass over the same history neither fails nor takes anything up again
+    assert main(["watch", "--config", config, "--once", "--db", db_url]) == 0
+    with Session(engine) as session:
+        assert len(session.scalars(select(WatchedCommit)).all()) == 5
+    engine.dispose()
