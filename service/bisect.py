@@ -140,34 +140,39 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         middle = (part.lo + part.hi) / 2
         mid = min(candidates, key=lambda i: (abs(i - middle), i))
         sha = commits[mid]
-        outcome = compare(part.names, good, sha)
-        builds += sum(1 for b in outcome.builds if not b.cached)
-        if outcome.status == "build_failed":
-            found = {name: (SKIP, "build_failed", None) for name in part.names}
-        else:
-            found = _sides(outcome, part.names, good_is_control=True, judge=judge)
-            found.update({name: (None, "unknown", None) for name in part.names - set(found)})
-            undecided = {name for name in part.names if found[name][0] is None}
-            if undecided:  # ask the bad end about those (no build: both are cached)
-                again = _sides(compare(undecided, sha, bad), undecided, good_is_control=False, judge=judge)
-                for name in undecided:
-                    side, value, change = again.get(name, (None, "unknown", None))
-                    # neither end tells them apart: keep the earlier commit as the suspect
-                    found[name] = (side or BAD, value, change)
         commit = get_commit(session, repository, mirror.resolve(sha))
-        for name in sorted(part.names):
-            side, value, change = found[name]
-            regression = by_name[name]
-            session.add(BisectionStep(regression_id=regression.id, position=positions[regression.id],
-                                      commit_id=commit.id, run_id=outcome.run_id,
-                                      verdict=f"{value} ({side})",
-                                      change_pct=change))
-            positions[regression.id] += 1
-        session.commit()
+        found = _stored_steps(session, [by_name[name] for name in part.names], commit.id)
+        if found is not None:  # stepped before this process was killed: the verdict is kept
+            progress.message(f"  {sha[:12]}: judged already (stored steps); not compared again")
+        else:
+            outcome = compare(part.names, good, sha)
+            builds += sum(1 for b in outcome.builds if not b.cached)
+            if outcome.status == "build_failed":
+                found = {name: (SKIP, "build_failed", None) for name in part.names}
+            else:
+                found = _sides(outcome, part.names, good_is_control=True, judge=judge)
+                found.update({name: (None, "unknown", None) for name in part.names - set(found)})
+                undecided = {name for name in part.names if found[name][0] is None}
+                if undecided:  # ask the bad end about those (no build: both are cached)
+                    again = _sides(compare(undecided, sha, bad), undecided, good_is_control=False, judge=judge)
+                    for name in undecided:
+                        side, value, change = again.get(name, (None, "unknown", None))
+                        # neither end tells them apart: keep the earlier commit as the suspect
+                        found[name] = (side or BAD, value, change)
+            for name in sorted(part.names):
+                side, value, change = found[name]
+                regression = by_name[name]
+                session.add(BisectionStep(regression_id=regression.id, position=positions[regression.id],
+                                          commit_id=commit.id, run_id=outcome.run_id,
+                                          verdict=f"{value} ({side})",
+                                          change_pct=change))
+                positions[regression.id] += 1
+            session.commit()
         bad_names = {n for n in part.names if found[n][0] == BAD}
         good_names = {n for n in part.names if found[n][0] == GOOD}
         skip_names = {n for n in part.names if found[n][0] == SKIP}
-        progress.message(f"  {sha[:12]}: " + ("skip (does not build)" if outcome.status == "build_failed" else
+        broken = all(found[n][1] == "build_failed" for n in part.names)
+        progress.message(f"  {sha[:12]}: " + ("skip (does not build)" if broken else
                                               f"bad for {sorted(bad_names)}, good for {sorted(good_names)}"
                                               + (f", cannot run {sorted(skip_names)}" if skip_names else "")))
         if skip_names:  # the same range without this commit
@@ -180,6 +185,26 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         name_culprit(session, [by_name[n] for n, c in culprits.items() if c == sha], mirror, sha)
     session.commit()
     return culprits
+
+
+def _stored_steps(session: Session, regressions: list[Regression],
+                  commit_id: int) -> dict[str, tuple] | None:
+    """The sides stored for ``commit_id`` by an earlier bisection of ``regressions`` (one that
+    was killed, say), as :func:`_sides` gives them; None unless every one of them has a step.
+
+    A step is committed as soon as it is judged, so a bisection taken up again goes on from
+    the stored steps instead of comparing (and storing) the same commit twice.
+    """
+    found = {}
+    for regression in regressions:
+        step = session.scalars(select(BisectionStep).where(
+            BisectionStep.regression_id == regression.id, BisectionStep.commit_id == commit_id)
+            .order_by(BisectionStep.position.desc())).first()
+        if step is None:
+            return None
+        value, _, side = step.verdict.partition(" (")  # stored as "<verdict> (<side>)"
+        found[regression.workload.name] = (side.rstrip(")"), value, step.change_pct)
+    return found
 
 
 def name_culprit(session: Session, regressions: list[Regression], mirror: RepoMirror, sha: str) -> None:

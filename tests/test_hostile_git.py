@@ -7,6 +7,8 @@ cannot with the reason, and go on testing the commits around them, on both datab
 from __future__ import annotations
 
 import subprocess
+import sys
+import time
 
 import git
 from sqlalchemy import select
@@ -15,9 +17,13 @@ from sqlalchemy.orm import Session
 from abwatch.builders.spec import CommitInfo, storable
 from abwatch.service import db
 from abwatch.service.cli import main
-from abwatch.service.models import Commit, WatchedCommit
-from tests.test_watch import shas, step, write_watch_config
 from abwatch.service.demo import make_demo_repo
+from abwatch.service.models import (
+    BisectionStep, Commit, Regression, Run, RunStatus, RunType, WatchedCommit,
+)
+from tests.test_watch import shas, step, write_watch_config
+
+ABWATCH = [sys.executable, "-m", "abwatch.service.cli"]
 
 
 def literal_commit(repo_path, message: bytes, author: bytes, when: bytes, tag: str) -> str:
@@ -73,4 +79,50 @@ def test_watch_stores_odd_commits_skips_unreadable_ones_and_goes_on(tmp_path, db
     assert main(["watch", "--config", config, "--once", "--db", db_url]) == 0
     with Session(engine) as session:
         assert len(session.scalars(select(WatchedCommit)).all()) == 5
+    engine.dispose()
+
+
+def test_a_bisection_killed_mid_way_goes_on_from_its_stored_steps(tmp_path, db_url):
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (step("base", "Baseline"),))
+    config = write_watch_config(tmp_path, repo, 'schedule = "0 2 * * *"\ntimezone = "UTC"', threshold_pct=5.0)
+    assert main(["watch", "--config", config, "--once", "--db", db_url]) == 0  # the baseline
+    make_demo_repo(repo, (step("n1", "README", note="n1"), step("n2", "README", note="n2"),
+                          step("slow", "Do 25% more work", 1.25), step("n3", "README", 1.25, note="n3"),
+                          step("n4", "README", 1.25, note="n4"), step("n5", "README", 1.25, note="n5")))
+    engine = db.make_engine(db_url)
+
+    def steps() -> list[BisectionStep]:
+        with Session(engine) as session:
+            return list(session.scalars(select(BisectionStep).order_by(BisectionStep.id)))
+
+    proc = subprocess.Popen([*ABWATCH, "watch", "--config", config, "--once", "--db", db_url],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not steps() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, f"the watch ended before its first bisection step: {proc.stderr.read()}"
+    proc.kill()
+    proc.wait()
+    before = steps()
+    assert before, "no bisection step was stored before the kill"
+
+    # the next pass takes the job up again and finishes the bisection from the stored steps
+    # (0: the regression was confirmed by the killed pass, before its bisection began)
+    assert main(["watch", "--config", config, "--once", "--db", db_url]) == 0
+    after = steps()
+    pairs = [(s.regression_id, s.commit_id) for s in after]
+    assert len(pairs) == len(set(pairs)), "a commit was stepped twice"
+    assert [(s.id, s.run_id) for s in after[:len(before)]] == [(s.id, s.run_id) for s in before]
+    tags = shas(repo)
+    with Session(engine) as session:
+        regression = session.scalars(select(Regression)).one()
+        assert regression.culprit_commit.sha == tags["slow"]
+        # every comparison of the bisection is one stored step's (or its bad-end ask's) run
+        stepped = {s.commit_id for s in after}
+        regress_runs = session.scalars(select(Run).where(Run.run_type == RunType.REGRESS,
+                                                         Run.status == RunStatus.COMPLETED)).all()
+        assert {r.treatment_commit_id for r in regress_runs if r.control_commit_id == regression.control_commit_id} \
+            <= stepped
+        assert len([r for r in regress_runs if r.control_commit_id == regression.control_commit_id]) == len(stepped)
     engine.dispose()
