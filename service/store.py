@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from abwatch.service.models import Base, Build, BuildStatus, Commit, Device, Repository, Workload, utcnow
+from abwatch.builders.redact import mask_url
 from abwatch.builders.spec import CommitInfo, spec_hash
 from abwatch.runners.base import DeviceInfo
 
@@ -45,7 +46,13 @@ def insert_ignoring_conflict(session: Session, model: type[Base], values: dict[s
 
 
 def get_repository(session: Session, url: str) -> Repository:
-    """The row of the repository at ``url``, created on first sight."""
+    """The row of the repository at ``url``, created on first sight.
+
+    A repository's identity is its URL with credentials masked (:func:`mask_url`), whoever
+    asks: the password is never stored, and the same repository reached by a compare, the
+    watch or a bisection (or with another token) is one row, one history.
+    """
+    url = mask_url(url)
     insert_ignoring_conflict(session, Repository, {"url": url, "created_at": utcnow()}, ["url"])
     return session.scalars(select(Repository).where(Repository.url == url)).one()
 
