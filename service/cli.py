@@ -19,10 +19,10 @@ from rich.console import Console
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
-from abwatch.service import db, driver, history, interchange, liveness, report, stored
-from abwatch.service.config import ConfigError, load_config
+from abwatch.service import alerts, db, driver, history, interchange, liveness, report, stored
+from abwatch.service.config import Config, ConfigError, load_config
 from abwatch.service.driver import EXIT_USAGE
-from abwatch.service.models import Regression, RegressionState, TriageStatus
+from abwatch.service.models import Regression, RegressionState, Run, TriageStatus
 from abwatch.service.records import RecordError, export_records, import_records
 from abwatch.runners import RunnerUnavailable
 from abwatch.builders.redact import mask_url
@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = with_db(sub.add_parser("verify", help="re-run a benchmark run's suspected regressions"))
     p.add_argument("run_id", type=int, help="the benchmark run whose regressions to verify")
+    p.add_argument("--config", type=Path,
+                   help="TOML config whose [alerts] webhooks are sent the alerts (the run's stored config "
+                        "names them redacted; without this only env: webhooks can be sent now)")
     p.add_argument("--ops", action="store_true", help=OPS_HELP)
     p.add_argument("--json", action="store_true", help=JSON_HELP)
 
@@ -270,6 +273,7 @@ def _watch_command(args: argparse.Namespace, config, engine, err: Console) -> in
 
 
 def _verify_command(args: argparse.Namespace, session, err: Console, out: Console) -> int:
+    live = load_config(args.config).alerts if args.config else None  # a bad file fails before the work
     try:
         with report.RichProgress(err) as progress:
             outcome, regressions = driver.run_verify(session, args.run_id, progress=progress)
@@ -279,6 +283,11 @@ def _verify_command(args: argparse.Namespace, session, err: Console, out: Consol
             print(json.dumps({"run_id": args.run_id, "verified": None, "regressions": [], "message": str(exc)}))
         err.print(f"abwatch: {exc}", markup=False)
         return 0
+    if live is None:  # the run's own config: its env: webhooks can be sent, redacted URLs wait
+        live = Config.model_validate(session.get_one(Run, args.run_id).config).alerts
+    for sent in alerts.deliver_pending(driver.engine_of(session), live):
+        err.print(f"alert to {sent.webhook}: " + ("delivered" if sent.ok else f"not delivered ({sent.error})"),
+                  markup=False)
     shown = stored.load_outcome(session, outcome.run_id)
     if args.json:
         print(json.dumps({**report.outcome_json(shown),

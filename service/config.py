@@ -75,12 +75,18 @@ class StatsConfig(StrictModel):
 class AlertsConfig(StrictModel):
     """Webhooks told when a regression is confirmed (``regress``) or ``fixed``."""
 
-    webhooks: list[str] = Field(default_factory=list, description="URLs that get a JSON POST")
+    webhooks: list[str] = Field(default_factory=list,
+                                description="URLs that get a JSON POST, or env:NAME for a URL held by "
+                                            "the environment variable NAME (stored and shown redacted)")
     secret_env: str = Field(default="ABWATCH_ALERT_SECRET",
                             description="environment variable holding the HMAC-SHA256 signing secret")
     timeout_s: float = Field(default=5.0, gt=0, le=60, description="per attempt (connect and read)")
     attempts: int = Field(default=3, ge=1, le=10)
     backoff_s: float = Field(default=1.0, ge=0, le=60, description="first retry's wait; doubles each time")
+    deadline_s: float = Field(default=30.0, gt=0, le=600,
+                              description="the whole of one delivery round, however slowly a receiver answers")
+    retry_for_s: float = Field(default=86400.0, gt=0,
+                               description="later rounds retry an undelivered alert for this long, then give up")
     dashboard_url: str | None = Field(default=None, description="base URL for links in messages")
 
 

@@ -27,7 +27,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from abwatch.builders.redact import mask_url
-from abwatch.service import liveness, queue, watch
+from abwatch.service import alerts, liveness, queue, watch
 from abwatch.service.config import Config, cron_trigger
 from abwatch.service.driver import NullProgress, Progress
 
@@ -95,6 +95,7 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
                 job = worker.run_one()
                 if job is None:
                     break
+                send_alerts(engine, config, progress, stopper)  # the job's, and any left from earlier
                 done = finished_job(engine, job.id)
                 if done is None or done.status == queue.JobStatus.FAILED:
                     error = done.error if done is not None else "the job's row is gone"
@@ -108,10 +109,23 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
         finally:
             stopper.workers.remove(worker)
             worker.close()
+    send_alerts(engine, config, progress, stopper)  # alerts earlier rounds could not deliver
     code = pass_exit_code(confirmed, failed)
     if failed:  # said again at the end, where a reader of a long log looks
         progress.message(f"{len(failed)} job(s) of this pass failed; exit {code}:\n  " + "\n  ".join(failed))
     return code
+
+
+def send_alerts(engine: Engine, config: Config, progress: Progress, stopper: Stopper) -> None:
+    """A round of the alert outbox (:func:`service.alerts.deliver_pending`) between jobs, never
+    during a measurement: at most ``alerts.deadline_s``, cut short by SIGTERM (what was not
+    sent stays pending for the next round)."""
+    if not config.alerts.webhooks or stopper.stopping:
+        return
+    for sent in alerts.deliver_pending(engine, config.alerts, stop=stopper.event):
+        progress.message(f"alert to {sent.webhook}: " + ("delivered" if sent.ok else
+                                                        f"not delivered ({sent.error}); "
+                                                        + ("given up" if sent.final else "a later round retries")))
 
 
 def finished_job(engine: Engine, job_id: int) -> queue.Job | None:
@@ -168,6 +182,7 @@ def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
     try:
         while not stopper.stopping:
             job = worker.run_one()
+            send_alerts(engine, config, progress or NullProgress(), stopper)
             if job is None:
                 stopper.event.wait(poll_s)
     finally:

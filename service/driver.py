@@ -159,10 +159,12 @@ def engine_of(session: Session) -> Engine:
 
 
 def masked_config(config: Config) -> dict:
-    """The config as stored with a run: JSON, with credentials in the repository URL masked."""
+    """The config as stored with a run: JSON, with no secret in it: credentials in the
+    repository URL masked, webhooks by their labels (a webhook's URL is its secret)."""
     data = config.model_dump(mode="json")
     if data.get("repo"):  # configs of release wheels have no repository
         data["repo"]["url"] = mask_url(data["repo"]["url"])
+    data["alerts"]["webhooks"] = [alerts.label(w) for w in data["alerts"]["webhooks"]]
     return data
 
 
@@ -501,10 +503,9 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         word = "reproduced" if state is RegressionState.REGRESS else "not reproduced"
         lifecycle.transition(session, regression, state, verify_run, f"{word}; {first}; {second}",
                              expect=RegressionState.VERIFY)
-    session.commit()
     confirmed = [r.id for r in pending if r.state == RegressionState.REGRESS]
-    if confirmed and config.alerts.webhooks:
-        # after the commit, outside any transaction; bounded timeouts, failures only stored
-        progress.message(f"alerting {len(config.alerts.webhooks)} webhook(s) about {len(confirmed)} regression(s)")
-        alerts.notify(engine_of(session), confirmed, "regress", config.alerts)
+    # recorded with the transitions (the outbox); the caller sends them after its work
+    if alerts.enqueue(session, confirmed, "regress", config.alerts):
+        progress.message(f"{len(confirmed)} regression(s) to alert {len(config.alerts.webhooks)} webhook(s) of")
+    session.commit()
     return outcome, pending

@@ -391,20 +391,34 @@ class TriageEvent(Base):
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class DeliveryStatus(str, enum.Enum):
+    """Where one alert delivery is (the outbox, :mod:`service.alerts`)."""
+
+    PENDING = "pending"  # recorded; sent by the next delivery round whose time has come
+    DELIVERED = "delivered"
+    GIVEN_UP = "given_up"  # a 4xx, or still failing after alerts.retry_for_s
+
+
 class AlertDelivery(Base):
-    """One attempt to deliver an alert to a webhook: what was sent, and what came back."""
+    """One alert to one webhook: recorded before it is sent, then delivered or given up.
+
+    ``webhook`` is the webhook's label (``env:NAME``, or the URL redacted to its host and a
+    hash): a webhook's URL is a secret and is never stored.
+    """
 
     __tablename__ = "alert_deliveries"
     id: Mapped[int] = mapped_column(primary_key=True)
     regression_id: Mapped[int | None] = mapped_column(ForeignKey("regressions.id"), index=True)
     event: Mapped[str] = mapped_column(String(32))
-    url: Mapped[str] = mapped_column(String(1024))
-    attempt: Mapped[int] = mapped_column(Integer)
-    ok: Mapped[bool] = mapped_column(Boolean)
-    status_code: Mapped[int | None] = mapped_column(Integer)
-    error: Mapped[str | None] = mapped_column(Text)
+    webhook: Mapped[str] = mapped_column(String(1024))
+    status: Mapped[DeliveryStatus] = mapped_column(_enum(DeliveryStatus, "delivery_status"), index=True)
+    attempts: Mapped[int] = mapped_column(Integer)
+    status_code: Mapped[int | None] = mapped_column(Integer)  # of the last attempt
+    error: Mapped[str | None] = mapped_column(Text)  # of the last attempt
     payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)  # recorded
+    next_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class NoiseProfile(Base):

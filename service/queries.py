@@ -146,8 +146,9 @@ def regression_detail(session: Session, regression_id: int) -> dict[str, Any]:
         "events": [{"from": e.from_state.value if e.from_state else None, "to": e.to_state.value,
                     "run_id": e.run_id, "reason": e.reason, "at": _iso(e.at)} for e in r.events],
         "triage_events": [triage_json(t) for t in r.triage_events],
-        "alerts": [{"event": d.event, "url": d.url, "attempt": d.attempt, "ok": d.ok,
-                    "status_code": d.status_code, "error": d.error, "at": _iso(d.at)} for d in deliveries],
+        "alerts": [{"event": d.event, "webhook": d.webhook, "status": d.status.value, "attempts": d.attempts,
+                    "status_code": d.status_code, "error": d.error, "at": _iso(d.at),
+                    "delivered_at": _iso(d.delivered_at)} for d in deliveries],
     }
 
 

@@ -8,16 +8,15 @@ verifies a suspected regression with :func:`~service.driver.run_verify`, bisects
 one (:mod:`service.bisect`), and marks earlier regressions ``fixed`` when the commit brings
 the workload back. Progress lives in ``watch_progress`` and ``watched_commits``.
 
-Other parts hook into :data:`LISTENERS`: each is called as ``listener(engine, ids, event, config)``
-after the job's transaction committed, with ``event`` ``"regress"`` (confirmed) or ``"fixed"``;
-the configured webhooks are told of both already (``regress`` by ``run_verify``).
+Alerts of both events (``regress`` by ``run_verify``, ``fixed`` here) are recorded in the
+outbox with the state change (:func:`service.alerts.enqueue`) and sent by the loop that runs
+the job, after it (:mod:`service.daemon`).
 """
 
 from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
@@ -39,10 +38,6 @@ from abwatch.service.store import get_commit, get_repository, insert_ignoring_co
 OK, BUILD_FAILED, FAILED, QUEUED, BASELINE = "ok", "build_failed", "failed", "queued", "baseline"
 SKIPPED = "skipped"  # a commit git gave that could not be read or stored; the reason is on its row
 GOOD = (OK, BASELINE)  # statuses a later commit may be compared with
-
-
-# Called after commit with (engine, regression ids, "regress" | "fixed", config).
-LISTENERS: list[Callable] = []
 
 
 def device_names(config: Config) -> list[str]:
@@ -374,6 +369,7 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
                 if not hung:
                     row.last_tested_sha = sha
                 result["fixed"] = _fixes(session, config, outcome)
+                alerts.enqueue(session, result["fixed"], "fixed", config.alerts)  # sent after the job
             session.commit()
         except Exception:
             # an error, not a verdict (the job is marked failed with it): the commit is not
@@ -387,14 +383,6 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
     result.update(control=watched.control_sha, run_id=watched.run_id, status=watched.status)
     if watched.status in (OK, FAILED) and watched.run_id is not None:
         result["confirmed"] = _escalate(session, config, mirror, watched.run_id, progress)
-    engine = session.get_bind()
-    if result["fixed"] and config.alerts.webhooks:  # `regress` alerts are sent by run_verify
-        alerts.notify(engine, result["fixed"], "fixed", config.alerts)
-    for listener in LISTENERS:
-        for event in ("regress", "fixed"):
-            ids = result["confirmed" if event == "regress" else "fixed"]
-            if ids:
-                listener(engine, ids, event, config)
     return result
 
 

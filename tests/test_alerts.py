@@ -14,7 +14,7 @@ from sqlalchemy import select
 from abwatch.service import alerts, db, triage
 from abwatch.service.cli import main
 from abwatch.service.config import AlertsConfig
-from abwatch.service.models import AlertDelivery, Regression
+from abwatch.service.models import AlertDelivery, DeliveryStatus, Regression, Run
 
 SECRET = "webhook-secret"
 
@@ -90,7 +90,8 @@ dashboard_url = "http://dash.example"
     run_id = json.loads(capsys.readouterr().out)["run_id"]
     assert Receiver.received == []  # a suspected regression is not alerted
     started = time.monotonic()
-    assert main(["verify", str(run_id), "--json", "--db", url]) == 1
+    # --config: the run's stored config names its webhooks redacted, never by their URLs
+    assert main(["verify", str(run_id), "--config", str(config), "--json", "--db", url]) == 1
     assert time.monotonic() - started < 120  # the hung endpoint cost its bounded timeouts, no more
 
     ok = [r for r in Receiver.received if r["path"] == "/ok"]
@@ -104,20 +105,26 @@ dashboard_url = "http://dash.example"
 
     engine = db.make_engine(url)
     with db.session_scope(engine) as session:
-        rows = list(session.scalars(select(AlertDelivery).order_by(AlertDelivery.id)))
-        by_url: dict[str, list[AlertDelivery]] = {}
-        for row in rows:
-            by_url.setdefault(row.url, []).append(row)
-        assert [(d.attempt, d.ok) for d in by_url[f"{receiver}/ok"]] == [(1, True)]
-        assert [(d.ok, d.status_code) for d in by_url[f"{receiver}/flaky"]] == [
-            (False, 503), (False, 503), (True, 200)]
-        assert [d.ok for d in by_url[black_hole]] == [False] * 3
-        assert all("Timeout" in d.error for d in by_url[black_hole])
-        assert [d.ok for d in by_url[refused]] == [False] * 3
-        assert all("ConnectionError" in d.error for d in by_url[refused])
-        assert [(d.ok, d.status_code) for d in by_url[f"{receiver}/gone"]] == [(False, 410)]
-        assert all(d.payload["delivery"] == document["delivery"] for d in rows)
-        regression_id = rows[0].regression_id
+        rows = {row.webhook: row for row in session.scalars(select(AlertDelivery).order_by(AlertDelivery.id))}
+        assert sorted(rows) == sorted(alerts.label(w) for w in (f"{receiver}/ok", f"{receiver}/flaky",
+                                                                   black_hole, refused, f"{receiver}/gone"))
+        assert not any("/ok" in w or "/hook" in w for w in rows)  # stored by label, never by URL
+        by = {w: rows[alerts.label(w)] for w in (f"{receiver}/ok", f"{receiver}/flaky", black_hole, refused,
+                                                 f"{receiver}/gone")}
+        assert (by[f"{receiver}/ok"].status, by[f"{receiver}/ok"].attempts) == (DeliveryStatus.DELIVERED, 1)
+        flaky = by[f"{receiver}/flaky"]
+        assert (flaky.status, flaky.attempts, flaky.status_code) == (DeliveryStatus.DELIVERED, 3, 200)
+        # unreachable: still pending after its attempts, for a later round
+        assert (by[black_hole].status, by[black_hole].attempts) == (DeliveryStatus.PENDING, 3)
+        assert "Timeout" in by[black_hole].error
+        assert (by[refused].status, by[refused].attempts) == (DeliveryStatus.PENDING, 3)
+        assert "ConnectionError" in by[refused].error and "/hook" not in by[refused].error  # no URL path
+        gone = by[f"{receiver}/gone"]
+        assert (gone.status, gone.attempts, gone.status_code) == (DeliveryStatus.GIVEN_UP, 1, 410)
+        assert len({d.payload["delivery"] for d in rows.values()}) == 1
+        regression_id = flaky.regression_id
+        config_json = json.dumps(session.get(Run, run_id).config)
+        assert not any(webhook in config_json for webhook in by)  # the stored config names labels too
 
         # triaged as expected: no more alerts for it
         triage.triage(session, regression_id, "expected", who="ana", note="known trade-off")
@@ -157,6 +164,6 @@ def test_dead_endpoints_cost_one_delivery_bound_not_their_sum(black_hole, filled
     started = time.monotonic()
     sent = alerts.notify(engine, [regression_id], "fixed", config)
     took = time.monotonic() - started
-    assert len(sent) == 12 and not any(a.ok for a in sent)
+    assert len(sent) == 6 and not any(a.ok for a in sent) and {a.attempts for a in sent} == {2}
     assert took < 8, f"dead endpoints blocked for {took:.1f}s"
     engine.dispose()

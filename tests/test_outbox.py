@@ -1,0 +1,165 @@
+"""The alert outbox against a receiver that answers 200 and then trickles its body one byte at
+a time (a per-read timeout never fires): a watch pass ends within the delivery deadline, the
+alert stays pending and a later pass delivers it; SIGTERM during such a delivery ends a real
+``abwatch worker`` process at once, the alert still pending.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from abwatch.service import alerts, db
+from abwatch.service.cli import main
+from abwatch.service.config import AlertsConfig
+from abwatch.service.models import AlertDelivery, DeliveryStatus, Regression, utcnow
+
+
+class Trickler(BaseHTTPRequestHandler):
+    """``trickle`` mode: 200, then one byte of a 1000-byte body every 0.5 s; ``ok``: 200 at once.
+    Every POST is counted by mode; ``started`` is set when a trickle begins."""
+
+    mode = "trickle"
+    posts: dict[str, int] = {}
+    started = threading.Event()
+    closing = threading.Event()
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        mode = Trickler.mode
+        Trickler.posts[mode] = Trickler.posts.get(mode, 0) + 1
+        self.send_response(200)
+        self.send_header("Content-Length", "1000" if mode == "trickle" else "2")
+        self.end_headers()
+        if mode == "ok":
+            self.wfile.write(b"ok")
+            return
+        Trickler.started.set()
+        for _ in range(1000):
+            if Trickler.closing.is_set():
+                return
+            try:
+                self.wfile.write(b".")
+                self.wfile.flush()
+            except OSError:  # the client gave up
+                return
+            time.sleep(0.5)
+
+    def log_message(self, *args) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def trickler():
+    Trickler.mode, Trickler.posts = "trickle", {}
+    Trickler.started.clear()
+    Trickler.closing.clear()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/services/T0/B0/SECRETPATH"
+    Trickler.closing.set()
+    server.shutdown()
+    server.server_close()
+
+
+def _deliveries(url: str, webhook: str) -> list[AlertDelivery]:
+    """The deliveries to ``webhook`` (the filled database is shared by the session's tests)."""
+    engine = db.make_engine(url)
+    with Session(engine) as session:
+        rows = list(session.scalars(select(AlertDelivery).where(AlertDelivery.webhook == alerts.label(webhook))
+                                    .order_by(AlertDelivery.id)))
+    engine.dispose()
+    return rows
+
+
+def _record_alert(url: str, webhook: str) -> int:
+    """A pending ``fixed`` alert of one stored regression, as a pass records it."""
+    engine = db.make_engine(url)
+    with Session(engine) as session:
+        regression_id = session.scalars(select(Regression.id)).first()
+        alerts.enqueue(session, [regression_id], "fixed", AlertsConfig(webhooks=[webhook]))
+        session.commit()
+    engine.dispose()
+    return regression_id
+
+
+def test_a_trickling_receiver_cannot_hold_a_pass_and_a_later_pass_delivers(trickler, write_config,
+                                                                            filled_pg_url):
+    url, _ = filled_pg_url
+    _record_alert(url, trickler)
+    config = write_config()
+    config.write_text(config.read_text() + f"""
+[runner]
+device = "outbox-box"
+[watch]
+control = "previous"
+[alerts]
+webhooks = ["{trickler}"]
+timeout_s = 5
+deadline_s = 4
+attempts = 3
+backoff_s = 0.1
+""")
+    started = time.monotonic()
+    assert main(["watch", "--config", str(config), "--once", "--db", url]) == 0
+    took = time.monotonic() - started
+    assert Trickler.posts == {"trickle": 1}  # the deadline came before a second attempt could
+    (row,) = _deliveries(url, trickler)
+    assert row.status == DeliveryStatus.PENDING and "deadline" in row.error
+    assert "SECRETPATH" not in row.webhook and "SECRETPATH" not in row.error
+    # the trickle alone would take 500 s; the pass (a baseline build included) is cut at 4 s
+    assert took < 120, f"the pass took {took:.0f} s"
+
+    Trickler.mode = "ok"
+    engine = db.make_engine(url)
+    with Session(engine) as session:  # its retry time comes (the wait after a failed round)
+        session.execute(update(AlertDelivery).where(AlertDelivery.webhook == alerts.label(trickler))
+                        .values(next_at=utcnow()))
+        session.commit()
+    engine.dispose()
+    assert main(["watch", "--config", str(config), "--once", "--db", url]) == 0
+    (row,) = _deliveries(url, trickler)
+    assert row.status == DeliveryStatus.DELIVERED and row.attempts == 2 and Trickler.posts["ok"] == 1
+    # delivered is final: a further pass sends nothing
+    assert main(["watch", "--config", str(config), "--once", "--db", url]) == 0
+    assert Trickler.posts["ok"] == 1
+
+
+def test_sigterm_during_a_trickling_delivery_ends_the_worker_at_once(trickler, write_config, filled_pg_url):
+    url, _ = filled_pg_url
+    _record_alert(url, trickler)
+    config = write_config()
+    config.write_text(config.read_text() + f"""
+[alerts]
+webhooks = ["{trickler}"]
+timeout_s = 5
+deadline_s = 300
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli", "worker", "--config", str(config),
+                             "--device", "outbox-box", "--db", url],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert Trickler.started.wait(120), "the worker never began the delivery"
+        time.sleep(1.0)  # well inside the trickle
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        stopped = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (0, 130), proc.stderr.read()
+    assert stopped < 5, f"SIGTERM took {stopped:.1f} s"
+    (row,) = _deliveries(url, trickler)
+    assert row.status == DeliveryStatus.PENDING  # not lost: the next round sends it
