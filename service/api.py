@@ -2,7 +2,8 @@
 
 Reads are open; writes (``POST /api/records``, triage) need ``Authorization: Bearer <token>``
 where the token is the value of the environment variable named by ``server.token_env``,
-compared in constant time. With no token set, every write is refused. The app also serves
+compared in constant time. With no token set, every write is refused. :class:`Guard` checks
+the token, the body size and NUL characters before any route reads a byte. The app also serves
 the dashboard (:mod:`service.dashboard`) and its OpenAPI schema at ``/openapi.json``.
 """
 
@@ -14,6 +15,10 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Iterator, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pydantic import BaseModel, Field
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -68,30 +73,89 @@ class Api:
         with self.sessions() as session:
             yield session
 
-    def require_token(self, request: Request) -> None:
-        """401 unless the request carries the configured bearer token."""
+    def token_problem(self, authorization: str) -> str | None:
+        """Why a write with this ``Authorization`` header is refused (401), or None."""
         expected = os.environ.get(self.server.token_env, "")
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
+        scheme, _, token = authorization.partition(" ")
         if not expected:
-            raise HTTPException(401, f"writes are disabled: ${self.server.token_env} is not set on the server",
-                                headers={"WWW-Authenticate": "Bearer"})
+            return f"writes are disabled: ${self.server.token_env} is not set on the server"
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected.encode()):
-            raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+            return "a valid bearer token is required"
+        return None
 
-    async def body(self, request: Request) -> bytes:
-        """The request body, refused with 413 as soon as it passes the size limit."""
-        limit = int(self.server.max_body_mb * 2**20)
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise HTTPException(413, f"request body of {declared} bytes is over the limit of {limit} bytes")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPException(413, f"request body is over the limit of {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+
+class Guard:
+    """Pure ASGI middleware in front of every route, before anything reads a body.
+
+    - a write (POST, PUT, PATCH, DELETE) without the token gets its 401 before one byte of its
+      body is read (an unauthenticated 400 MB upload costs the server nothing);
+    - one size limit (``server.max_body_mb``) on every request body: 413 from the declared
+      length at once, or as soon as the bytes read pass it;
+    - a NUL in the path or the query string (which PostgreSQL text cannot hold) is a 404 / 422
+      here, for the API and the dashboard pages alike.
+    """
+
+    WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+    def __init__(self, app: ASGIApp, api: Api) -> None:
+        self.app, self.api = app, api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if "\x00" in scope["path"]:
+            await _refuse(scope, receive, send, 404, "not found: the path holds a NUL character")
+            return
+        if b"%00" in scope.get("query_string", b"").lower():
+            await _refuse(scope, receive, send, 422, "the query string holds a NUL character")
+            return
+        if scope["method"] in self.WRITES:
+            problem = self.api.token_problem(headers.get("authorization", ""))
+            if problem is not None:
+                await _refuse(scope, receive, send, 401, problem, {"WWW-Authenticate": "Bearer"})
+                return
+        limit = int(self.api.server.max_body_mb * 2**20)
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await _refuse(scope, receive, send, 413, f"request body of {declared} bytes is over the limit of "
+                                                     f"{limit} bytes")
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > limit:
+                await _refuse(scope, receive, send, 413, f"request body is over the limit of {limit} bytes")
+                return
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, detail: str,
+                  headers: dict[str, str] | None = None) -> None:
+    await JSONResponse({"detail": detail}, status_code=status, headers=headers)(scope, receive, send)
+
+
+async def invalid_request(_request: Request, exc: Exception) -> JSONResponse:
+    """422 naming each field at fault, never echoing what was sent (FastAPI's default returns
+    the input: a 50 MB body came back whole, and a NaN in it made the answer itself fail)."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    return JSONResponse({"detail": [{"loc": [str(part)[:100] for part in error.get("loc", ())][:10],
+                                     "msg": str(error.get("msg", ""))[:300], "type": str(error.get("type", ""))}
+                                    for error in errors[:20]]}, status_code=422)
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody}}
@@ -105,6 +169,8 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None) 
                   description="Continuous A/B performance-regression watch for Apache TVM")
     app.state.api = api
     app.state.alerts = alerts
+    app.add_middleware(Guard, api=api)
+    app.add_exception_handler(RequestValidationError, invalid_request)
     SessionDep = Annotated[Session, Depends(api.session)]
 
     @app.get("/api/runs", tags=["runs"])
@@ -142,8 +208,7 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None) 
         return queries.regression_detail(session, regression_id)
 
     @app.post("/api/regressions/{regression_id}/triage", tags=["regressions"],
-              responses={**ERRORS, 401: {"model": ErrorBody}},
-              dependencies=[Depends(api.require_token)])
+              responses={**ERRORS, 401: {"model": ErrorBody}, 413: {"model": ErrorBody}})
     def triage(regression_id: Id, decision: TriageRequest, session: SessionDep) -> dict[str, Any]:
         """Record a person's decision (acknowledged, expected, invalid, wontfix) about a regression."""
         try:
@@ -179,13 +244,12 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None) 
     @app.post("/api/records", tags=["records"], status_code=201,
               responses={400: {"model": ErrorBody}, 401: {"model": ErrorBody}, 413: {"model": ErrorBody},
                          422: {"model": ErrorBody}},
-              dependencies=[Depends(api.require_token)],
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}]}}}}})
     async def ingest(request: Request, session: SessionDep) -> ImportResult:
         """Store TVM v0.1 records (one object or an array) from a machine that is not a worker;
         all or nothing: one bad record rejects the request, naming the record and field."""
-        raw = await api.body(request)
+        raw = await request.body()  # the token and the size limit were checked before (Guard)
         try:
             payload = loads(raw, "request body")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -195,16 +195,20 @@ def series(session: Session, workload: str, device: str | None = None,
             "spec_hash": p["spec_hash"], "points": []})
         entry["points"].append({k: v for k, v in p.items() if k not in ("workload_id", "repository", "spec_hash")}
                                | {"committed_at": _as_iso(p["committed_at"])})
+    note = None
     for entry in devices.values():
         values = [p["median_ms"] for p in entry["points"]]
-        found = stats.change_points(values, max_pvalue=max_pvalue) if change_points and len(values) >= 4 else []
+        try:
+            found = stats.change_points(values, max_pvalue=max_pvalue) if change_points and len(values) >= 4 else []
+        except ImportError as exc:  # Apache Otava is installed apart: the series stands without it
+            found, note = [], str(exc)
         entry["change_points"] = [
             {"index": c.index, "sha": entry["points"][c.index]["sha"],
              "after_sha": entry["points"][c.index - 1]["sha"], "change_pct": c.change_pct, "p_value": c.p_value}
             for c in found]
         entry["regressions"] = [r for r in regressions
                                 if r["device"] == entry["device"] and r["workload_id"] == entry["workload_id"]]
-    return {"workload": workload, "devices": list(devices.values())}
+    return {"workload": workload, "devices": list(devices.values()), "note": note}
 
 
 def _as_iso(value: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import re
 import subprocess
 import sys
@@ -135,7 +136,7 @@ def test_writes_are_refused_when_no_token_is_configured(fresh_pg_url, tmp_path):
 def _fuzz(base: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     st = Path(sys.executable).with_name("st")
     return subprocess.run(
-        [str(st), "run", base + "/openapi.json", "--checks", "not_a_server_error", "--max-examples", "25",
+        [str(st), "run", base + "/openapi.json", "--checks", "not_a_server_error", "--max-examples", "25", "--generation-allow-x00", "true",
          "--seed", "1", "--workers", "1", "--request-timeout", "30", "--no-shrink",
          "--report", "junit", "--report-dir", str(tmp_path), *extra],
         capture_output=True, text=True, timeout=900)
@@ -159,3 +160,59 @@ def test_fuzzing_with_the_token_finds_no_server_errors(fresh_pg_url, tmp_path):
     with live_server(fresh_pg_url, tmp_path / "srv") as base:
         result = _fuzz(base, tmp_path, "--header", "Authorization: Bearer s3cret-token")
     _assert_clean(result)
+
+
+def _raw(base: str, head: str, body: bytes) -> bytes:
+    """Send a request's head and the first part of its body on a raw socket; the answer that
+    comes back (the server may answer before the body it was promised has arrived)."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(head.encode() + b"\r\n\r\n" + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    return answer
+
+
+def test_writes_check_the_token_and_size_before_reading_a_body(filled_server):
+    base, runs, token = filled_server
+    path = "/api/regressions/1/triage"
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 400000000")
+    # 400 MB promised, 64 KB sent: the answer comes at once, the body unread
+    assert _raw(base, head, b"{" + b" " * 65536).startswith(b"HTTP/1.1 401")
+    assert _raw(base, head + f"\r\nAuthorization: Bearer {token}", b"{").startswith(b"HTTP/1.1 413")
+    # no declared length (chunked): cut as soon as the bytes read pass the limit (1 MB here)
+    chunked = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Authorization: Bearer {token}\r\nTransfer-Encoding: chunked")
+    piece = b" " * 65536
+    stream = b"".join(b"%x\r\n" % len(piece) + piece + b"\r\n" for _ in range(20))
+    assert _raw(base, chunked, stream).startswith(b"HTTP/1.1 413")
+    for method in ("put", "patch", "delete"):  # every write method, routed or not: the token first
+        assert requests.request(method, base + path, data=b"x" * 1000, timeout=10).status_code == 401
+
+
+def test_invalid_bodies_get_a_small_422_that_never_echoes_them(filled_server):
+    base, _, token = filled_server
+    auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    url = base + "/api/regressions/1/triage"
+    huge = json.dumps({"as": "expected", "who": "w" * 500_000})
+    answer = requests.post(url, data=huge, headers=auth, timeout=30)
+    assert answer.status_code == 422 and len(answer.content) < 2000 and "wwwwwwww" not in answer.text
+    assert answer.json()["detail"][0]["loc"] == ["body", "who"]
+    nan = requests.post(url, data='{"a": NaN}', headers=auth, timeout=10)  # once a 500
+    assert nan.status_code == 422 and "NaN" not in nan.text
+    broken = requests.post(url, data="{not json", headers=auth, timeout=10)
+    assert broken.status_code == 422 and "not json" not in broken.text
+
+
+def test_nul_in_a_path_or_query_is_a_client_error_everywhere(filled_server):
+    base, _, _ = filled_server
+    for path in ("/workloads/%00", "/workloads/a%00b", "/api/workloads/%00/series", "/runs/%00",
+                 "/api/regressions/%00", "/regressions/%00"):
+        assert requests.get(base + path, timeout=10).status_code == 404, path
+    for path in ("/api/regressions?workload=%00", "/api/records?workload=a%00", "/workloads/x?device=%00"):
+        assert requests.get(base + path, timeout=10).status_code == 422, path
