@@ -31,6 +31,8 @@ import psutil
 
 from abwatch.builders.spec import storable
 
+POLL_S = 0.1  # how often a running child is checked for its limits
+
 # What a build or a benchmark may see of abwatch's own environment. Everything else
 # (database URLs, tokens, cloud credentials) must be named in the config to be passed.
 SAFE_ENV = frozenset({
@@ -107,14 +109,17 @@ class ProcessResult:
     stderr: str
     wall_s: float
     timed_out: bool
+    overflowed: bool = False  # killed for printing more than max_output bytes on one stream
 
 
 def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str, str],
-                timeout_s: float, merge_stderr: bool = False) -> ProcessResult:
+                timeout_s: float, merge_stderr: bool = False, max_output: int | None = None) -> ProcessResult:
     """Run ``argv`` (an argument list, never a shell string) for at most ``timeout_s`` seconds.
 
     Raises ``OSError`` when the program cannot be started. With ``merge_stderr`` the
-    child's stderr goes into ``stdout`` (build logs keep the order of both).
+    child's stderr goes into ``stdout`` (build logs keep the order of both). With
+    ``max_output``, a stream that passes that many bytes is read no further and the whole
+    process tree is killed (``overflowed``): what it printed is never held whole in memory.
     """
     start = time.monotonic()
     tag = uuid.uuid4().hex
@@ -124,17 +129,26 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
     )
     streams = {"stdout": proc.stdout} if merge_stderr else {"stdout": proc.stdout, "stderr": proc.stderr}
     chunks: dict[str, list[bytes]] = {name: [] for name in streams}
-    readers = [threading.Thread(target=_read_all, args=(stream, chunks[name]), daemon=True)
+    overflow = threading.Event()
+    readers = [threading.Thread(target=_read_all, args=(stream, chunks[name], max_output, overflow), daemon=True)
                for name, stream in streams.items()]
     for reader in readers:
         reader.start()
-    timed_out = False
+    timed_out = overflowed = False
     try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        kill_tree(proc.pid, tag)
-        proc.wait()
+        while True:  # until it ends, its time is up, or a stream passed its limit
+            left = start + timeout_s - time.monotonic()
+            try:
+                proc.wait(timeout=max(0.0, min(left, POLL_S)))
+                break
+            except subprocess.TimeoutExpired:
+                if not overflow.is_set() and left > POLL_S:
+                    continue
+                overflowed = overflow.is_set()
+                timed_out = not overflowed
+                kill_tree(proc.pid, tag)
+                proc.wait()
+                break
     except BaseException:  # interrupted: the child must not outlive the run that started it
         kill_tree(proc.pid, tag)
         proc.wait()
@@ -148,13 +162,18 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
         kill_tree(proc.pid, tag)  # whatever still holds the pipes belongs to this child
     # build logs are stored: NUL and invalid UTF-8 in a child's output must not fail the row
     text = {name: storable(b"".join(parts), sys.maxsize) for name, parts in chunks.items()}
-    return ProcessResult(None if timed_out else proc.returncode, text["stdout"], text.get("stderr", ""),
-                         time.monotonic() - start, timed_out)
+    return ProcessResult(None if timed_out or overflowed else proc.returncode, text["stdout"],
+                         text.get("stderr", ""), time.monotonic() - start, timed_out, overflowed)
 
 
-def _read_all(stream, into: list[bytes]) -> None:
+def _read_all(stream, into: list[bytes], limit: int | None, overflow: threading.Event) -> None:
+    size = 0
     try:
         for block in iter(lambda: stream.read1(65536), b""):
+            size += len(block)
+            if limit is not None and size > limit:
+                overflow.set()  # the caller kills the tree; nothing more is kept
+                return
             into.append(block)
     except (OSError, ValueError):  # closed under us after the limit
         pass

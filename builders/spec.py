@@ -53,6 +53,11 @@ def storable(text: str | bytes, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "\u2026"
 
 
+# What one invocation of a command workload may print and report, unless its config says more.
+MAX_OUTPUT_MB = 16
+MAX_SAMPLES = 100_000
+
+
 @dataclass(frozen=True)
 class CommitInfo:
     """What abwatch records about one commit (or one release, for release builds).
@@ -209,6 +214,22 @@ class CommandWorkloadConfig(StrictModel):
         default_factory=list, description="names of abwatch's own environment variables passed to the "
         "workload (read when it runs, never stored); nothing else of that environment is passed")
     timeout_s: float | None = Field(default=None, gt=0)
+    # None: the defaults below. A workload printing without bound once filled 2 GB of memory
+    # and a 400 MB database from one small compare; past either limit the invocation is an error.
+    max_output_mb: float | None = Field(default=None, gt=0, le=4096,
+                                        description=f"output an invocation may print (default {MAX_OUTPUT_MB} MB)")
+    max_samples: int | None = Field(default=None, ge=1,
+                                    description=f"samples an invocation may report (default {MAX_SAMPLES})")
+
+    @property
+    def output_limit(self) -> int:
+        """Bytes of stdout (and, apart, of stderr) one invocation may print."""
+        return int((self.max_output_mb or MAX_OUTPUT_MB) * 2**20)
+
+    @property
+    def samples_limit(self) -> int:
+        """Samples one invocation may report."""
+        return self.max_samples or MAX_SAMPLES
 
 
 # What each model reads from ``options`` (runners/tvm_worker.py); any other key is an error.

@@ -43,16 +43,20 @@ class CpuRunner(Runner):
             return self.tvm.run(artifact_dir, workload, timeout_s, side, options)
         try:
             proc = run_process(workload.command, cwd=artifact_dir, env=child_env(passed(workload.pass_env), workload.env),
-                               timeout_s=timeout_s)
+                               timeout_s=timeout_s, max_output=workload.output_limit)
         except OSError as exc:
             return InvocationResult("error", (), 0.0, f"cannot start {workload.command[0]!r}: {exc.strerror}")
+        if proc.overflowed:
+            return InvocationResult("error", (), proc.wall_s,
+                                    f"printed more than {workload.output_limit} bytes; killed, nothing of it kept "
+                                    f"(raise workloads.{workload.name}.max_output_mb if that much is expected)")
         if proc.timed_out:
             return InvocationResult("timeout", (), proc.wall_s, f"killed after {timeout_s:g}s timeout")
         if proc.returncode != 0:
             tail = proc.stderr[-STDERR_TAIL:].strip()
             return InvocationResult("error", (), proc.wall_s, f"exited with status {proc.returncode}: {tail}")
         try:
-            samples, records = parse_output(proc.stdout)
+            samples, records = parse_output(proc.stdout, max_samples=workload.samples_limit)
         except OutputError as exc:
             return InvocationResult("error", (), proc.wall_s, str(exc))
         return InvocationResult("ok", samples, proc.wall_s, "", records)

@@ -56,11 +56,12 @@ def _number(value: object, where: str) -> float:
         raise OutputError(str(exc)) from None
 
 
-def parse_output(stdout: str) -> tuple[tuple[float, ...], tuple[dict, ...]]:
+def parse_output(stdout: str, max_samples: int | None = None) -> tuple[tuple[float, ...], tuple[dict, ...]]:
     """Samples (ms) and whole records from a workload's stdout.
 
     Each non-empty line is a JSON object with ``runtime_ms``, or a TVM v0.1 record
-    whose ``runtime_raw`` is a list of ``{"runtime_ms": ...}``.
+    whose ``runtime_raw`` is a list of ``{"runtime_ms": ...}``. More than ``max_samples``
+    samples is an error: none of them is kept.
     """
     samples: list[float] = []
     records: list[dict] = []
@@ -86,6 +87,9 @@ def parse_output(stdout: str) -> tuple[tuple[float, ...], tuple[dict, ...]]:
             samples.append(_number(obj["runtime_ms"], where))
         else:
             raise OutputError(f"{where} has neither runtime_ms nor runtime_raw")
+        if max_samples is not None and len(samples) > max_samples:
+            raise OutputError(f"more than {max_samples} samples in one invocation (at {where}); none kept "
+                              "(raise the workload's max_samples if that many are expected)")
     if not samples:
         raise OutputError("workload printed no samples")
     return tuple(samples), tuple(records)

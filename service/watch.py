@@ -58,6 +58,9 @@ def config_hash(config: Config) -> str:
     payload = config.model_dump(mode="json", include={"build", "workloads", "run", "stats", "runner"})
     payload["runner"].pop("device", None)
     payload["run"].pop("seed", None)
+    for workload in payload["workloads"]:  # limits on what is printed, not what is measured
+        for limit in ("max_output_mb", "max_samples"):
+            workload.pop(limit, None)
     return spec_hash(payload)
 
 
