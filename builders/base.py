@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
@@ -21,6 +21,7 @@ class Artifact:
     log: str
     duration_s: float
     metrics: dict = field(default_factory=dict)  # e.g. incremental, steps, ccache hit rate
+    healed: str | None = None  # built again because the cached entry was damaged: what was wrong
 
 
 class BuildFailed(Exception):
@@ -88,11 +89,14 @@ class Builder(abc.ABC):
         """Return the artifact of ``sha``, from the cache or built now; raise BuildFailed.
 
         A key is built at most once: concurrent builders of one key wait on its lock, and
-        the one that waited finds the entry the other stored.
+        the one that waited finds the entry the other stored. A cached entry that no longer
+        matches what was stored is built again (``healed`` says what was wrong).
         """
         key = self.cache_key(sha)
         with self.cache.lock(key):
             hit = self.cache.get(key)
             if hit is not None:
                 return Artifact(key=key, path=hit, cached=True, log="", duration_s=0.0)
-            return self.produce(sha, key)
+            artifact = self.produce(sha, key)
+            damage = self.cache.healed.pop(key, None)  # get() found the entry damaged and dropped it
+            return replace(artifact, healed=damage) if damage else artifact

@@ -13,6 +13,12 @@ as binary deltas against the newest entry's (see :mod:`builders.objects`), and `
 ``get``) rebuilds them when an older entry is used. ``hold`` also keeps an entry from being
 packed or evicted while a comparison runs from it. Using an entry touches its marker;
 ``evict`` removes the least recently used entries until the cache fits its limit.
+
+Every entry keeps the size and modification time of each file as it was stored
+(``MANIFEST``); ``get`` checks them before an entry is used (a stat per file), and an entry
+that no longer matches (a truncated binary, a file gone) is discarded, so the builder builds
+it again and says so (``healed``). ``damage(key, full=True)`` also checks a deduplicated
+entry's files against their content hashes (``abwatch cache --verify``).
 """
 
 from __future__ import annotations
@@ -28,10 +34,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
-from abwatch.builders.objects import ObjectStore
+from abwatch.builders.objects import ObjectStore, sha256_file
 
 MARKER = ".abwatch-complete"
 OBJECTS = ".abwatch-objects.json"  # {relative path: sha256} of a deduplicated entry
+MANIFEST = ".abwatch-manifest.json"  # {relative path: [size, mtime_ns]} of every file, as stored
+BOOKKEEPING = frozenset({MARKER, f"{MARKER}.tmp", OBJECTS, MANIFEST})
 DELTA_MIN_BYTES = 1 << 20  # smaller files are not worth a delta
 MAX_CHAIN = 16  # longest chain of deltas a rebuild may apply (measured: ~0.5 s per delta of a 78 MB library)
 
@@ -48,6 +56,7 @@ class EntryInfo:
     last_used: str
     files: int  # files stored by content (0 for copied entries and venvs)
     packed_files: int  # of those, how many are kept as deltas right now
+    check: str | None = None  # with verify: "ok", "damaged: <what>", or "unverified" (no manifest)
 
 
 class ArtifactCache:
@@ -59,6 +68,7 @@ class ArtifactCache:
         self.objects = ObjectStore(self.root / ".objects")
         self.delta_min_bytes = delta_min_bytes
         self.max_chain = max_chain
+        self.healed: dict[str, str] = {}  # key -> why its damaged entry was discarded (by get)
 
     def path(self, key: str) -> Path:
         """Where the artifact of ``key`` lives (complete or not)."""
@@ -77,7 +87,50 @@ class ArtifactCache:
         if not marker.is_file():
             return None
         os.utime(marker)  # least-recently-used eviction reads this
-        return self.materialize(key)
+        try:
+            self.materialize(key)
+            reason = self.damage(key)
+        except (OSError, ValueError) as exc:  # a delta or object it needs is gone or unreadable
+            reason = f"cannot rebuild its packed files: {exc}"
+        if reason is not None:
+            self.healed[key] = reason
+            self._discard(key)
+            return None
+        return path
+
+    def damage(self, key: str, full: bool = False) -> str | None:
+        """What is wrong with the complete entry ``key`` against what it was stored with, or None.
+
+        Cheap by default: each file's size, and its modification time unless it is a
+        deduplicated file (those are relinked when unpacked); ``full`` also hashes the
+        deduplicated files against their stored content hashes. An entry stored before
+        manifests were kept is taken as it is (:meth:`verifiable` tells).
+        """
+        entry, manifest, listing = self.path(key), self._manifest(key), self._listing(key)
+        for rel, (size, mtime_ns) in sorted(manifest.items()):
+            try:
+                st = os.lstat(entry / rel)
+            except FileNotFoundError:
+                if rel in listing:
+                    continue  # packed: kept as a delta until it is used
+                return f"{rel} is missing"
+            if st.st_size != size:
+                return f"{rel} has {st.st_size} bytes, it was stored with {size}"
+            if rel not in listing and st.st_mtime_ns != mtime_ns:
+                return f"{rel} was modified after it was stored"
+            if full and rel in listing and sha256_file(entry / rel) != listing[rel]:
+                return f"{rel} does not match its content hash"
+        return None
+
+    def verifiable(self, key: str) -> bool:
+        """Whether ``key`` was stored with a manifest (entries from before it are not checked)."""
+        return (self.path(key) / MANIFEST).is_file()
+
+    def _discard(self, key: str) -> None:
+        """Make ``key`` incomplete (marker first), then remove what is left of it."""
+        entry = self.path(key)
+        (entry / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(entry, ignore_errors=True)
 
     def lock(self, key: str):
         """Hold the exclusive lock of ``key`` (blocks while another process holds it)."""
@@ -243,16 +296,21 @@ class ArtifactCache:
                 found.append((marker.stat().st_mtime, child.name))
         return sorted(found)
 
-    def describe(self) -> list[EntryInfo]:
-        """What each complete entry is, least recently used first (for ``abwatch cache``)."""
+    def describe(self, verify: bool = False) -> list[EntryInfo]:
+        """What each complete entry is, least recently used first (for ``abwatch cache``);
+        with ``verify``, each checked in full against what it was stored with (:meth:`damage`)."""
         described = []
         for used, key in self.entries():
             info, listing = self._info(key), self._listing(key)
             packed = sum(1 for rel in listing if not (self.path(key) / rel).exists())
+            check = None
+            if verify:
+                reason = self.damage(key, full=True)
+                check = f"damaged: {reason}" if reason else "ok" if self.verifiable(key) else "unverified"
             described.append(EntryInfo(key=key, sha=info.get("sha"), builder=info.get("builder"),
                                        series=info.get("series"), stored_at=info.get("stored_at"),
                                        last_used=datetime.fromtimestamp(used, timezone.utc).isoformat(),
-                                       files=len(listing), packed_files=packed))
+                                       files=len(listing), packed_files=packed, check=check))
         return described
 
     def evict(self, limit_bytes: int, keep: frozenset[str] | set[str] = frozenset()) -> list[str]:
@@ -274,6 +332,10 @@ class ArtifactCache:
             with self._objects_lock():
                 self.objects.collect(self._needed())
         return removed
+
+    def _manifest(self, key: str) -> dict[str, list[int]]:
+        manifest = self.path(key) / MANIFEST
+        return json.loads(manifest.read_text()) if manifest.is_file() else {}
 
     def _listing(self, key: str) -> dict[str, str]:
         listing = self.path(key) / OBJECTS
@@ -297,6 +359,15 @@ class ArtifactCache:
 
     @staticmethod
     def _mark(final: Path, info: dict) -> None:
+        manifest = {}
+        for dirpath, _, filenames in os.walk(final):
+            for name in filenames:
+                path = Path(dirpath) / name
+                rel = str(path.relative_to(final))
+                if rel not in BOOKKEEPING and not path.is_symlink():
+                    st = path.stat()
+                    manifest[rel] = [st.st_size, st.st_mtime_ns]
+        (final / MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
         stamp = dict(info, stored_at=datetime.now(timezone.utc).isoformat())
         marker_tmp = final / f"{MARKER}.tmp"
         marker_tmp.write_text(json.dumps(stamp, sort_keys=True))

@@ -53,7 +53,8 @@ class ObjectStore:
         """Store a copy of ``source`` (if not stored yet); its SHA-256."""
         sha = sha256_file(source)
         obj = self.full(sha)
-        if not obj.exists():
+        # a damaged object (truncated through one of its links) is replaced, not trusted
+        if not obj.exists() or obj.stat().st_size != source.stat().st_size:
             obj.parent.mkdir(parents=True, exist_ok=True)
             tmp = obj.with_name(f"{sha}.tmp{os.getpid()}")
             shutil.copy2(source, tmp)

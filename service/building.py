@@ -66,8 +66,12 @@ def build_commit(session: Session, builder: Builder, commit_id: int, info: Commi
         progress.message(f"  {label}: build FAILED: {exc}")
         return build, None, str(exc)
     build = _success_row(session, commit_id, builder, artifact)
-    progress.message(f"  {label}: reused cached build {artifact.key}" if artifact.cached
-                     else f"  {label}: built in {artifact.duration_s:.1f}s")
+    if artifact.healed:
+        progress.message(f"  {label}: WARNING: cached build {artifact.key} was damaged ({artifact.healed}); "
+                         f"built again in {artifact.duration_s:.1f}s")
+    else:
+        progress.message(f"  {label}: reused cached build {artifact.key}" if artifact.cached
+                         else f"  {label}: built in {artifact.duration_s:.1f}s")
     return build, artifact, ""
 
 

@@ -149,6 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cache", help="list the artifact cache (and optionally shrink it)")
     p.add_argument("--config", required=True, type=Path, help="the config whose cache_dir to look at")
     p.add_argument("--limit-gb", type=float, help="evict least recently used entries down to this size")
+    p.add_argument("--verify", action="store_true",
+                   help="check every entry against what it was stored with (sizes, times, content hashes); "
+                        "exit 1 if one is damaged (a build of it rebuilds it)")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p = sub.add_parser("demo-repo", help="create the bundled example's git repository")
     p.add_argument("path", type=Path, help="where to create it")
@@ -316,12 +319,15 @@ def _cache_command(args: argparse.Namespace, err: Console, out: Console) -> int:
     if args.limit_gb is not None:
         removed = cache.evict(int(args.limit_gb * 2**30))
         err.print(f"evicted {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}", markup=False)
-    entries, size = cache.describe(), cache.size_bytes()
+    entries, size = cache.describe(verify=args.verify), cache.size_bytes()
+    damaged = [e for e in entries if (e.check or "").startswith("damaged")]
     if args.json:
         print(json.dumps(report.cache_json(cache, entries, size)))
-        return 0
-    report.print_cache(out, cache, entries, size)
-    return 0
+    else:
+        report.print_cache(out, cache, entries, size)
+    for e in damaged:
+        err.print(f"abwatch: cache entry {e.key} is {e.check}", markup=False)
+    return 1 if damaged else 0
 
 
 def _serve(args: argparse.Namespace, config, engine) -> int:

@@ -374,11 +374,12 @@ def print_cache(out: Console, cache, entries, size: int) -> None:
     """The artifact cache's entries as a table (keys whole: they fold, never get cut)."""
     table = Table(title=f"{cache.root}: {len(entries)} entries, {size / 2**20:.1f} MiB on disk",
                   box=box.SIMPLE_HEAD)
-    for column in ("key", "builder", "sha", "last used", "files", "packed"):
+    checked = any(e.check for e in entries)
+    for column in ("key", "builder", "sha", "last used", "files", "packed") + (("check",) if checked else ()):
         table.add_column(column, overflow="fold")
     for e in entries:
         table.add_row(e.key, e.builder or "", short_sha(e.sha or ""), e.last_used[:19], str(e.files),
-                      str(e.packed_files))
+                      str(e.packed_files), *((e.check or "",) if checked else ()))
     out.print(table)
 
 

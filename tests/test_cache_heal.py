@@ -1,0 +1,55 @@
+"""A damaged cache entry heals: it is checked against what it was stored with before it is used,
+built again (and the run says so) instead of failing every later comparison, and
+``abwatch cache --verify`` reports it."""
+
+from __future__ import annotations
+
+import os
+
+from abwatch.builders.cache import ArtifactCache
+from tests.test_compare import compare, run_cli
+
+
+def _truncate(path) -> None:
+    with open(path, "r+b") as handle:
+        handle.truncate(100)
+
+
+def test_a_truncated_binary_is_rebuilt_and_cache_verify_reports_it(write_config, sqlite_url, tmp_path, capsys):
+    config = write_config(repetitions=6)
+    code, first, _ = compare(capsys, config, sqlite_url, "base", "noop")
+    assert code in (0, 1) and first["status"] == "completed"
+    assert run_cli(capsys, "cache", "--config", config, "--verify")[0] == 0
+    binaries = sorted((tmp_path / "cache" / "artifacts").glob("*/bench"))
+    assert len(binaries) == 2
+    _truncate(binaries[0])  # once: every later compare exited 4 with "Exec format error"
+    damaged_key = binaries[0].parent.name
+
+    code, _, err = run_cli(capsys, "cache", "--config", config, "--verify")
+    assert code == 1 and f"cache entry {damaged_key} is damaged: bench has 100 bytes" in err
+
+    code, again, err = compare(capsys, config, sqlite_url, "base", "noop")
+    assert again["status"] == "completed" and code in (0, 1)
+    assert all(r["failure"] is None for r in again["results"])
+    assert f"cached build {damaged_key} was damaged (bench has 100 bytes" in err and "built again" in err
+    assert run_cli(capsys, "cache", "--config", config, "--verify")[0] == 0
+
+
+def test_a_deduplicated_entry_heals_and_its_object_is_replaced(tmp_path):
+    cache = ArtifactCache(tmp_path / "cache")
+    source = tmp_path / "src"
+    (source / "lib").mkdir(parents=True)
+    (source / "lib" / "libx.so").write_bytes(os.urandom(4096))
+    with cache.lock("k1"):
+        entry = cache.put_deduplicated("k1", source, {"sha": "a" * 40})
+    assert cache.damage("k1", full=True) is None and cache.get("k1") == entry
+    _truncate(entry / "lib" / "libx.so")  # a hard link: the stored object is truncated with it
+    assert "lib/libx.so has 100 bytes" in cache.damage("k1")
+    assert cache.get("k1") is None and "libx.so" in cache.healed["k1"]  # discarded, to be built again
+    with cache.lock("k1"):
+        entry = cache.put_deduplicated("k1", source, {"sha": "a" * 40})
+    assert cache.get("k1") == entry and cache.damage("k1", full=True) is None
+    assert (entry / "lib" / "libx.so").read_bytes() == (source / "lib" / "libx.so").read_bytes()
+    # same size, other content: only the full check (content hashes) sees it
+    (entry / "lib" / "libx.so").write_bytes(os.urandom(4096))
+    assert cache.damage("k1") is None and "does not match its content hash" in cache.damage("k1", full=True)
