@@ -185,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _describe(exc: Exception, db_arg: str | None) -> str:
     """One line naming an unexpected error's cause: the database (password masked), the file."""
+    lost = db.lost_connection(exc)
+    if lost is not None:  # not the PendingRollbackError a later use of the session raised
+        exc = lost  # type: ignore[assignment]
     if isinstance(exc, SQLAlchemyError):
         where = mask_url(db.resolve_database_url(db_arg))
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]

@@ -27,12 +27,13 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from abwatch.builders.redact import mask_url
-from abwatch.service import alerts, liveness, queue, watch
+from abwatch.service import alerts, db, liveness, queue, watch
 from abwatch.service.config import Config, cron_trigger
 from abwatch.service.driver import NullProgress, Progress
 
 EXIT_OK, EXIT_REGRESSION, EXIT_INCOMPLETE = 0, 1, 4
 WAKE_S = 60.0  # the idle loop looks at the clock at least this often (suspend, clock changes)
+RECONNECT_MAX_S = 60.0  # longest wait between a worker's tries to reach a restarted database
 
 
 class Stopper:
@@ -164,7 +165,9 @@ def forever(engine: Engine, config: Config, *, work: bool = True, progress: Prog
         try:
             once(engine, config, work=work, progress=progress, stopper=stopper)
         except Exception as exc:  # a pass that fails (network, a bad ref) must not stop the watch
-            progress.message(f"pass failed: {type(exc).__name__}: {exc}")
+            lost = db.lost_connection(exc)
+            progress.message(f"pass failed: the database connection was lost ({first_line(lost)}); the next pass "
+                             "reconnects" if lost is not None else f"pass failed: {type(exc).__name__}: {exc}")
         now = datetime.now(zone)
         while due is not None and due <= now:  # ticks missed during a long pass: one pass for all
             due = fires.get_next_fire_time(due, now)
@@ -174,17 +177,39 @@ def forever(engine: Engine, config: Config, *, work: bool = True, progress: Prog
 def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
          progress: Progress | None = None) -> int:
     """``abwatch worker``: take this device's jobs from the queue until SIGTERM/SIGINT."""
+    progress = progress or NullProgress()
     stopper = Stopper()
     stopper.install()
     worker = queue.Worker(engine, device, watch.handlers(config, progress))
     stopper.workers.append(worker)
-    (progress or NullProgress()).message(f"worker {worker.name} for device {device!r}")
+    progress.message(f"worker {worker.name} for device {device!r}")
+    wait = 0.0
     try:
         while not stopper.stopping:
-            job = worker.run_one()
-            send_alerts(engine, config, progress or NullProgress(), stopper)
+            try:
+                job = worker.run_one()
+                send_alerts(engine, config, progress, stopper)
+            except Exception as exc:
+                lost = db.lost_connection(exc)
+                if lost is None:
+                    raise
+                # a database restart: wait, reconnect and carry on (a job it ran is queued again)
+                wait = min(RECONNECT_MAX_S, wait * 2 or 1.0)
+                progress.message(f"database connection lost ({first_line(lost)}); reconnecting in {wait:g} s")
+                worker.reconnect()
+                stopper.event.wait(wait)
+                continue
+            if wait:
+                progress.message("database connection back; reconnected")
+                wait = 0.0
             if job is None:
                 stopper.event.wait(poll_s)
     finally:
         worker.close()
     return EXIT_OK
+
+
+def first_line(exc: BaseException) -> str:
+    """The driver's own message of a database error, its first line (no SQL, no parameters)."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

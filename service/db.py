@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from abwatch import migrations
@@ -56,10 +56,15 @@ def normalize_url(url: str) -> str:
 
 
 def make_engine(url: str) -> Engine:
-    """An engine; SQLite gets foreign keys enforced, as PostgreSQL has them."""
+    """An engine; SQLite gets foreign keys enforced, as PostgreSQL has them.
+
+    Connections are checked when taken from the pool (a restarted server's are replaced).
+    """
     url = normalize_url(url)
     try:
-        engine = create_engine(url, future=True)
+        # pre-ping: a connection the server dropped (a restart) is replaced when it is taken
+        # from the pool, so a long-running worker does not fail on its first query after one
+        engine = create_engine(url, future=True, pool_pre_ping=True)
     except (NoSuchModuleError, ImportError) as exc:
         raise DatabaseUrlError(f"{make_url(url).render_as_string()}: unknown database driver "
                                f"{make_url(url).drivername!r} ({exc}); abwatch supports sqlite:/// "
@@ -254,3 +259,21 @@ def grant_readonly(engine: Engine, role: str) -> list[str]:
             connection.exec_driver_sql(f"ALTER ROLE {name} PASSWORD %s", (password,))
             statements.append(f"ALTER ROLE {name} PASSWORD '***'")
     return statements
+
+
+def lost_connection(exc: BaseException) -> BaseException | None:
+    """The database error that lost the connection, if that is what ``exc`` (or an error it was
+    raised from or during) comes down to; None otherwise.
+
+    A session used after its connection died raises ``PendingRollbackError``, which names the
+    wrong cause; the first ``OperationalError``/``InterfaceError`` in the chain is the real one.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DBAPIError) and (
+                current.connection_invalidated or isinstance(current, (OperationalError, InterfaceError))):
+            return current
+        current = current.__cause__ or current.__context__
+    return None

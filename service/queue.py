@@ -27,11 +27,11 @@ from datetime import datetime
 from typing import Iterator
 
 import psutil
-from sqlalchemy import Engine, select, text, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Engine, select, text, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from abwatch.service import liveness, locks
+from abwatch.service import db, liveness, locks
 from abwatch.service.locks import DEVICE_LOCK, JOB_LOCK, lock_key as _key
 from abwatch.service.models import Device, Job, JobStatus, Run, RunStatus, utcnow
 
@@ -69,23 +69,36 @@ class Worker:
         self.postgres = engine.dialect.name == "postgresql"
         self.factory = sessionmaker(engine, expire_on_commit=False)
         self.current: Job | None = None  # the job being run (a signal then interrupts it)
-        self._locks = engine.connect().execution_options(isolation_level="AUTOCOMMIT") if self.postgres else None
-        if self._locks is not None:  # a compare waiting for the device names who holds it
-            locks.label(self._locks, f"abwatch worker {self.name}")
+        self._locks: Connection | None = None  # opened when first needed, again after a reconnect
 
     def close(self) -> None:
         """Drop the lock connection (and with it any lock still held)."""
         if self._locks is not None:
-            self._locks.close()
+            try:
+                self._locks.close()
+            except DBAPIError:  # the server dropped it already: its locks went with it
+                pass
             self._locks = None
 
-    def _try_lock(self, space: int, key: int) -> bool:
+    def reconnect(self) -> None:
+        """Forget a lock connection the server dropped; the next job opens a new one."""
+        self.close()
+        self.engine.dispose()  # the pool's connections died with it too
+
+    def _lock_connection(self) -> Connection:
         if self._locks is None:
+            self._locks = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            locks.label(self._locks, f"abwatch worker {self.name}")  # a waiting compare names who holds it
+        return self._locks
+
+    def _try_lock(self, space: int, key: int) -> bool:
+        if not self.postgres:
             return True
-        return bool(self._locks.execute(text("SELECT pg_try_advisory_lock(:s, :k)"), {"s": space, "k": key}).scalar())
+        return bool(self._lock_connection().execute(text("SELECT pg_try_advisory_lock(:s, :k)"),
+                                                    {"s": space, "k": key}).scalar())
 
     def _unlock(self, space: int, key: int) -> None:
-        if self._locks is not None:
+        if self.postgres and self._locks is not None:
             self._locks.execute(text("SELECT pg_advisory_unlock(:s, :k)"), {"s": space, "k": key})
 
     @contextmanager
@@ -149,6 +162,9 @@ class Worker:
                 session.commit()
                 raise
             except Exception as exc:  # the job failed; the worker goes on with the next one
+                if db.lost_connection(exc) is not None:
+                    # nothing can be recorded now; once its lock is free, reap queues it again
+                    raise
                 session.rollback()
                 job = session.get_one(Job, claimed.id)
                 job.status, job.error = JobStatus.FAILED, f"{type(exc).__name__}: {exc}"
