@@ -220,6 +220,12 @@ def session_scope(engine: Engine) -> Iterator[Session]:
 
 
 READONLY_PASSWORD_ENV = "ABWATCH_READONLY_PASSWORD"
+# Every way to take an advisory lock: a reader that could call them could take a device's
+# lock (service.locks) and hold every measurement on that device up.
+ADVISORY_FUNCTIONS = tuple(f"{name}({args})" for name in (
+    "pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock", "pg_try_advisory_lock_shared",
+    "pg_advisory_xact_lock", "pg_advisory_xact_lock_shared", "pg_try_advisory_xact_lock",
+    "pg_try_advisory_xact_lock_shared") for args in ("bigint", "integer, integer"))
 _ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
@@ -229,6 +235,12 @@ def grant_readonly(engine: Engine, role: str) -> list[str]:
     PostgreSQL only. The role gets CONNECT, USAGE on the schema, SELECT on all tables and
     views (and on ones later migrations create), and read-only transactions by default.
     Its password, if any, comes from ``$ABWATCH_READONLY_PASSWORD``. Returns the statements run.
+
+    What every role gets from PUBLIC is taken back in this database and given to the role
+    running this (abwatch's writer) alone: temporary tables, and the advisory lock functions
+    (a reader could otherwise take a device's lock and stall its measurements). Revoking a
+    built-in function's EXECUTE needs a superuser; otherwise a WARNING line says the reader can
+    still take advisory locks.
     """
     if engine.dialect.name != "postgresql":
         raise SchemaError(f"{engine.url.render_as_string()}: grant-readonly needs PostgreSQL "
@@ -240,11 +252,17 @@ def grant_readonly(engine: Engine, role: str) -> list[str]:
     password = os.environ.get(READONLY_PASSWORD_ENV)
     with engine.begin() as connection:
         database = quote(connection.exec_driver_sql("SELECT current_database()").scalar_one())
+        writer = quote(connection.exec_driver_sql("SELECT current_user").scalar_one())
+        functions = ", ".join(ADVISORY_FUNCTIONS)
         exists = connection.exec_driver_sql("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).first()
         statements = [] if exists else [f"CREATE ROLE {name} LOGIN NOINHERIT"]
         statements += [
             f"GRANT CONNECT ON DATABASE {database} TO {name}",
             f"REVOKE CREATE, TEMPORARY ON DATABASE {database} FROM {name}",
+            f"REVOKE TEMPORARY ON DATABASE {database} FROM PUBLIC",  # what every role had
+            f"GRANT TEMPORARY ON DATABASE {database} TO {writer}",
+            f"REVOKE EXECUTE ON FUNCTION {functions} FROM PUBLIC",
+            f"GRANT EXECUTE ON FUNCTION {functions} TO {writer}",
             f"GRANT USAGE ON SCHEMA public TO {name}",
             f"REVOKE CREATE ON SCHEMA public FROM {name}",
             f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {name}",
@@ -258,6 +276,10 @@ def grant_readonly(engine: Engine, role: str) -> list[str]:
             # psycopg2 quotes the parameter client-side, so the password is never spliced in by hand
             connection.exec_driver_sql(f"ALTER ROLE {name} PASSWORD %s", (password,))
             statements.append(f"ALTER ROLE {name} PASSWORD '***'")
+        if connection.exec_driver_sql("SELECT has_function_privilege(%s, 'pg_try_advisory_lock(integer, integer)', "
+                                      "'EXECUTE')", (role,)).scalar():
+            statements.append(f"WARNING: {role} can still take advisory locks (device locks): revoking EXECUTE on "
+                              "PostgreSQL's own functions needs a superuser; run grant-readonly as one")
     return statements
 
 

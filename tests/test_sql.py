@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from abwatch.service import db
+from abwatch.service import db, locks
 from abwatch.service.cli import main
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "sql.md"
@@ -99,7 +99,21 @@ def test_grant_readonly_role_reads_and_cannot_write(fresh_pg_url, pg_admin, caps
         ):
             with pytest.raises(psycopg2.errors.InsufficientPrivilege):
                 cursor.execute(statement)
+        # nor can it take a device's lock (it once held a compare up) or make temporary tables
+        key = locks.lock_key("bench-box")
+        for statement in (f"SELECT pg_try_advisory_lock({locks.DEVICE_LOCK}, {key})",
+                          f"SELECT pg_advisory_xact_lock({locks.DEVICE_LOCK}, {key})",
+                          "SELECT pg_try_advisory_lock(42)",
+                          "CREATE TEMPORARY TABLE mine (id int)"):
+            with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+                cursor.execute(statement)
         connection.close()
+        # the writer still can
+        engine = db.make_engine(fresh_pg_url)
+        with locks.device_lock(engine, "bench-box", "test", Path("/nonexistent")):
+            with engine.connect() as writer:
+                writer.execute(text("CREATE TEMPORARY TABLE mine (id int)"))
+        engine.dispose()
     finally:
         _drop_role(pg_admin, fresh_pg_url, role)
 
