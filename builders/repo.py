@@ -18,13 +18,13 @@ import psutil
 
 from abwatch.builders.redact import mask_url
 from abwatch.builders.cache import flocked
-from abwatch.builders.spec import SUMMARY_CHARS, CommitInfo, storable
+from abwatch.builders.spec import SUMMARY_CHARS, CommitInfo, UsageError, storable
 
 
 _FULL_SHA = re.compile(r"[0-9a-f]{40}")
 
 
-class RepoError(Exception):
+class RepoError(UsageError):
     """The repository cannot be reached, or a ref does not name a commit in it."""
 
 

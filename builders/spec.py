@@ -19,6 +19,12 @@ from typing import Annotated, Any, Literal, Mapping, Protocol, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+class UsageError(Exception):
+    """A request abwatch cannot carry out as asked — a bad config value, an unknown ref, a
+    record that does not validate, a device that is not there — and whose message names what
+    is at fault. The command line answers every one with that message and exit status 2."""
+
+
 # The file a TVM build writes into its artifact: which Python runs the worker, and its environment.
 ARTIFACT_INFO = "abwatch-artifact.json"
 

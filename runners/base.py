@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypedDict
 
-from abwatch.builders.spec import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig
+from abwatch.builders.spec import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig, UsageError
 
 
 class OpFeatures(TypedDict):
@@ -73,7 +73,7 @@ class DeviceInfo:
     runtime_config: dict[str, Any] = field(default_factory=dict)
 
 
-class RunnerUnavailable(Exception):
+class RunnerUnavailable(UsageError):
     """The runner's device is not there (no GPU, tracker unreachable)."""
 
 

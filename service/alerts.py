@@ -51,7 +51,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from abwatch.builders.redact import redact_endpoint
 from abwatch.service.config import AlertsConfig
-from abwatch.service.models import AlertDelivery, DeliveryStatus, Regression, SILENCED_TRIAGE, utcnow
+from abwatch.service.models import AlertDelivery, DeliveryStatus, Regression, utcnow
+from abwatch.service.verdict import SILENCED_TRIAGE
 
 SIGNATURE_HEADER = "X-Abwatch-Signature-256"
 EVENTS = ("regress", "fixed")

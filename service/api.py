@@ -26,7 +26,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from abwatch.service import queries, triage as triage_mod
 from abwatch.service.config import ServerConfig
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations at run time
-from abwatch.service.models import Record, RegressionState, TriageStatus
+from abwatch.service.models import Record
+from abwatch.service.verdict import RegressionState, TriageStatus
 from abwatch.runners.safejson import BadValue, loads
 from abwatch.service.records import RecordError, add_new, to_dict, to_row, validate_objects
 

@@ -31,7 +31,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from abwatch.builders.repo import RepoMirror
-from abwatch.service import compile_time, driver, stats
+from abwatch.service import compile_time, driver, outcome, stats
 from abwatch.service.config import Config
 from abwatch.service.models import BisectionStep, Regression, RunType
 from abwatch.service.store import get_commit, get_repository
@@ -39,10 +39,10 @@ from abwatch.service.store import get_commit, get_repository
 BAD, GOOD, SKIP = "bad", "good", "skip"
 
 # A step's verdict of one workload, and why it could not be judged (None when it could).
-Judge = Callable[[driver.WorkloadResult], tuple[stats.Verdict, str | None]]
+Judge = Callable[[outcome.WorkloadResult], tuple[stats.Verdict, str | None]]
 
 
-def run_time(result: driver.WorkloadResult) -> tuple[stats.Verdict, str | None]:
+def run_time(result: outcome.WorkloadResult) -> tuple[stats.Verdict, str | None]:
     """The run-time verdict (``speed`` regressions)."""
     return result.verdict, result.failure
 
@@ -69,7 +69,7 @@ class _Part:
         return [i for i in range(self.lo + 1, self.hi) if i not in self.skipped]
 
 
-def _sides(outcome: driver.CompareOutcome, names: set[str], good_is_control: bool,
+def _sides(outcome: outcome.CompareOutcome, names: set[str], good_is_control: bool,
            judge: Judge = run_time) -> dict[str, tuple]:
     """Per workload: good, bad or None (undecided), with its verdict (as ``judge`` reads it) and change."""
     found = {}
@@ -122,7 +122,7 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
     progress.message(f"bisecting {len(commits)} commit(s) {good[:12]}..{bad[:12]} for {sorted(by_name)}")
     todo, culprits, builds = [_Part(set(by_name), -1, len(commits) - 1)], {}, 0
 
-    def compare(names: set[str], control: str, treatment: str) -> driver.CompareOutcome:
+    def compare(names: set[str], control: str, treatment: str) -> outcome.CompareOutcome:
         run_config = base_config.model_copy(update={
             "workloads": [w for w in base_config.workloads if w.name in names],
             "run": base_config.run.model_copy(update={"seed": None})})

@@ -124,7 +124,7 @@ def verdict_of(workload_details: Mapping[str, Any] | None) -> stats.Verdict:
 def judged(result) -> tuple[stats.Verdict, str | None]:
     """A workload result's compile-time verdict, and why it was not judged (None when it was):
     what bisection reads of each step for a ``compile-time`` regression (``result`` is a
-    :class:`service.driver.WorkloadResult`)."""
+    :class:`service.outcome.WorkloadResult`)."""
     if result.failure:  # the run itself failed: nothing was compiled for timing
         return result.verdict, result.failure
     found = (result.details or {}).get("compile") or {}

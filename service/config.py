@@ -12,20 +12,20 @@ import os
 import tomllib
 from pathlib import Path
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 # The models builders and runners share live in builders.spec (the bottom layer); the
 # config re-uses them, and service code may import them from here or from there.
 from abwatch.builders.spec import (  # noqa: F401  (re-exported)
     BUILD_KINDS, MODEL_OPTIONS, TREATMENT_OVERRIDES, WORKLOAD_KINDS, BuildConfig, CommandBuildConfig,
     CommandWorkloadConfig, RepoConfig, RunnerConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
-    TvmWorkloadConfig, WorkloadConfig, StrictModel,
+    TvmWorkloadConfig, UsageError, WorkloadConfig, StrictModel,
 )
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abwatch"
 
 
-class ConfigError(Exception):
+class ConfigError(UsageError):
     """A configuration file that cannot be read or does not validate."""
 
 
@@ -173,6 +173,11 @@ class Config(StrictModel):
     server: ServerConfig = ServerConfig()
     watch: WatchConfig = WatchConfig()
     cache_dir: Path = DEFAULT_CACHE_DIR
+    _source: str | None = PrivateAttr(default=None)  # the file it was read from (load_config)
+
+    def at(self, key: str) -> str:
+        """How an error found later names ``key``: ``file: key`` when the config came from a file."""
+        return f"{self._source}: {key}" if self._source else key
 
     @model_validator(mode="after")
     def _unique_workloads(self) -> "Config":
@@ -245,7 +250,9 @@ def parse_config(data: dict, source: str, base_dir: Path) -> Config:
     ]
     if workloads != config.workloads:
         updates["workloads"] = workloads
-    return config.model_copy(update=updates)
+    config = config.model_copy(update=updates)
+    config._source = source
+    return config
 
 
 def _check_cache_dir(path: Path, source: str) -> None:

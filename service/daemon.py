@@ -29,9 +29,9 @@ from sqlalchemy.orm import Session
 from abwatch.builders.redact import mask_url
 from abwatch.service import alerts, db, liveness, queue, watch
 from abwatch.service.config import Config, cron_trigger
+from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_REGRESSION
 from abwatch.service.driver import NullProgress, Progress
 
-EXIT_OK, EXIT_REGRESSION, EXIT_INCOMPLETE = 0, 1, 4
 WAKE_S = 60.0  # the idle loop looks at the clock at least this often (suspend, clock changes)
 RECONNECT_MAX_S = 60.0  # longest wait between a worker's tries to reach a restarted database
 

@@ -18,6 +18,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, NoSuchModu
 from sqlalchemy.orm import Session, sessionmaker
 
 from abwatch import migrations
+from abwatch.builders.spec import UsageError
 from abwatch.builders.redact import mask_url
 from abwatch.service import locks
 
@@ -25,7 +26,7 @@ DEFAULT_DATABASE_URL = "sqlite:///abwatch.db"
 ENV_DATABASE_URL = "ABWATCH_DATABASE_URL"
 
 
-class SchemaError(Exception):
+class SchemaError(UsageError):
     """The database exists but is not at the schema this abwatch expects."""
 
 

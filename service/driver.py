@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -31,12 +31,15 @@ from abwatch.runners import make_runner
 from abwatch.runners.base import DeviceInfo, Runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from abwatch.service import alerts, attribution, compile_time, lifecycle, liveness, locks, noise, stats
-from abwatch.service.attribution import TvmDetails
-from abwatch.service.building import BuildOutcome, build_pair
+from abwatch.service.building import build_pair
+from abwatch.service.outcome import (
+    AlreadyVerifying, CompareOutcome, DriverError, NothingToVerify, WorkloadResult, verdict_json,
+)
 from abwatch.service.config import CommandWorkloadConfig, Config, TvmWorkloadConfig
 from abwatch.service.models import (
-    Build, Comparison, Invocation, InvocationStatus, Regression, RegressionState, Run, RunStatus, RunType, Side, utcnow,
+    Build, Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, Side, utcnow,
 )
+from abwatch.service.verdict import RegressionState
 from abwatch.service.progress import NullProgress, Progress
 from abwatch.service.records import to_row
 from abwatch.service.run_records import run_record
@@ -44,112 +47,13 @@ from abwatch.service.store import (
     earlier_series, get_commits, get_device, get_repository, get_workload, write_samples,
 )
 
-# The exit codes of every abwatch command (README, "Operations").
-EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_BUILD_FAILED = 0, 1, 2, 3
-EXIT_INCOMPLETE = 4  # a workload could not be judged (crashed, hung, no valid sample)
-EXIT_INTERNAL = 5  # an unexpected error: database unreachable, disk full, a bug
-EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM; the run is marked interrupted
 MAX_REF_LENGTH = 256  # the refs' column width
-
-
-class DriverError(Exception):
-    """A request the driver cannot carry out (bad run id, nothing to verify, ...)."""
-
-
-class NothingToVerify(DriverError):
-    """The run exists but has no suspected regression left to verify: not an error of the caller."""
-
-
-class AlreadyVerifying(NothingToVerify):
-    """Another verify started on the same regressions a moment earlier and took them."""
 
 
 # Given the run, the comparison, the regression kind and the least change (%) the run's evidence
 # allows (its confidence interval's lower end), the open regression this slowdown is the same as
 # (the watch's pinned-base mode), or None to open a new one.
 Attach = Callable[[Session, Run, Comparison, str, float], Regression | None]
-
-
-@dataclass(frozen=True)
-class WorkloadResult:
-    """One workload's verdict in a run."""
-
-    workload: str
-    verdict: stats.Verdict
-    comparison_id: int
-    regression_id: int | None
-    failure: str | None
-    correctness_regression_id: int | None = None
-    details: TvmDetails | None = None  # TVM workloads that were compared
-
-
-@dataclass(frozen=True)
-class CompareOutcome:
-    """Everything a caller needs to report a run."""
-
-    run_id: int
-    run_type: str
-    status: str
-    builds: list[BuildOutcome]
-    results: list[WorkloadResult] = field(default_factory=list)
-
-    @property
-    def exit_code(self) -> int:
-        """3 if a build failed, 1 if any regression, 4 if a workload could not be judged, else 0."""
-        if self.status == RunStatus.BUILD_FAILED.value:
-            return EXIT_BUILD_FAILED
-        if any(r.verdict.verdict == stats.Outcome.REGRESSION or r.correctness_regression_id
-               for r in self.results):
-            return EXIT_REGRESSION
-        if self.status == RunStatus.INCOMPLETE.value:
-            return EXIT_INCOMPLETE
-        return EXIT_OK
-
-    def to_json(self) -> dict:
-        """The ``--json`` object of ``abwatch compare``."""
-        return {
-            "run_id": self.run_id,
-            "run_type": self.run_type,
-            "status": self.status,
-            "results": [_result_json(r) for r in self.results],
-            "builds": [
-                {"ref": b.ref, "sha": b.sha, "status": b.status, "cached": b.cached, "side": b.side}
-                for b in self.builds
-            ],
-        }
-
-
-def verdict_json(v: stats.Verdict, run_id: int) -> dict:
-    """The parts of a verdict a regression keeps as evidence."""
-    return {"run_id": run_id, "verdict": v.verdict.value, "change_pct": v.change_pct,
-            "ci_pct": list(v.ci_pct) if v.ci_pct else None, "p_value": v.p_value,
-            "p_adjusted": v.p_adjusted, "n": [v.control_n, v.treatment_n], "stop_reason": v.stop_reason,
-            "elapsed_s": v.elapsed_s}
-
-
-def _result_json(result: WorkloadResult) -> dict:
-    v = result.verdict
-    return {
-        "workload": result.workload,
-        "verdict": v.verdict.value,
-        "change_pct": v.change_pct,
-        "ci_pct": list(v.ci_pct) if v.ci_pct else None,
-        "p_value": v.p_value,
-        "p_adjusted": v.p_adjusted,
-        "correction": v.correction,
-        "stop_reason": v.stop_reason,
-        "looks": v.looks,
-        "elapsed_s": v.elapsed_s,
-        "control": {"median_ms": v.control_median_ms, "n": v.control_n},
-        "treatment": {"median_ms": v.treatment_median_ms, "n": v.treatment_n},
-        "regression_id": result.regression_id,
-        "reason": v.reason,
-        "failure": result.failure,
-        **({"ops": result.details["ops"], "error": result.details["error"],
-            "compile_ms": result.details["compile_ms"], "compile": result.details.get("compile"),
-            "correctness_regression_id": result.correctness_regression_id}
-           if result.details is not None else {}),
-    }
 
 
 def engine_of(session: Session) -> Engine:

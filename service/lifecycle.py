@@ -11,8 +11,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from abwatch.service.models import (
-    OPEN_REGRESSION_SQL, OPEN_REGRESSION_STATES, Comparison, Regression, RegressionEvent, RegressionState, Run, utcnow,
+    OPEN_REGRESSION_SQL, OPEN_REGRESSION_STATES, Comparison, Regression, RegressionEvent, Run, utcnow,
 )
+from abwatch.service.verdict import RegressionState
 from abwatch.service.store import insert_ignoring_conflict
 
 S = RegressionState

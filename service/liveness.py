@@ -28,7 +28,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from abwatch.service import lifecycle
-from abwatch.service.models import Regression, RegressionEvent, RegressionState, Run, RunStatus, utcnow
+from abwatch.service.models import Regression, RegressionEvent, Run, RunStatus, utcnow
+from abwatch.service.verdict import RegressionState
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0  # ten missed heartbeats: the process on the other host is gone

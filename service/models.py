@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from abwatch.service.stats import Outcome
+from abwatch.service.verdict import Outcome, RegressionState, TriageStatus
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -104,29 +104,6 @@ class InvocationStatus(str, enum.Enum):
     OK = "ok"
     TIMEOUT = "timeout"
     ERROR = "error"
-
-
-class RegressionState(str, enum.Enum):
-    """Escalation states: suspected, being verified, confirmed, cleared, or fixed by a later commit."""
-
-    BENCHMARK = "benchmark"
-    VERIFY = "verify"
-    REGRESS = "regress"
-    CLEARED = "cleared"
-    FIXED = "fixed"
-
-
-class TriageStatus(str, enum.Enum):
-    """A person's decision about a confirmed regression (Perfherder / Skia Perf triage)."""
-
-    ACKNOWLEDGED = "acknowledged"
-    EXPECTED = "expected"
-    INVALID = "invalid"
-    WONTFIX = "wontfix"
-
-
-# A regression triaged as one of these is not a real problem: no more alerts, shown apart.
-SILENCED_TRIAGE = frozenset({TriageStatus.EXPECTED, TriageStatus.INVALID})
 
 
 class Repository(Base):

@@ -13,11 +13,12 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, joinedload
 
-from abwatch.service import report, stats, stored
+from abwatch.service import queue, report, stored
 from abwatch.service.models import (
-    AlertDelivery, Build, Comparison, Device, Regression, RegressionState, Run, Sample, TriageEvent,
-    Workload, SILENCED_TRIAGE,
+    AlertDelivery, Build, Comparison, Device, Job, Regression, Run, Sample, TriageEvent, WatchedCommit, WatchProgress,
+    Workload,
 )
+from abwatch.service.verdict import RegressionState, SILENCED_TRIAGE
 
 OPEN_STATES = (RegressionState.BENCHMARK, RegressionState.VERIFY, RegressionState.REGRESS)
 
@@ -199,7 +200,7 @@ def series(session: Session, workload: str, device: str | None = None,
     for entry in devices.values():
         values = [p["median_ms"] for p in entry["points"]]
         try:
-            found = stats.change_points(values, max_pvalue=max_pvalue) if change_points and len(values) >= 4 else []
+            found = _change_points(values, max_pvalue) if change_points and len(values) >= 4 else []
         except ImportError as exc:  # Apache Otava is installed apart: the series stands without it
             found, note = [], str(exc)
         entry["change_points"] = [
@@ -235,3 +236,36 @@ def overview(session: Session) -> dict[str, Any]:
         "latest": [{k: _as_iso(v) for k, v in row.items()} for row in latest],
         "recent_runs": list_runs(session, limit=10),
     }
+
+
+def watch_status(session: Session) -> dict:
+    """What is watched (last seen/tested commit per branch, device, config) and the queue per device.
+
+    The shape of ``abwatch status --json``; a stable, documented reading for other tools.
+    """
+    branches = []
+    for row in session.scalars(select(WatchProgress).order_by(WatchProgress.id)):
+        counts: dict[str, int] = {}
+        for (state,) in session.execute(select(WatchedCommit.status).where(WatchedCommit.progress_id == row.id)):
+            counts[state] = counts.get(state, 0) + 1
+        branches.append({
+            "repository": row.repository.url, "branch": row.branch, "device": row.device,
+            "config_hash": row.config_hash, "last_seen": row.last_seen_sha, "last_tested": row.last_tested_sha,
+            "commits": counts, "message": row.message, "updated_at": row.updated_at.isoformat(),
+        })
+    running = [
+        {"job": j.id, "device": j.device, "sha": j.payload.get("sha"), "worker": j.worker,
+         "claimed_at": j.claimed_at.isoformat() if j.claimed_at else None}
+        for j in session.scalars(select(Job).where(Job.status == "running").order_by(Job.id))
+    ]
+    open_regressions = session.scalar(
+        select(func.count()).select_from(Regression)
+        .where(Regression.state.in_([RegressionState.BENCHMARK, RegressionState.VERIFY, RegressionState.REGRESS])))
+    return {"watched": branches, "queue": queue.counts(session), "running": running,
+            "open_regressions": open_regressions}
+
+
+def _change_points(values: list[float], max_pvalue: float) -> list:
+    from abwatch.service import stats  # NumPy and SciPy: only the pages that draw a series need them
+
+    return stats.change_points(values, max_pvalue=max_pvalue)

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from abwatch.runners.safejson import MAX_MS, BadValue, check, loads
+from abwatch.builders.spec import UsageError
 from abwatch.service.config import format_validation_error
 from abwatch.service.models import Record
 
@@ -33,7 +34,7 @@ DICT_FIELDS = (
 )
 
 
-class RecordError(Exception):
+class RecordError(UsageError):
     """A record file that does not parse or whose records do not validate."""
 
 

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from abwatch.builders.redact import mask_url
-from abwatch.service.driver import CompareOutcome, WorkloadResult
+from abwatch.service.outcome import CompareOutcome, WorkloadResult
 from abwatch.service.models import Regression
 from abwatch.service.stored import StoredRun
 

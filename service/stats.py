@@ -34,7 +34,6 @@ Decision rule, with ``t`` the threshold (the smallest change worth reporting):
 
 from __future__ import annotations
 
-import enum
 import functools
 import math
 from dataclasses import dataclass, replace
@@ -43,6 +42,7 @@ from typing import Sequence
 import numpy as np
 from scipy import stats as sps
 
+from abwatch.service.verdict import DEFAULT_EQUIVALENCE_ALPHA, Outcome, Verdict
 from abwatch.service.pooled import (
     POOLED_METHOD, QUANTILE_MIN_SAMPLES, SMALL_POOLED_METHOD, hodges_lehmann, pct, quantile_shift,
 )
@@ -50,49 +50,11 @@ from abwatch.service.pooled import (
 DEFAULT_THRESHOLD_PCT = 1.0
 DEFAULT_ALPHA = 0.01
 DEFAULT_CONFIDENCE = 0.99
-# `same` is an equivalence claim, decided as two one-sided tests (Schuirmann's TOST) at this
-# level each, i.e. by the 1 - 2 x 0.05 = 90 % confidence sequence lying inside ±threshold.
-# A false `same` costs a missed change smaller than about the threshold; a false
-# `regression` costs a verify run, a bisection and an alert, so it keeps the stricter alpha.
-DEFAULT_EQUIVALENCE_ALPHA = 0.05
+# `same` is an equivalence claim, decided as two one-sided tests (Schuirmann's TOST) at
+# DEFAULT_EQUIVALENCE_ALPHA (service.verdict) each, i.e. by the 1 - 2 x 0.05 = 90 %
+# confidence sequence lying inside ±threshold.
 DEFAULT_RESAMPLES = 2000
 MIN_SAMPLES = 5
-
-
-class Outcome(str, enum.Enum):
-    """The four answers; values are the strings stored and printed."""
-
-    REGRESSION = "regression"
-    IMPROVEMENT = "improvement"
-    SAME = "same"
-    UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The result of :func:`compare` (percentages are of the control's median)."""
-
-    verdict: Outcome
-    change_pct: float | None
-    ci_pct: tuple[float, float] | None
-    p_value: float | None
-    control_n: int
-    treatment_n: int
-    control_median_ms: float | None
-    treatment_median_ms: float | None
-    threshold_pct: float
-    alpha: float
-    confidence: float
-    reason: str
-    p_adjusted: float | None = None  # after a multiple-comparison correction, if one was applied
-    correction: str = "none"
-    stop_reason: str = ""  # why the runner stopped adding samples (set by adaptive callers)
-    method: str = ""  # which estimator and interval decided (see the module docstring)
-    looks: int = 0  # how many times the sequential rule judged the data (0: one fixed look)
-    elapsed_s: float | None = None  # measuring time until the verdict (set by adaptive callers)
-    # the interval that decides `same` (TOST at equivalence_alpha a side); None: ci_pct does
-    same_ci_pct: tuple[float, float] | None = None
-    equivalence_alpha: float = DEFAULT_EQUIVALENCE_ALPHA
 
 
 DEFAULT_PLAN_PAIRS = 30  # where the confidence sequence is tightest: a typical A/A stopping point

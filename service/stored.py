@@ -1,6 +1,6 @@
 """Runs and builds as the database keeps them: what ``show``, ``runs`` and ``builds`` read.
 
-:func:`load_outcome` rebuilds a run's :class:`~service.driver.CompareOutcome` from its stored
+:func:`load_outcome` rebuilds a run's :class:`~service.outcome.CompareOutcome` from its stored
 rows alone. ``compare`` and ``verify`` render their report from it too, so ``abwatch show RUN``
 prints, byte for byte, what the command that made the run printed.
 """
@@ -9,17 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from abwatch.service import stats
-from abwatch.service.attribution import TvmDetails
-from abwatch.service.driver import BuildOutcome, CompareOutcome, DriverError, WorkloadResult
+from abwatch.service.building import BuildOutcome
+from abwatch.service.outcome import CompareOutcome, DriverError, WorkloadResult
 from abwatch.service.models import (
     Build, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType,
 )
+from abwatch.service.verdict import Verdict
+
+if TYPE_CHECKING:  # a TypedDict: at run time it is a dict, and attribution imports NumPy
+    from abwatch.service.attribution import TvmDetails
 
 # What the driver stores in comparisons.details beside the workload's own details (tvm:
 # compile_ms, ops, error, workers): the rest of the verdict.
@@ -79,14 +82,14 @@ def _tvm_details(c: Comparison) -> TvmDetails | None:
     """The TVM details a comparison row stores beside its verdict, if it has them."""
     extra = {k: v for k, v in (c.details or {}).items() if k not in VERDICT_DETAIL_KEYS}
     # written by the driver from a TvmDetails; the row's JSON is that dict again
-    return cast(TvmDetails, extra) if "compile_ms" in extra else None
+    return cast("TvmDetails", extra) if "compile_ms" in extra else None
 
 
-def _verdict(c: Comparison) -> stats.Verdict:
+def _verdict(c: Comparison) -> Verdict:
     """The verdict a comparison row stores."""
     d = c.details or {}
     ci = (c.ci_low_pct, c.ci_high_pct) if c.ci_low_pct is not None and c.ci_high_pct is not None else None
-    return stats.Verdict(
+    return Verdict(
         c.verdict, c.change_pct, ci, c.p_value, c.control_n, c.treatment_n,
         c.control_median_ms, c.treatment_median_ms, d.get("threshold_pct", 0.0), d.get("alpha", 0.0),
         d.get("confidence", 0.0), d.get("reason", ""), d.get("p_adjusted"), d.get("correction", "none"),

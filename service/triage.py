@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from abwatch.service.models import Regression, TriageEvent, TriageStatus, utcnow
+from abwatch.service.models import Regression, TriageEvent, utcnow
+from abwatch.service.verdict import TriageStatus
 
 
 class TriageError(Exception):

@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 import git
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from abwatch.service import alerts, bisect, driver, lifecycle, queue
+from abwatch.service import alerts, bisect, driver, lifecycle, outcome, queue
 from abwatch.service.config import Config
 from abwatch.service.models import (
-    Commit, Comparison, Job, Regression, RegressionState, Repository, Run, RunStatus, WatchedCommit, WatchProgress,
-    utcnow,
+    Commit, Comparison, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
 )
+from abwatch.service.verdict import RegressionState
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.builders.spec import CommitInfo, spec_hash, storable
 from abwatch.service.store import get_commit, get_repository, insert_ignoring_conflict
@@ -117,9 +117,10 @@ def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: s
         try:
             start = mirror.resolve(config.watch.start).sha if config.watch.start else head
         except RepoError as exc:
-            raise RepoError(f"watch.start: {exc}") from None
+            raise RepoError(f"{config.at('watch.start')}: {exc}") from None
         if not is_ancestor(mirror, start, head):
-            raise RepoError(f"watch.start: {config.watch.start!r} is not on branch {config.repo.branch!r}")
+            raise RepoError(f"{config.at('watch.start')}: {config.watch.start!r} is not on branch "
+                            f"{config.repo.branch!r}")
         later = [] if nightly else first_parents(mirror, start, head)[config.watch.step - 1::config.watch.step]
         return [start] + later
     if row.last_seen_sha == head:
@@ -154,13 +155,14 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
     try:
         head = mirror.resolve(f"refs/heads/{config.repo.branch}")
     except RepoError:
-        raise RepoError(f"repo.branch: no branch {config.repo.branch!r} in {mirror.display_url}") from None
+        raise RepoError(f"{config.at('repo.branch')}: no branch {config.repo.branch!r} in {mirror.display_url}") \
+            from None
     if config.watch.control.startswith("fixed:"):  # a bad pinned base is a config error, said at once
         ref = config.watch.control.removeprefix("fixed:")
         try:
             mirror.resolve(ref)
         except RepoError:
-            raise RepoError(f"watch.control: {ref!r} (of {config.watch.control!r}) names no commit "
+            raise RepoError(f"{config.at('watch.control')}: {ref!r} (of {config.watch.control!r}) names no commit "
                             f"in {mirror.display_url}") from None
     repository = get_repository(session, config.repo.url)
     for device in device_names(config):
@@ -273,7 +275,7 @@ def same_as_open(config: Config, mirror: RepoMirror) -> driver.Attach | None:
     return attach
 
 
-def _fixes(session: Session, config: Config, outcome: driver.CompareOutcome) -> list[int]:
+def _fixes(session: Session, config: Config, outcome: outcome.CompareOutcome) -> list[int]:
     """Mark ``regress`` regressions fixed when this run's improvement undoes them: speed
     regressions by the run-time verdict, compile-time ones by the compile verdict (the
     verdict each kind is bisected by, :data:`service.bisect.JUDGES`).
@@ -304,7 +306,7 @@ def _fixes(session: Session, config: Config, outcome: driver.CompareOutcome) -> 
     return fixed
 
 
-def _back_to_base(session: Session, config: Config, run: Run, result: driver.WorkloadResult,
+def _back_to_base(session: Session, config: Config, run: Run, result: outcome.WorkloadResult,
                   kind: str = "speed") -> list[int]:
     """Pinned base: the ``regress`` regressions of ``kind`` against this run's base that it no
     longer shows.
@@ -461,30 +463,3 @@ def _baseline(config: Config, sha: str, progress: driver.Progress) -> str:
 def handlers(config: Config, progress: driver.Progress | None = None) -> dict:
     """The job kinds a worker of this config runs."""
     return {"test": lambda session, job: test_commit(session, config, job, progress)}
-
-
-def status(session: Session) -> dict:
-    """What is watched (last seen/tested commit per branch, device, config) and the queue per device.
-
-    The shape of ``abwatch status --json``; a stable, documented reading for other tools.
-    """
-    branches = []
-    for row in session.scalars(select(WatchProgress).order_by(WatchProgress.id)):
-        counts: dict[str, int] = {}
-        for (state,) in session.execute(select(WatchedCommit.status).where(WatchedCommit.progress_id == row.id)):
-            counts[state] = counts.get(state, 0) + 1
-        branches.append({
-            "repository": row.repository.url, "branch": row.branch, "device": row.device,
-            "config_hash": row.config_hash, "last_seen": row.last_seen_sha, "last_tested": row.last_tested_sha,
-            "commits": counts, "message": row.message, "updated_at": row.updated_at.isoformat(),
-        })
-    running = [
-        {"job": j.id, "device": j.device, "sha": j.payload.get("sha"), "worker": j.worker,
-         "claimed_at": j.claimed_at.isoformat() if j.claimed_at else None}
-        for j in session.scalars(select(Job).where(Job.status == "running").order_by(Job.id))
-    ]
-    open_regressions = session.scalar(
-        select(func.count()).select_from(Regression)
-        .where(Regression.state.in_([RegressionState.BENCHMARK, RegressionState.VERIFY, RegressionState.REGRESS])))
-    return {"watched": branches, "queue": queue.counts(session), "running": running,
-            "open_regressions": open_regressions}

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.service import bisect, compile_time, db, driver, lifecycle, stats, watch
+from abwatch.service import bisect, compile_time, db, driver, lifecycle, outcome, stats, watch
 from abwatch.service.config import load_config
 from abwatch.service.demo import make_demo_repo
 from abwatch.service.models import BisectionStep, Comparison, Run
@@ -25,7 +25,7 @@ from tests.test_watch import shas, step, write_watch_config
 FLIP = {stats.Outcome.IMPROVEMENT: stats.Outcome.REGRESSION, stats.Outcome.REGRESSION: stats.Outcome.IMPROVEMENT}
 
 
-def faster_is_worse(result: driver.WorkloadResult) -> tuple[stats.Verdict, str | None]:
+def faster_is_worse(result: outcome.WorkloadResult) -> tuple[stats.Verdict, str | None]:
     """A judge for a quantity where less time is worse (as a throughput drop would be read)."""
     v = result.verdict
     return replace(v, verdict=FLIP.get(v.verdict, v.verdict)), result.failure
@@ -79,7 +79,7 @@ def test_the_compile_judge_reads_the_compile_verdict_not_the_run_time():
     slower = [600 + rng.random() * 8 for _ in range(12)]
     same_run_time = replace(stats.compare([1.0] * 12, [1.0] * 12), verdict=stats.Outcome.SAME)
     details = {"compile": compile_time.details(_judged(control, slower))}
-    result = driver.WorkloadResult("mlp", same_run_time, 1, None, None, details=details)  # type: ignore[arg-type]
+    result = outcome.WorkloadResult("mlp", same_run_time, 1, None, None, details=details)  # type: ignore[arg-type]
     verdict, failure = compile_time.judged(result)
     assert failure is None and verdict.verdict == stats.Outcome.REGRESSION and verdict.change_pct > 40
     assert bisect.run_time(result)[0].verdict == stats.Outcome.SAME

@@ -21,9 +21,9 @@ from sqlalchemy import func, select, text
 
 from abwatch.service import db, locks, noise
 from abwatch.service.models import (
-    Build, Comparison, Commit, Device, NoiseProfile, Regression, RegressionEvent,
-    RegressionState, Repository, Run, RunStatus, RunType, Workload,
+    Build, Comparison, Commit, Device, NoiseProfile, Regression, RegressionEvent, Repository, Run, RunStatus, RunType, Workload,
 )
+from abwatch.service.verdict import RegressionState
 from abwatch.builders.repo import RepoMirror
 from abwatch.builders.spec import CommitInfo
 from abwatch.service.stats import Outcome

@@ -17,8 +17,10 @@ from rich.console import Console
 from abwatch.service import db, report, stats
 from abwatch.service import cli as cli_module
 from abwatch.service.cli import main
-from abwatch.service.driver import BuildOutcome, CompareOutcome, WorkloadResult
-from abwatch.service.models import Commit, Device, Regression, RegressionEvent, RegressionState, Repository, Workload
+from abwatch.service.building import BuildOutcome
+from abwatch.service.outcome import CompareOutcome, WorkloadResult
+from abwatch.service.models import Commit, Device, Regression, RegressionEvent, Repository, Workload
+from abwatch.service.verdict import RegressionState
 from abwatch.service.stored import StoredRun
 
 

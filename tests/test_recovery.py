@@ -18,9 +18,8 @@ import pytest
 from sqlalchemy import func, inspect, select
 
 from abwatch.service import db
-from abwatch.service.models import (
-    Invocation, Regression, RegressionEvent, RegressionState, Run, RunStatus, RunType,
-)
+from abwatch.service.models import Invocation, Regression, RegressionEvent, Run, RunStatus, RunType
+from abwatch.service.verdict import RegressionState
 from tests.test_compare import compare, run_cli
 
 ABWATCH = [sys.executable, "-m", "abwatch.service.cli"]

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.service import db, watch
+from abwatch.service import db, queries, watch
 from abwatch.service.cli import main
 from abwatch.service.config import Config
 from abwatch.service.models import Job, WatchedCommit, WatchProgress
@@ -211,7 +211,7 @@ def test_force_push_says_so_loudly_and_never_uses_the_old_line(tmp_path, engine,
     err = capsys.readouterr().err
     assert "WARNING" in err and "force-pushed" in err and c[:12] in err and f"fork point {a[:12]}" in err
     with Session(engine) as session:
-        status = watch.status(session)
+        status = queries.watch_status(session)
     assert "force-pushed" in status["watched"][0]["message"]
 
     # a branch replaced by an unrelated history: only its head is taken up, as a new baseline

@@ -24,7 +24,8 @@ from abwatch.builders.cache import ArtifactCache
 from abwatch.service import db
 from abwatch.service.cli import main
 from abwatch.service.demo import Step, make_demo_repo
-from abwatch.service.models import Build, Invocation, Job, Regression, RegressionState, Run, RunStatus, WatchedCommit
+from abwatch.service.models import Build, Invocation, Job, Regression, Run, RunStatus, WatchedCommit
+from abwatch.service.verdict import RegressionState
 
 W = 1_500_000  # ~3 ms a sample
 

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Run abwatch's tests (README command 2; .ci/run calls it too). Installs what the tests need
+# when it is missing: ./.venv with abwatch and its test tools, a C compiler, Debian's Chromium
+# and ChromeDriver (the dashboard's browser tests; needs root for apt-get), and a running
+# PostgreSQL on 127.0.0.1:5432 (the tests use the real server, never a mock).
+# Arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast subset.
+# pytest's exit status is passed through; "no tests ran" (5) is a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_install() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/test.sh: $* missing; install them (Debian: apt-get install $*) or run as root" >&2
+    exit 1
+  fi
+  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"
+}
+
+command -v cc >/dev/null || apt_install gcc
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  apt_install chromium chromium-driver
+fi
+
+if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
+  version=$(ls /etc/postgresql 2>/dev/null | head -n1)
+  [ -n "$version" ] || { echo "scripts/test.sh: no PostgreSQL server here (the tests need one on 127.0.0.1:5432)" >&2; exit 1; }
+  pg_ctlcluster --skip-systemctl-redirect "$version" main start
+  for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
+fi
+pg_isready -h 127.0.0.1 -p 5432
+
+if [ ! -x .venv/bin/pytest ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet --upgrade pip
+  .venv/bin/pip install --quiet -e '.[test,source]'
+  .venv/bin/pip install --quiet --no-deps 'apache-otava==0.8.0'
+fi
+
+set +e
+.venv/bin/python -m pytest "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "scripts/test.sh: pytest collected no tests" >&2
+  exit 1
+fi
+exit "$status"

@@ -1,0 +1,75 @@
+"""What is decided, as plain values: a comparison's outcome and verdict, a regression's state,
+a person's triage decision.
+
+Kept apart from :mod:`service.stats` (which computes verdicts with NumPy and SciPy) and from
+:mod:`service.models` (which stores them with SQLAlchemy), so that what only reads, prints or
+parses them — the reports, the command line's parser — imports neither stack.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+# A false `same` costs a missed change smaller than about the threshold; a false
+# `regression` costs a verify run, a bisection and an alert, so it keeps the stricter alpha.
+DEFAULT_EQUIVALENCE_ALPHA = 0.05
+
+
+class Outcome(str, enum.Enum):
+    """The four answers; values are the strings stored and printed."""
+
+    REGRESSION = "regression"
+    IMPROVEMENT = "improvement"
+    SAME = "same"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The result of :func:`compare` (percentages are of the control's median)."""
+
+    verdict: Outcome
+    change_pct: float | None
+    ci_pct: tuple[float, float] | None
+    p_value: float | None
+    control_n: int
+    treatment_n: int
+    control_median_ms: float | None
+    treatment_median_ms: float | None
+    threshold_pct: float
+    alpha: float
+    confidence: float
+    reason: str
+    p_adjusted: float | None = None  # after a multiple-comparison correction, if one was applied
+    correction: str = "none"
+    stop_reason: str = ""  # why the runner stopped adding samples (set by adaptive callers)
+    method: str = ""  # which estimator and interval decided (see the module docstring)
+    looks: int = 0  # how many times the sequential rule judged the data (0: one fixed look)
+    elapsed_s: float | None = None  # measuring time until the verdict (set by adaptive callers)
+    # the interval that decides `same` (TOST at equivalence_alpha a side); None: ci_pct does
+    same_ci_pct: tuple[float, float] | None = None
+    equivalence_alpha: float = DEFAULT_EQUIVALENCE_ALPHA
+
+
+class RegressionState(str, enum.Enum):
+    """Escalation states: suspected, being verified, confirmed, cleared, or fixed by a later commit."""
+
+    BENCHMARK = "benchmark"
+    VERIFY = "verify"
+    REGRESS = "regress"
+    CLEARED = "cleared"
+    FIXED = "fixed"
+
+
+class TriageStatus(str, enum.Enum):
+    """A person's decision about a confirmed regression (Perfherder / Skia Perf triage)."""
+
+    ACKNOWLEDGED = "acknowledged"
+    EXPECTED = "expected"
+    INVALID = "invalid"
+    WONTFIX = "wontfix"
+
+
+# A regression triaged as one of these is not a real problem: no more alerts, shown apart.
+SILENCED_TRIAGE = frozenset({TriageStatus.EXPECTED, TriageStatus.INVALID})
