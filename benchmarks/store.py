@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
@@ -54,7 +54,7 @@ def _next_ids(session: Session, table: str, count: int) -> list[int]:
 
 def fill(session: Session, nights: int, workloads: int, rng: random.Random) -> dict:
     """Write the nightly history; return counts and the time spent in the sample path."""
-    start = datetime.now(timezone.utc) - timedelta(days=nights)
+    start = datetime.now(UTC) - timedelta(days=nights)
     repo_id = session.execute(text("INSERT INTO repositories (url, created_at) VALUES ('https://github.com/apache/tvm', now()) RETURNING id")).scalar_one()
     commit_ids = _next_ids(session, "commits", nights + 1)
     copy_rows(session, "commits", ("id", "repository_id", "sha", "summary", "author", "committed_at"), [
@@ -65,7 +65,7 @@ def fill(session: Session, nights: int, workloads: int, rng: random.Random) -> d
     copy_rows(session, "builds", ("id", "commit_id", "builder", "config_hash", "status", "artifact_key", "cached",
                                   "log", "duration_s", "created_at"),
               [(bid, cid, "tvm-source", "cfg", "success", f"k{bid}", False, "", 60 + rng.random() * 30,
-                start + timedelta(days=i)) for i, (bid, cid) in enumerate(zip(build_ids, commit_ids))])
+                start + timedelta(days=i)) for i, (bid, cid) in enumerate(zip(build_ids, commit_ids, strict=False))])
     device_ids = [session.execute(text("INSERT INTO devices (name, kind, hardware_config) VALUES (:n, 'rpc', '{}') "
                                        "RETURNING id"), {"n": name}).scalar_one() for name in DEVICES]
     names = list(NAMED) + [f"onnx-model-{i:02d}" for i in range(workloads - len(NAMED))]
@@ -86,12 +86,12 @@ def fill(session: Session, nights: int, workloads: int, rng: random.Random) -> d
             "started_at", "finished_at"),
             [(rid, "benchmark", "completed", repo_id, "main~1", "main", commit_ids[night - 1], commit_ids[night],
               build_ids[night - 1], build_ids[night], did, night, "{}", when, when + timedelta(minutes=40))
-             for rid, did in zip(run_ids, device_ids)])
-        pairs = [(rid, did, wid) for rid, did in zip(run_ids, device_ids) for wid in workload_ids]
+             for rid, did in zip(run_ids, device_ids, strict=False)])
+        pairs = [(rid, did, wid) for rid, did in zip(run_ids, device_ids, strict=False) for wid in workload_ids]
         comparison_ids = _next_ids(session, "comparisons", len(pairs))
         invocation_ids = iter(_next_ids(session, "invocations", len(pairs) * 2 * PROCESSES))
         comparisons, invocations, samples, records, found = [], [], [], [], []
-        for cid, (rid, did, wid) in zip(comparison_ids, pairs):
+        for cid, (rid, did, wid) in zip(comparison_ids, pairs, strict=False):
             before = level[(wid, did)]
             step = rng.random() < 0.004
             if step:
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(f"| {label} | {_time(fn):.1f} |")
             for number, sql in enumerate(sql_blocks(), start=1):
                 statement = text(sql.replace(":", r"\:"))
-                ms = _time(lambda: session.execute(statement).fetchall())
+                ms = _time(lambda statement=statement: session.execute(statement).fetchall())
                 title = sql.strip().splitlines()[0] if sql.strip().startswith("--") else ""
                 lines.append(f"| docs/sql.md query {number} {title.lstrip('- ')} | {ms:.1f} |")
                 plan = session.execute(text("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql.replace(":", r"\:")))

@@ -92,7 +92,7 @@ def main() -> None:
         overlaps = 0
         for device in devices:
             spans = sorted((j.result["start"], j.result["end"]) for j in done if j.device == device)
-            overlaps += sum(1 for a, b in zip(spans, spans[1:]) if b[0] < a[1])
+            overlaps += sum(1 for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1])
         per_device = max(sum(1 for j in jobs if j.device == d) for d in devices)
         busy = per_device * args.job_ms / 1000  # the least time the busiest device needs
         # from the first job's start to the last one's end: process start-up left out

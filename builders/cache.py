@@ -30,9 +30,9 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from abwatch.builders.objects import ObjectStore, sha256_file
 
@@ -180,7 +180,7 @@ class ArtifactCache:
         staging = self.staging(key)
         try:
             listing = {}
-            for dirpath, dirnames, filenames in os.walk(source):
+            for dirpath, _, filenames in os.walk(source):
                 rel = Path(dirpath).relative_to(source)
                 (staging / rel).mkdir(parents=True, exist_ok=True)
                 for name in filenames:
@@ -309,7 +309,7 @@ class ArtifactCache:
                 check = f"damaged: {reason}" if reason else "ok" if self.verifiable(key) else "unverified"
             described.append(EntryInfo(key=key, sha=info.get("sha"), builder=info.get("builder"),
                                        series=info.get("series"), stored_at=info.get("stored_at"),
-                                       last_used=datetime.fromtimestamp(used, timezone.utc).isoformat(),
+                                       last_used=datetime.fromtimestamp(used, UTC).isoformat(),
                                        files=len(listing), packed_files=packed, check=check))
         return described
 
@@ -368,7 +368,7 @@ class ArtifactCache:
                     st = path.stat()
                     manifest[rel] = [st.st_size, st.st_mtime_ns]
         (final / MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
-        stamp = dict(info, stored_at=datetime.now(timezone.utc).isoformat())
+        stamp = dict(info, stored_at=datetime.now(UTC).isoformat())
         marker_tmp = final / f"{MARKER}.tmp"
         marker_tmp.write_text(json.dumps(stamp, sort_keys=True))
         os.replace(marker_tmp, final / MARKER)

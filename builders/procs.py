@@ -16,6 +16,7 @@ This module imports nothing from abwatch, so builders and runners can use it fre
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import psutil
 
@@ -78,15 +79,11 @@ def kill_tree(pid: int, tag: str | None = None) -> None:
         descendants = []
     if tag is not None:
         descendants += _tagged(tag)
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)  # the child leads its own group (start_new_session)
-    except (ProcessLookupError, PermissionError):
-        pass
     for proc in descendants:  # also those that started a session of their own
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.kill()
-        except psutil.Error:
-            pass
 
 
 def _tagged(tag: str) -> list[psutil.Process]:

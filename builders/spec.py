@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Protocol, Union
+from typing import Annotated, Any, Literal, Protocol
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
@@ -199,8 +200,7 @@ def _kind_of(default: str, kinds: tuple[str, ...]):
 
 
 BuildConfig = Annotated[
-    Union[Annotated[CommandBuildConfig, Tag("command")], Annotated[TvmWheelBuildConfig, Tag("tvm-wheel")],
-          Annotated[TvmSourceBuildConfig, Tag("tvm-source")]],
+    Annotated[CommandBuildConfig, Tag("command")] | Annotated[TvmWheelBuildConfig, Tag("tvm-wheel")] | Annotated[TvmSourceBuildConfig, Tag("tvm-source")],
     _kind_of("command", BUILD_KINDS),
 ]
 
@@ -296,7 +296,7 @@ class TvmWorkloadConfig(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _onnx_needs_md5(self) -> "TvmWorkloadConfig":
+    def _onnx_needs_md5(self) -> TvmWorkloadConfig:
         if self.model.startswith("onnx:") and self.md5 is None:
             raise ValueError("an onnx: model needs its md5")
         known = MODEL_OPTIONS.get("onnx" if self.model.startswith("onnx:") else self.model)
@@ -313,7 +313,7 @@ class TvmWorkloadConfig(StrictModel):
 
 
 WorkloadConfig = Annotated[
-    Union[Annotated[CommandWorkloadConfig, Tag("command")], Annotated[TvmWorkloadConfig, Tag("tvm")]],
+    Annotated[CommandWorkloadConfig, Tag("command")] | Annotated[TvmWorkloadConfig, Tag("tvm")],
     _kind_of("command", WORKLOAD_KINDS),
 ]
 
@@ -329,7 +329,7 @@ class RunnerConfig(StrictModel):
     target: dict[str, Any] | None = Field(default=None, description="TVM target; default per kind")
 
     @model_validator(mode="after")
-    def _rpc_needs_tracker(self) -> "RunnerConfig":
+    def _rpc_needs_tracker(self) -> RunnerConfig:
         if self.kind == "rpc" and (not self.tracker or not self.key):
             raise ValueError("an rpc runner needs tracker and key")
         return self

@@ -11,7 +11,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 from abwatch.runners.base import TvmMetrics
 from abwatch.runners.safejson import BadValue, loads, milliseconds

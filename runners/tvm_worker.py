@@ -37,7 +37,7 @@ def _protocol_stream():
     return out
 
 
-def _builtin(name: str, shape, dtype: str, options: dict):
+def _builtin(name: str, shape, dtype: str, options: dict):  # noqa: C901 - the models' classes, where tvm is imported
     """A relax.frontend.nn module for a built-in workload, and its input shape."""
     from tvm.relax.frontend import nn
 
@@ -141,7 +141,8 @@ def _relax_module(spec: dict, rng: np.random.Generator):
         import onnx
         from tvm.relax.frontend.onnx import from_onnx
 
-        digest = hashlib.md5(open(name, "rb").read()).hexdigest()
+        with open(name, "rb") as handle:
+            digest = hashlib.md5(handle.read()).hexdigest()
         if spec.get("md5") and digest != spec["md5"]:
             raise ValueError(f"{name}: md5 is {digest}, the config says {spec['md5']}")
         graph = onnx.load(name)

@@ -41,8 +41,8 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta, timezone
-from typing import Iterable
+from datetime import timedelta, UTC
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 import requests
@@ -259,7 +259,7 @@ def _store(sessions: sessionmaker, results: list[Sent], config: AlertsConfig) ->
             now = utcnow()
             row.attempts += sent.attempts
             row.status_code, row.error = sent.status_code, sent.error
-            created = row.at if row.at.tzinfo else row.at.replace(tzinfo=timezone.utc)
+            created = row.at if row.at.tzinfo else row.at.replace(tzinfo=UTC)
             if sent.ok:
                 row.status, row.delivered_at, row.next_at = DeliveryStatus.DELIVERED, now, None
             elif sent.final or now - created > timedelta(seconds=config.retry_for_s):

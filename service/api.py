@@ -11,8 +11,9 @@ the dashboard (:mod:`service.dashboard`) and its OpenAPI schema at ``/openapi.js
 import hmac
 import json
 import os
-from datetime import datetime, timezone
-from typing import Annotated, Any, Iterator, Literal
+from datetime import datetime, UTC
+from typing import Annotated, Any, Literal
+from collections.abc import Iterator
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -172,7 +173,25 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None) 
     app.state.alerts = alerts
     app.add_middleware(Guard, api=api)
     app.add_exception_handler(RequestValidationError, invalid_request)
-    SessionDep = Annotated[Session, Depends(api.session)]
+    _read_routes(app)
+    _write_routes(app)
+
+    from abwatch.service.dashboard import add_dashboard  # noqa: E402 - the pages use the routes above
+
+    add_dashboard(app, api)
+    return app
+
+
+def _session(request: Request) -> Iterator[Session]:
+    """One session per request, from the app's :class:`Api`."""
+    yield from request.app.state.api.session()
+
+
+SessionDep = Annotated[Session, Depends(_session)]
+
+
+def _read_routes(app: FastAPI) -> None:
+    """The open, read-only routes: runs, regressions, series, records, the watch."""
 
     @app.get("/api/runs", tags=["runs"])
     def runs(session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -196,8 +215,8 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None) 
         if since is not None:
             # PostgreSQL takes offsets up to ±15:59 only; compare in UTC (naive means UTC)
             try:
-                since = (since.replace(tzinfo=timezone.utc) if since.tzinfo is None
-                         else since.astimezone(timezone.utc))
+                since = (since.replace(tzinfo=UTC) if since.tzinfo is None
+                         else since.astimezone(UTC))
             except (OverflowError, ValueError):
                 raise HTTPException(422, f"since: {since!r} is out of range") from None
         return queries.list_regressions(session, state=state, workload=workload, device=device,
@@ -206,18 +225,6 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None) 
     @app.get("/api/regressions/{regression_id}", tags=["regressions"], responses=ERRORS)
     def regression(regression_id: Id, session: SessionDep) -> dict[str, Any]:
         """One regression: state timeline, triage decisions, verdicts, culprit, alerts sent."""
-        return queries.regression_detail(session, regression_id)
-
-    @app.post("/api/regressions/{regression_id}/triage", tags=["regressions"],
-              responses={**ERRORS, 401: {"model": ErrorBody}, 413: {"model": ErrorBody}})
-    def triage(regression_id: Id, decision: TriageRequest, session: SessionDep) -> dict[str, Any]:
-        """Record a person's decision (acknowledged, expected, invalid, wontfix) about a regression."""
-        try:
-            triage_mod.triage(session, regression_id, decision.status, who=decision.who,
-                              issue_url=decision.issue_url, note=decision.note)
-        except triage_mod.TriageError as exc:
-            raise queries.NotFound(str(exc)) from None
-        session.commit()
         return queries.regression_detail(session, regression_id)
 
     @app.get("/api/workloads", tags=["series"])
@@ -241,6 +248,29 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None) 
         if workload is not None:
             query = query.where(Record.workload == workload)
         return [to_dict(row) for row in session.scalars(query)]
+
+    @app.get("/api/watch", tags=["watch"])
+    def watch(session: SessionDep) -> dict[str, Any]:
+        """What is watched: per repository, the newest tested commit; open regressions."""
+        data = queries.overview(session)
+        return {"watched": data["watched"], "open_regressions": len(data["open_regressions"]),
+                "silenced_regressions": len(data["silenced_regressions"])}
+
+
+def _write_routes(app: FastAPI) -> None:
+    """The routes that store something (the token was checked before, by :class:`Guard`)."""
+
+    @app.post("/api/regressions/{regression_id}/triage", tags=["regressions"],
+              responses={**ERRORS, 401: {"model": ErrorBody}, 413: {"model": ErrorBody}})
+    def triage(regression_id: Id, decision: TriageRequest, session: SessionDep) -> dict[str, Any]:
+        """Record a person's decision (acknowledged, expected, invalid, wontfix) about a regression."""
+        try:
+            triage_mod.triage(session, regression_id, decision.status, who=decision.who,
+                              issue_url=decision.issue_url, note=decision.note)
+        except triage_mod.TriageError as exc:
+            raise queries.NotFound(str(exc)) from None
+        session.commit()
+        return queries.regression_detail(session, regression_id)
 
     @app.post("/api/records", tags=["records"], status_code=201,
               responses={400: {"model": ErrorBody}, 401: {"model": ErrorBody}, 413: {"model": ErrorBody},
@@ -267,15 +297,3 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None) 
         rows, _skipped = add_new(session, [to_row(record) for record in valid])  # already stored: skipped
         session.commit()
         return ImportResult(imported=len(rows), ids=[r.id for r in rows])
-
-    @app.get("/api/watch", tags=["watch"])
-    def watch(session: SessionDep) -> dict[str, Any]:
-        """What is watched: per repository, the newest tested commit; open regressions."""
-        data = queries.overview(session)
-        return {"watched": data["watched"], "open_regressions": len(data["open_regressions"]),
-                "silenced_regressions": len(data["silenced_regressions"])}
-
-    from abwatch.service.dashboard import add_dashboard  # noqa: E402 - the pages use the routes above
-
-    add_dashboard(app, api)
-    return app

@@ -72,7 +72,7 @@ class _Part:
 def _sides(outcome: outcome.CompareOutcome, names: set[str], good_is_control: bool,
            judge: Judge = run_time) -> dict[str, tuple]:
     """Per workload: good, bad or None (undecided), with its verdict (as ``judge`` reads it) and change."""
-    found = {}
+    found: dict[str, tuple] = {}
     for r in outcome.results:
         if r.workload not in names:
             continue
@@ -113,12 +113,12 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
     if not commits or commits[-1] != bad:  # not on one first-parent line (e.g. a fixed: control)
         commits = [bad]
     by_name = {r.workload.name: r for r in regressions}
-    stored = session.get(driver.Run, parent_run_id).config
+    stored = session.get_one(driver.Run, parent_run_id).config
     base_config = Config.model_validate(stored)
-    repository = get_repository(session, config.repo.url)
+    repository = get_repository(session, config.repository.url)
     limit = config.watch.max_builds_per_range
     positions = {r.id: session.scalar(select(func.count()).select_from(BisectionStep)
-                                      .where(BisectionStep.regression_id == r.id)) for r in regressions}
+                                      .where(BisectionStep.regression_id == r.id)) or 0 for r in regressions}
     progress.message(f"bisecting {len(commits)} commit(s) {good[:12]}..{bad[:12]} for {sorted(by_name)}")
     todo, culprits, builds = [_Part(set(by_name), -1, len(commits) - 1)], {}, 0
 
@@ -145,25 +145,13 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         if found is not None:  # stepped before this process was killed: the verdict is kept
             progress.message(f"  {sha[:12]}: judged already (stored steps); not compared again")
         else:
-            outcome = compare(part.names, good, sha)
-            builds += sum(1 for b in outcome.builds if not b.cached)
-            if outcome.status == "build_failed":
-                found = {name: (SKIP, "build_failed", None) for name in part.names}
-            else:
-                found = _sides(outcome, part.names, good_is_control=True, judge=judge)
-                found.update({name: (None, "unknown", None) for name in part.names - set(found)})
-                undecided = {name for name in part.names if found[name][0] is None}
-                if undecided:  # ask the bad end about those (no build: both are cached)
-                    again = _sides(compare(undecided, sha, bad), undecided, good_is_control=False, judge=judge)
-                    for name in undecided:
-                        side, value, change = again.get(name, (None, "unknown", None))
-                        # neither end tells them apart: keep the earlier commit as the suspect
-                        found[name] = (side or BAD, value, change)
+            found, step_run = _judge(part.names, sha, good, bad, compare, judge)
+            builds += sum(1 for b in step_run.builds if not b.cached)
             for name in sorted(part.names):
                 side, value, change = found[name]
                 regression = by_name[name]
                 session.add(BisectionStep(regression_id=regression.id, position=positions[regression.id],
-                                          commit_id=commit.id, run_id=outcome.run_id,
+                                          commit_id=commit.id, run_id=step_run.run_id,
                                           verdict=f"{value} ({side})",
                                           change_pct=change))
                 positions[regression.id] += 1
@@ -185,6 +173,27 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         name_culprit(session, [by_name[n] for n, c in culprits.items() if c == sha], mirror, sha)
     session.commit()
     return culprits
+
+
+def _judge(names: set[str], sha: str, good: str, bad: str,
+           compare: Callable[[set[str], str, str], outcome.CompareOutcome],
+           judge: Judge) -> tuple[dict[str, tuple], outcome.CompareOutcome]:
+    """One step: ``sha`` against the good end; the workloads it cannot tell apart against the
+    bad end (no build: both are cached by then). {workload: (side, verdict, change)} and the
+    comparison against the good end."""
+    result = compare(names, good, sha)
+    if result.status == "build_failed":
+        return {name: (SKIP, "build_failed", None) for name in names}, result
+    found = _sides(result, names, good_is_control=True, judge=judge)
+    found.update({name: (None, "unknown", None) for name in names - set(found)})
+    undecided = {name for name in names if found[name][0] is None}
+    if undecided:
+        again = _sides(compare(undecided, sha, bad), undecided, good_is_control=False, judge=judge)
+        for name in undecided:
+            side, value, change = again.get(name, (None, "unknown", None))
+            # neither end tells them apart: keep the earlier commit as the suspect
+            found[name] = (side or BAD, value, change)
+    return found, result
 
 
 def _stored_steps(session: Session, regressions: list[Regression],

@@ -11,7 +11,7 @@ import argparse
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from abwatch.service.exits import MEANINGS
 from abwatch.service.verdict import RegressionState, TriageStatus

@@ -11,10 +11,13 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from rich.console import Console
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from abwatch.builders.redact import mask_url
 from abwatch.builders.spec import UsageError
@@ -90,48 +93,77 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     if args.command in ("watch", "worker"):
         return _watch_command(args, config, engine, err)
     with db.session_scope(engine) as session:
-        if args.command == "compare":
-            from abwatch.service import driver
+        return SESSION_COMMANDS[args.command](Call(args, session, out, err, config))
 
-            assert config is not None  # loaded above, before the database was opened
-            with report.RichProgress(err) as progress:
-                outcome = driver.run_compare(session, config, args.control, args.treatment, progress=progress)
-            # rendered from the stored rows, so `abwatch show` prints the very same report
-            report.print_outcome(out, stored.load_outcome(session, outcome.run_id), args.json, args.ops)
-            return outcome.exit_code
-        if args.command == "verify":
-            return _verify_command(args, session, err, out)
-        if args.command == "show":
-            report.print_outcome(out, stored.load_outcome(session, args.run_id), args.json, args.ops)
-            return 0
-        if args.command == "runs":
-            rows = stored.list_runs(session, args.limit)
-            print(json.dumps(report.runs_json(rows))) if args.json else report.print_runs(out, rows)
-            return 0
-        if args.command == "builds":
-            return _builds_command(args, session, out)
-        if args.command == "regressions":
-            query = select(Regression).order_by(Regression.id)
-            if args.state:
-                query = query.where(Regression.state == RegressionState(args.state))
-            regressions = list(session.scalars(query))
-            if args.json:
-                print(json.dumps([report.regression_json(r) for r in regressions]))
-            else:
-                report.print_regressions(out, regressions)
-            return 0
-        if args.command == "status":
-            from abwatch.service import queries
-            found = queries.watch_status(session)
-            print(json.dumps(found)) if args.json else report.print_status(out, found)
-            return 0
-        if args.command == "records":
-            return _records_command(args, session, err)
-        if args.command == "triage":
-            return _triage_command(args, session, out)
-        if args.command == "history":
-            return _history_command(args, session, out, err)
-    raise AssertionError(args.command)
+
+@dataclass(frozen=True)
+class Call:
+    """What a command that reads or writes the database is given."""
+
+    args: argparse.Namespace
+    session: Session
+    out: Console
+    err: Console
+    config: Config | None  # loaded before the database was opened, for the commands that take one
+
+
+def _compare_command(call: Call) -> int:
+    from abwatch.service import driver
+
+    assert call.config is not None  # loaded before the database was opened
+    args = call.args
+    with report.RichProgress(call.err) as progress:
+        outcome = driver.run_compare(call.session, call.config, args.control, args.treatment, progress=progress)
+    # rendered from the stored rows, so `abwatch show` prints the very same report
+    report.print_outcome(call.out, stored.load_outcome(call.session, outcome.run_id), args.json, args.ops)
+    return outcome.exit_code
+
+
+def _show_command(call: Call) -> int:
+    report.print_outcome(call.out, stored.load_outcome(call.session, call.args.run_id), call.args.json,
+                         call.args.ops)
+    return 0
+
+
+def _runs_command(call: Call) -> int:
+    rows = stored.list_runs(call.session, call.args.limit)
+    print(json.dumps(report.runs_json(rows))) if call.args.json else report.print_runs(call.out, rows)
+    return 0
+
+
+def _regressions_command(call: Call) -> int:
+    query = select(Regression).order_by(Regression.id)
+    if call.args.state:
+        query = query.where(Regression.state == RegressionState(call.args.state))
+    regressions = list(call.session.scalars(query))
+    if call.args.json:
+        print(json.dumps([report.regression_json(r) for r in regressions]))
+    else:
+        report.print_regressions(call.out, regressions)
+    return 0
+
+
+def _status_command(call: Call) -> int:
+    from abwatch.service import queries
+
+    found = queries.watch_status(call.session)
+    print(json.dumps(found)) if call.args.json else report.print_status(call.out, found)
+    return 0
+
+
+# The commands that run in one database session, by name.
+SESSION_COMMANDS: dict[str, Callable[[Call], int]] = {
+    "compare": _compare_command,
+    "verify": lambda c: _verify_command(c.args, c.session, c.err, c.out),
+    "show": _show_command,
+    "runs": _runs_command,
+    "builds": lambda c: _builds_command(c.args, c.session, c.out),
+    "regressions": _regressions_command,
+    "status": _status_command,
+    "records": lambda c: _records_command(c.args, c.session, c.err),
+    "triage": lambda c: _triage_command(c.args, c.session, c.out),
+    "history": lambda c: _history_command(c.args, c.session, c.out, c.err),
+}
 
 
 def _watch_command(args: argparse.Namespace, config, engine, err: Console) -> int:

@@ -16,7 +16,8 @@ import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from sqlalchemy.orm import Session
 

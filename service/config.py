@@ -48,7 +48,7 @@ class RunConfig(StrictModel):
     verify_factor: float = Field(default=2.0, ge=1.0, description="repetition multiplier for verify")
 
     @model_validator(mode="after")
-    def _budget(self) -> "RunConfig":
+    def _budget(self) -> RunConfig:
         if self.max_repetitions is not None and self.max_repetitions < self.repetitions:
             raise ValueError("max_repetitions must be >= repetitions")
         return self
@@ -175,12 +175,19 @@ class Config(StrictModel):
     cache_dir: Path = DEFAULT_CACHE_DIR
     _source: str | None = PrivateAttr(default=None)  # the file it was read from (load_config)
 
+    @property
+    def repository(self) -> RepoConfig:
+        """``[repo]``, which a watch, a bisection and a git build need (ConfigError naming the file if absent)."""
+        if self.repo is None:
+            raise ConfigError(f"{self.at('repo')}: this needs a [repo] section")
+        return self.repo
+
     def at(self, key: str) -> str:
         """How an error found later names ``key``: ``file: key`` when the config came from a file."""
         return f"{self._source}: {key}" if self._source else key
 
     @model_validator(mode="after")
-    def _unique_workloads(self) -> "Config":
+    def _unique_workloads(self) -> Config:
         seen: set[str] = set()
         for workload in self.workloads:
             if workload.name in seen:
@@ -194,7 +201,7 @@ class Config(StrictModel):
             raise ValueError(f"the {self.runner.kind} runner runs tvm workloads only")
         return self
 
-    def workload(self, name: str) -> "CommandWorkloadConfig | TvmWorkloadConfig":
+    def workload(self, name: str) -> CommandWorkloadConfig | TvmWorkloadConfig:
         """The workload called ``name`` (KeyError if absent)."""
         for workload in self.workloads:
             if workload.name == name:

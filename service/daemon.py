@@ -154,7 +154,7 @@ def forever(engine: Engine, config: Config, *, work: bool = True, progress: Prog
     fires = trigger(config)
     now = datetime.now(zone)
     due = fires.get_next_fire_time(None, now) if config.watch.schedule else now
-    progress.message(f"watching {config.repo.branch} of {mask_url(config.repo.url)}; "
+    progress.message(f"watching {config.repository.branch} of {mask_url(config.repository.url)}; "
                      f"{'schedule ' + config.watch.schedule if config.watch.schedule else f'every {config.watch.interval_s:g} s'}"
                      f" ({config.watch.timezone}); first pass {due.isoformat(timespec='seconds')}")
     while not stopper.stopping and due is not None:

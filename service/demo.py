@@ -8,7 +8,7 @@ the true change between two tags is known: work 2.2M against 2.0M is +10 %.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from email.utils import format_datetime
 from pathlib import Path
 
@@ -117,7 +117,7 @@ def make_demo_repo(path: Path, history: tuple[Step, ...] = DEMO_HISTORY, branch:
         repo.index.add(["bench.c", "build.sh", "work.h", "README.md"])
         # One hour apart, so the history's order is also its commit-time order.
         count = int(repo.git.rev_list("--count", "HEAD")) if repo.head.is_valid() else 0
-        date = format_datetime(datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(hours=count))
+        date = format_datetime(datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=count))
         repo.index.commit(step.message, author_date=date, commit_date=date)
         repo.create_tag(step.tag)
     return [step.tag for step in history]

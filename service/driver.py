@@ -20,7 +20,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
@@ -175,7 +175,7 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
     compiles = compile_time.adjust([judged for *_, judged in measured])  # a family of its own
     results = [
         _store_result(session, config, run, workload, m, verdict, device_info, progress, judged, attach)
-        for (workload, m, _, _), verdict, judged in zip(measured, verdicts, compiles)
+        for (workload, m, _, _), verdict, judged in zip(measured, verdicts, compiles, strict=True)
     ]
     unjudged = [r.workload for r in results if r.failure]
     run.status = RunStatus.INCOMPLETE if unjudged else RunStatus.COMPLETED
@@ -316,7 +316,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     for side in (Side.CONTROL, Side.TREATMENT):
         samples = m.samples[side.value]
         if samples:
-            raw = [{"runtime_ms": v, "invocation": g} for v, g in zip(samples, m.groups[side.value])]
+            raw = [{"runtime_ms": v, "invocation": g} for v, g in zip(samples, m.groups[side.value], strict=True)]
             build = session.get(Build, run.control_build_id if side is Side.CONTROL else run.treatment_build_id)
             if build is None:  # measured sides were built; the run row names their builds
                 raise DriverError(f"run {run.id}: no build row for its {side.value} side")

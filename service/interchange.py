@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +106,9 @@ def _stamp(path: Path) -> str:
     """The report's time from its file name (``..._{YYYYMMDDhhmmssSSS}_pid...``), else the file's."""
     found = re.search(r"_(\d{17})_", path.name)
     if found:
-        when = datetime.strptime(found[1][:14], "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc)
+        when = datetime.strptime(found[1][:14], "%Y%m%d%H%M%S").replace(tzinfo=UTC)
         return when.isoformat()
-    return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat()
+    return datetime.fromtimestamp(path.stat().st_mtime, UTC).isoformat()
 
 
 def aoe_records(path: Path, hardware: str = "ascend") -> list[dict[str, Any]]:

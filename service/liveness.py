@@ -71,7 +71,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-run-{run_id}", daemon=True)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self._thread.start()
         return self
 

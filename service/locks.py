@@ -26,7 +26,7 @@ import zlib
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from sqlalchemy import Connection, Engine, text
 

@@ -8,7 +8,7 @@ constraint, so SQLite and PostgreSQL hold the same text.
 from __future__ import annotations
 
 import enum
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from sqlalchemy import (
@@ -42,7 +42,7 @@ NAMING_CONVENTION = {
 
 def utcnow() -> datetime:
     """Timezone-aware now, the only clock the models use."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class Base(DeclarativeBase):
@@ -331,11 +331,11 @@ class Regression(Base):
     control_commit: Mapped[Commit] = relationship(foreign_keys=[control_commit_id])
     treatment_commit: Mapped[Commit] = relationship(foreign_keys=[treatment_commit_id])
     culprit_commit: Mapped[Commit | None] = relationship(foreign_keys=[culprit_commit_id])
-    bisection: Mapped[list["BisectionStep"]] = relationship(order_by="BisectionStep.position")
-    events: Mapped[list["RegressionEvent"]] = relationship(
+    bisection: Mapped[list[BisectionStep]] = relationship(order_by="BisectionStep.position")
+    events: Mapped[list[RegressionEvent]] = relationship(
         order_by="RegressionEvent.id", back_populates="regression"
     )
-    triage_events: Mapped[list["TriageEvent"]] = relationship(order_by="TriageEvent.id")
+    triage_events: Mapped[list[TriageEvent]] = relationship(order_by="TriageEvent.id")
     __mapper_args__ = {"version_id_col": version}
 
 

@@ -19,12 +19,13 @@ run and finish code is the same.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
-from typing import Iterator
+from collections.abc import Iterator
 
 import psutil
 from sqlalchemy import Connection, Engine, select, text, update
@@ -74,10 +75,8 @@ class Worker:
     def close(self) -> None:
         """Drop the lock connection (and with it any lock still held)."""
         if self._locks is not None:
-            try:
+            with contextlib.suppress(DBAPIError):  # the server dropped it already: its locks went with it
                 self._locks.close()
-            except DBAPIError:  # the server dropped it already: its locks went with it
-                pass
             self._locks = None
 
     def reconnect(self) -> None:

@@ -12,7 +12,8 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import select

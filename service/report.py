@@ -19,6 +19,7 @@ from abwatch.builders.redact import mask_url
 from abwatch.service.outcome import CompareOutcome, WorkloadResult
 from abwatch.service.models import Regression
 from abwatch.service.stored import StoredRun
+from datetime import UTC
 
 PIPE_WIDTH = 100_000  # no terminal: never cut or wrap a value
 WIDE = 120  # from this terminal width on, tables show every column
@@ -35,7 +36,7 @@ class RichProgress:
                             TimeElapsedColumn(), console=console, transient=True)
         self.tasks: dict[str, TaskID] = {}
 
-    def __enter__(self) -> "RichProgress":
+    def __enter__(self) -> RichProgress:
         self.bar.start()
         return self
 
@@ -73,11 +74,11 @@ def outcome_json(stored: StoredRun) -> dict:
     """The ``--json`` object of ``compare``, ``verify`` and ``show``: the outcome, which p
     decided each verdict, and the failed builds' logs."""
     data = stored.outcome.to_json()
-    for result, r in zip(data["results"], stored.outcome.results):
+    for result, r in zip(data["results"], stored.outcome.results, strict=True):
         result["p_decisive"] = "p_adjusted" if decisive_p(r.verdict)[1] == "BH-adjusted" else "p_value"
         result["n_counts"] = "samples"
         result.setdefault("correctness_regression_id", r.correctness_regression_id)
-    for build, b in zip(data["builds"], stored.outcome.builds):
+    for build, b in zip(data["builds"], stored.outcome.builds, strict=True):
         build["build_id"] = b.build_id
         if b.build_id in stored.failed_logs:
             build["log_tail"] = log_tail(stored.failed_logs[b.build_id])
@@ -391,8 +392,8 @@ class LineProgress:
 
     def message(self, text: str) -> None:
         """Print one line, time-stamped."""
-        from datetime import datetime, timezone
-        self.console.print(f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ} {text}", markup=False, highlight=False)
+        from datetime import datetime
+        self.console.print(f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ} {text}", markup=False, highlight=False)
 
     def invocation(self, workload: str, done: int, total: int) -> None:
         """Invocations are not drawn in a log."""

@@ -37,7 +37,8 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats as sps
@@ -132,8 +133,8 @@ def _clusters(samples: np.ndarray, groups: Sequence | None, name: str) -> np.nda
     order: dict = {}
     for label in groups:
         order.setdefault(label, len(order))
-    rows = [[] for _ in order]
-    for value, label in zip(samples, groups):
+    rows: list[list[float]] = [[] for _ in order]
+    for value, label in zip(samples, groups, strict=True):
         rows[order[label]].append(value)
     out = np.full((len(rows), max(map(len, rows))), np.nan)
     for i, row in enumerate(rows):
@@ -187,7 +188,7 @@ def compare(
     a = _as_samples(control, "control")
     b = _as_samples(treatment, "treatment")
     params = dict(threshold_pct=threshold_pct, alpha=alpha, confidence=confidence)
-    base = dict(control_n=len(a), treatment_n=len(b), equivalence_alpha=equivalence_alpha, **params)
+    base: dict[str, Any] = dict(control_n=len(a), treatment_n=len(b), equivalence_alpha=equivalence_alpha, **params)
     ca, cb = _clusters(a, control_groups, "control"), _clusters(b, treatment_groups, "treatment")
     min_clusters = 3 if control_groups is not None or treatment_groups is not None else min_samples
     if len(a) < min_samples or len(b) < min_samples or min(len(ca), len(cb)) < min_clusters:
@@ -328,9 +329,10 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
     if not tested:
         return out
     adjusted = sps.false_discovery_control([verdicts[i].p_value for i in tested], method="bh")
-    for i, p_adj in zip(tested, adjusted):
+    for i, p_adj in zip(tested, adjusted, strict=True):
         v = verdicts[i]
-        base = dict(control_n=v.control_n, treatment_n=v.treatment_n,
+        assert v.change_pct is not None and v.ci_pct is not None and v.p_value is not None  # tested: it has a p
+        base: dict[str, Any] = dict(control_n=v.control_n, treatment_n=v.treatment_n,
                     control_median_ms=v.control_median_ms, treatment_median_ms=v.treatment_median_ms,
                     threshold_pct=v.threshold_pct, alpha=v.alpha, confidence=v.confidence,
                     equivalence_alpha=v.equivalence_alpha)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any, Iterable, Sequence, cast
+from typing import Any, cast
+from collections.abc import Iterable, Sequence
 
 from sqlalchemy import ColumnElement, Table, TextClause, insert, select, text
 from sqlalchemy.dialects import postgresql, sqlite
@@ -160,7 +161,7 @@ def copy_rows(session: Session, table: str, columns: Sequence[str], rows: Iterab
                 cursor.close()
         return count
     target = Base.metadata.tables[table]
-    batch = [dict(zip(columns, row)) for row in rows]
+    batch = [dict(zip(columns, row, strict=True)) for row in rows]
     if batch:
         connection.execute(insert(target), batch)
     return len(batch)

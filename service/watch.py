@@ -18,7 +18,7 @@ from __future__ import annotations
 import socket
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import git
 from sqlalchemy import select, update
@@ -66,7 +66,7 @@ def config_hash(config: Config) -> str:
 
 def mirror_of(config: Config) -> RepoMirror:
     """The local mirror of the watched repository."""
-    return RepoMirror(config.repo.url, config.cache_dir)
+    return RepoMirror(config.repository.url, config.cache_dir)
 
 
 def first_parents(mirror: RepoMirror, base: str | None, head: str) -> list[str]:
@@ -88,8 +88,8 @@ def is_ancestor(mirror: RepoMirror, old: str, new: str) -> bool:
 def week_start(moment: datetime) -> datetime:
     """Monday 00:00 UTC of ``moment``'s week (a naive ``moment``, as SQLite returns it, is UTC)."""
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    day = moment.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+        moment = moment.replace(tzinfo=UTC)
+    day = moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     return day - timedelta(days=day.weekday())
 
 
@@ -102,8 +102,8 @@ class PassReport:
 
 
 def _progress_row(session: Session, config: Config, device: str) -> WatchProgress:
-    repository = get_repository(session, config.repo.url)
-    key = dict(repository_id=repository.id, branch=config.repo.branch, device=device,
+    repository = get_repository(session, config.repository.url)
+    key = dict(repository_id=repository.id, branch=config.repository.branch, device=device,
                config_hash=config_hash(config))
     # two watches of one branch (or a watch and its restart) may meet a new row at once
     insert_ignoring_conflict(session, WatchProgress, {**key, "updated_at": utcnow()}, list(key))
@@ -120,7 +120,7 @@ def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: s
             raise RepoError(f"{config.at('watch.start')}: {exc}") from None
         if not is_ancestor(mirror, start, head):
             raise RepoError(f"{config.at('watch.start')}: {config.watch.start!r} is not on branch "
-                            f"{config.repo.branch!r}")
+                            f"{config.repository.branch!r}")
         later = [] if nightly else first_parents(mirror, start, head)[config.watch.step - 1::config.watch.step]
         return [start] + later
     if row.last_seen_sha == head:
@@ -131,7 +131,7 @@ def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: s
             merge_base = mirror.repo.git.merge_base(base, head)
         except git.GitCommandError:
             merge_base = None
-        text = (f"branch {config.repo.branch!r} was force-pushed: the last commit seen, {base[:12]}, is no longer "
+        text = (f"branch {config.repository.branch!r} was force-pushed: the last commit seen, {base[:12]}, is no longer "
                 f"on it; going on from {'the fork point ' + merge_base[:12] if merge_base else 'the new head'} "
                 f"(the commits tested since then are kept, no longer used as controls)")
         print(f"abwatch watch: WARNING: {text}", file=sys.stderr)
@@ -153,9 +153,9 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
     mirror = mirror_of(config)
     mirror.fetch()
     try:
-        head = mirror.resolve(f"refs/heads/{config.repo.branch}")
+        head = mirror.resolve(f"refs/heads/{config.repository.branch}")
     except RepoError:
-        raise RepoError(f"{config.at('repo.branch')}: no branch {config.repo.branch!r} in {mirror.display_url}") \
+        raise RepoError(f"{config.at('repo.branch')}: no branch {config.repository.branch!r} in {mirror.display_url}") \
             from None
     if config.watch.control.startswith("fixed:"):  # a bad pinned base is a config error, said at once
         ref = config.watch.control.removeprefix("fixed:")
@@ -164,7 +164,7 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
         except RepoError:
             raise RepoError(f"{config.at('watch.control')}: {ref!r} (of {config.watch.control!r}) names no commit "
                             f"in {mirror.display_url}") from None
-    repository = get_repository(session, config.repo.url)
+    repository = get_repository(session, config.repository.url)
     for device in device_names(config):
         row = _progress_row(session, config, device)
         new = _new_commits(mirror, config, row, head.sha, report, nightly)
@@ -342,13 +342,13 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
     left is marked abandoned); a finished comparison goes straight on to verify and bisect.
     """
     progress = progress or driver.NullProgress()
-    row = session.get(WatchProgress, job.payload["progress_id"])
+    row = session.get_one(WatchProgress, job.payload["progress_id"])
     sha = job.payload["sha"]
     config = for_device(config, job.device)
     mirror = mirror_of(config)
     info = mirror.resolve(sha)
-    commit = get_commit(session, get_repository(session, config.repo.url), info)
-    watched = session.scalar(select(WatchedCommit).filter_by(progress_id=row.id, commit_id=commit.id))
+    commit = get_commit(session, get_repository(session, config.repository.url), info)
+    watched = session.scalars(select(WatchedCommit).filter_by(progress_id=row.id, commit_id=commit.id)).one()
     result: dict = {"sha": sha, "confirmed": [], "fixed": []}
     if watched.status == QUEUED:
         try:
@@ -439,7 +439,7 @@ def _further_than(session: Session, config: Config, mirror: RepoMirror, regressi
             Regression.control_commit_id == regression.control_commit_id,
             Regression.state == RegressionState.REGRESS)):
         seen = [earlier.treatment_commit.sha] + [
-            session.get(Run, e.run_id).treatment_commit.sha for e in earlier.events
+            session.get_one(Run, e.run_id).treatment_commit.sha for e in earlier.events
             if e.from_state == e.to_state == RegressionState.REGRESS and e.run_id is not None]
         for sha in seen:
             if sha != bad and is_ancestor(mirror, sha, bad) and (newest is None or is_ancestor(mirror, newest, sha)):

@@ -39,6 +39,26 @@ HISTORY = (
 )
 
 
+# Fixtures that make a test need the PostgreSQL server, and fixtures that make it slow (real
+# builds, compares, TVM venvs, boards, servers): `pytest -m "not slow"` is the everyday subset.
+POSTGRES_FIXTURES = frozenset({"pg_admin", "fresh_pg_url", "migrated_pg_url", "session", "filled_pg_url",
+                               "filled_server"})
+SLOW_FIXTURES = frozenset({"tvm_python", "tvm_cache", "rpc_board", "filled_pg_url", "filled_server",
+                           "bench_repo", "write_config"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test ``postgres`` and ``slow`` by the fixtures it uses (modules whose tests make
+    their own histories and servers say ``slow`` themselves)."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if names & POSTGRES_FIXTURES or params.get("db_url") == "postgres":
+            item.add_marker(pytest.mark.postgres)
+        if names & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def pg_admin():
     """An AUTOCOMMIT engine on the server's maintenance database."""
@@ -269,7 +289,7 @@ max_body_mb = {max_body_mb}
     env = {k: v for k, v in os.environ.items() if k != "ABWATCH_API_TOKEN"}
     if token is not None:
         env["ABWATCH_API_TOKEN"] = token
-    log = open(work / "server.log", "w")
+    log = open(work / "server.log", "w")  # noqa: SIM115 - the server writes it until the block ends
     process = subprocess.Popen(
         [sys.executable, "-m", "abwatch.service.cli", "serve", "--config", str(config), "--db", url,
          "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -146,9 +146,8 @@ def test_unsigned_without_a_secret_and_a_fixed_alert(receiver, filled_pg_url, mo
     (request,) = Receiver.received
     assert not request["signed"] and request["event"] == "fixed"
     assert "is fixed" in request["body"]["text"]
-    with pytest.raises(ValueError, match="alert event 'bogus'"):
-        with db.session_scope(engine) as session:
-            alerts.payload(session.get(Regression, regression_id), "bogus")
+    with pytest.raises(ValueError, match="alert event 'bogus'"), db.session_scope(engine) as session:
+        alerts.payload(session.get(Regression, regression_id), "bogus")
     engine.dispose()
 
 

@@ -64,7 +64,7 @@ def test_each_step_is_judged_by_the_judge_given(tmp_path, sqlite_url):
 
 
 def test_the_kind_picks_the_judge():
-    assert bisect.JUDGES == {"speed": bisect.run_time, "compile-time": compile_time.judged}
+    assert {"speed": bisect.run_time, "compile-time": compile_time.judged} == bisect.JUDGES
     assert "correctness" not in bisect.JUDGES  # a wrong output has no "slower" to bisect on
 
 

@@ -75,7 +75,7 @@ def _slow_build(repo_url: str, cache_dir: str, sha: str, queue) -> None:
 
 
 def test_concurrent_builders_of_one_key_build_once(bench_repo, tmp_path):
-    builder_for(str(bench_repo), tmp_path).repo.repo  # clone the mirror once, up front
+    _ = builder_for(str(bench_repo), tmp_path).repo.repo  # clone the mirror once, up front
     sha = builder_for(str(bench_repo), tmp_path).repo.resolve("base").sha
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()

@@ -4,11 +4,14 @@ built again (and the run says so) instead of failing every later comparison, and
 
 from __future__ import annotations
 
+import pytest
 import os
 
 from abwatch.builders.cache import ArtifactCache
 from tests.test_compare import compare, run_cli
 
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 def _truncate(path) -> None:
     with open(path, "r+b") as handle:

@@ -4,6 +4,7 @@ statistics or web code, and the read commands leave the numerical and web stacks
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -49,10 +50,8 @@ def test_the_parser_names_the_database_defaults_the_database_code_uses():
 
 
 def test_help_lists_every_exit_code(capsys):
-    try:
+    with contextlib.suppress(SystemExit):
         cli.main(["--help"])
-    except SystemExit:
-        pass
     text = " ".join(capsys.readouterr().out.split())
     for code in ("0 ", "1 ", "2 ", "3 ", "4 ", "5 ", "130 "):
         assert f"{code}" in text

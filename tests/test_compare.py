@@ -310,9 +310,8 @@ def test_a_run_stopped_by_an_unexpected_error_is_marked_failed(write_config, sql
     monkeypatch.setattr(driver.stats, "adjust_fdr", explode)
     engine = db.make_engine(sqlite_url)
     db.ensure_schema(engine)
-    with db.session_scope(engine) as session:
-        with pytest.raises(RuntimeError, match="injected fault"):
-            driver.run_compare(session, load_config(write_config(repetitions=2)), "base", "noop")
+    with db.session_scope(engine) as session, pytest.raises(RuntimeError, match="injected fault"):
+        driver.run_compare(session, load_config(write_config(repetitions=2)), "base", "noop")
     with db.session_scope(engine) as session:
         run = session.scalars(select(Run)).one()
         assert run.status == RunStatus.FAILED and "injected fault" in run.error and run.finished_at

@@ -30,6 +30,8 @@ from abwatch.service.stats import Outcome
 from abwatch.service.store import get_commit, get_repository, get_workload
 from tests.test_compare import compare
 
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
+
 ABWATCH = [sys.executable, "-m", "abwatch.service.cli"]
 FAILURE_WORDS = ("Traceback", "UniqueViolation", "IntegrityError", "already exists", "internal error",
                  "database error", "deadlock")

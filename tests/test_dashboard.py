@@ -18,6 +18,8 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
+
 @pytest.fixture(scope="module")
 def browser():
     """Headless Chromium driven through the system chromedriver."""

@@ -9,6 +9,7 @@ lie on the volumes the compose file declares).
 
 from __future__ import annotations
 
+import pytest
 import os
 import re
 import shutil
@@ -28,6 +29,8 @@ from sqlalchemy.orm import Session
 from abwatch.service import db
 from abwatch.service.config import load_config
 from abwatch.service.models import Job, Regression, WatchedCommit
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 ROOT = Path(__file__).resolve().parents[1]
 ABWATCH = str(Path(sys.executable).with_name("abwatch"))  # the console script the image's ENTRYPOINT runs

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import pytest
 from rich.console import Console
@@ -163,7 +163,7 @@ def test_ops_tables_for_every_tvm_workload_only_when_asked():
 
 
 def test_regressions_table_for_a_correctness_regression_keeps_refs_whole():
-    at = datetime(2026, 1, 2, 3, 4, tzinfo=timezone.utc)
+    at = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
     regression = Regression(
         id=4, kind="correctness", state=RegressionState.BENCHMARK, change_pct=0.0,
         workload=Workload(name="mlp"), control_commit=Commit(sha="0.26.0"),
@@ -179,7 +179,7 @@ def test_regressions_table_for_a_correctness_regression_keeps_refs_whole():
 
 
 def test_regressions_name_device_culprit_and_a_masked_repository():
-    at = datetime(2026, 1, 2, 3, 4, tzinfo=timezone.utc)
+    at = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
     culprit = Commit(sha="c" * 40, summary="Slow down the matmul schedule", author="Ada")
     regression = Regression(
         id=7, kind="speed", state=RegressionState.REGRESS, change_pct=6.25,
@@ -283,7 +283,7 @@ def test_history_keeps_to_the_branch_first_parent_line(capsys, write_config, sql
 def test_history_table_marks_the_step_and_draws_a_sparkline_on_a_terminal():
     from abwatch.service.history import Point, Step
 
-    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    at = datetime(2026, 1, 1, tzinfo=UTC)
     points = [Point(f"{i:040x}", f"commit {i}", at, 10.0 if i < 5 else 11.0, 1) for i in range(10)]
     step = Step(points[4], points[5], 10.0, 1e-6)
     out = Console(width=80, file=io.StringIO(), force_terminal=True, color_system=None, highlight=False)

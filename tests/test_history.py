@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import numpy as np
 
@@ -24,7 +24,7 @@ def test_series_and_steps_from_stored_records(session):
     repo = Repository(url="/history-repo")
     session.add(repo)
     session.flush()
-    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
     commits = [Commit(repository_id=repo.id, sha=f"{i:040x}", summary=f"commit {i}",
                       committed_at=t0 + timedelta(days=i)) for i in range(30)]
     session.add_all(commits)

@@ -6,6 +6,7 @@ cannot with the reason, and go on testing the commits around them, on both datab
 
 from __future__ import annotations
 
+import pytest
 import subprocess
 import sys
 import time
@@ -22,6 +23,8 @@ from abwatch.service.models import (
     BisectionStep, Commit, Regression, Run, RunStatus, RunType, WatchedCommit,
 )
 from tests.test_watch import shas, step, write_watch_config
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 ABWATCH = [sys.executable, "-m", "abwatch.service.cli"]
 

@@ -24,6 +24,8 @@ from abwatch.service.config import AlertsConfig
 from abwatch.service.models import AlertDelivery, DeliveryStatus, Regression, utcnow
 
 
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
+
 class Trickler(BaseHTTPRequestHandler):
     """``trickle`` mode: 200, then one byte of a 1000-byte body every 0.5 s; ``ok``: 200 at once.
     Every POST is counted by mode; ``started`` is set when a trickle begins."""

@@ -4,6 +4,7 @@ samples stored), naming the cap and the key that raises it."""
 
 from __future__ import annotations
 
+import pytest
 import json
 import textwrap
 
@@ -14,6 +15,8 @@ from sqlalchemy.orm import Session
 from abwatch.service import db
 from abwatch.service.cli import main
 from abwatch.service.models import Comparison, Run, Sample, Workload
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 SPEW = textwrap.dedent("""
     import os, sys

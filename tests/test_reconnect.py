@@ -5,6 +5,7 @@ the test's own database are terminated (``pg_terminate_backend``), as a restart 
 
 from __future__ import annotations
 
+import pytest
 import subprocess
 import sys
 import time
@@ -19,6 +20,8 @@ from abwatch.service.demo import make_demo_repo
 from abwatch.service.models import Job, JobStatus
 from tests.test_watch import step, write_watch_config
 
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 def _terminate(pg_admin, url: str) -> int:
     """Drop every connection to ``url``'s database; how many there were."""
@@ -41,7 +44,7 @@ def test_an_idle_worker_reconnects_after_its_connections_are_dropped(tmp_path, f
     make_demo_repo(repo, (step("base", "Baseline"),))
     config = write_watch_config(tmp_path, repo, 'control = "previous"')
     db.upgrade(fresh_pg_url)
-    log = open(tmp_path / "worker.log", "w+")
+    log = open(tmp_path / "worker.log", "w+")  # noqa: SIM115 - the worker writes it while it runs
     worker = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli", "worker", "--config", config,
                                "--device", "bench-box", "--db", fresh_pg_url], stdout=log, stderr=subprocess.STDOUT)
     try:

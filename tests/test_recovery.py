@@ -22,6 +22,8 @@ from abwatch.service.models import Invocation, Regression, RegressionEvent, Run,
 from abwatch.service.verdict import RegressionState
 from tests.test_compare import compare, run_cli
 
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
+
 ABWATCH = [sys.executable, "-m", "abwatch.service.cli"]
 
 

@@ -12,6 +12,7 @@ import functools
 import json
 import subprocess
 import threading
+from pathlib import Path
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -23,6 +24,8 @@ from abwatch.service.cli import main
 from abwatch.service.demo import make_demo_repo
 from abwatch.service.models import Commit, Repository, WatchedCommit
 from tests.test_watch import step, write_watch_config
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 SECRET = "s3cretPassw0rd"
 
@@ -70,8 +73,8 @@ def test_compare_watch_verify_and_bisect_store_one_masked_repository(tmp_path, s
     work, url, publish = served_repo
     config_path = write_watch_config(tmp_path, "REPO", 'schedule = "0 2 * * *"\ntimezone = "UTC"',
                                      threshold_pct=5.0)
-    config_text = open(config_path).read().replace(json.dumps("REPO"), json.dumps(url))
-    open(config_path, "w").write(config_text)
+    path = Path(config_path)
+    path.write_text(path.read_text().replace(json.dumps("REPO"), json.dumps(url)))
     assert main(["watch", "--config", config_path, "--once", "--db", db_url]) == 0  # baseline
     make_demo_repo(work, (step("n1", "README", note="n1"), step("slow", "Do 25% more work", 1.25),
                           step("n2", "README", 1.25, note="n2")))

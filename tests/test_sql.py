@@ -30,7 +30,7 @@ def test_views_exist_on_both_databases(db_url):
         for view in VIEWS:
             result = connection.execute(text(f"SELECT * FROM {view}"))
             assert result.fetchall() == []
-            assert "workload" in result.keys()
+            assert "workload" in result.keys()  # noqa: SIM118 - a Result, not a dict
     engine.dispose()
 
 
@@ -110,9 +110,8 @@ def test_grant_readonly_role_reads_and_cannot_write(fresh_pg_url, pg_admin, caps
         connection.close()
         # the writer still can
         engine = db.make_engine(fresh_pg_url)
-        with locks.device_lock(engine, "bench-box", "test", Path("/nonexistent")):
-            with engine.connect() as writer:
-                writer.execute(text("CREATE TEMPORARY TABLE mine (id int)"))
+        with locks.device_lock(engine, "bench-box", "test", Path("/nonexistent")), engine.connect() as writer:
+            writer.execute(text("CREATE TEMPORARY TABLE mine (id int)"))
         engine.dispose()
     finally:
         _drop_role(pg_admin, fresh_pg_url, role)

@@ -161,7 +161,7 @@ def test_fdr_matches_scipy_and_statsmodels_reference_values():
     ps = [0.01, 0.04, 0.03, 0.005, 0.2]
     expected = [0.025, 0.05, 0.05, 0.025, 0.2]
     verdicts = [compare([10.0] * 10, [10.0] * 10)] * len(ps)
-    verdicts = [replace(v, p_value=p, change_pct=5.0, ci_pct=(2.0, 8.0)) for v, p in zip(verdicts, ps)]
+    verdicts = [replace(v, p_value=p, change_pct=5.0, ci_pct=(2.0, 8.0)) for v, p in zip(verdicts, ps, strict=False)]
     adjusted = adjust_fdr(verdicts)
     assert [a.p_adjusted for a in adjusted] == pytest.approx(expected)
     assert all(a.correction == "benjamini-hochberg" for a in adjusted)

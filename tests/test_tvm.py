@@ -7,6 +7,7 @@ check what is checkable without a GPU: this machine has none, so they check the 
 
 from __future__ import annotations
 
+import pytest
 import json
 import subprocess
 from pathlib import Path
@@ -23,6 +24,8 @@ from tests.conftest import free_port
 
 OLD, NEW = "0.26.0", "0.27.0.post1"
 
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 def write(tmp_path, cache, workloads: str, runner: str = 'kind = "cpu"\nthreads = 1', run: str = "") -> str:
     path = tmp_path / "tvm.toml"
@@ -250,15 +253,15 @@ def test_onnx_model_by_path_with_md5(capsys, tmp_path, tvm_cache, sqlite_url):
     md5 = hashlib.md5(model.read_bytes()).hexdigest()
     workload = f'[[workloads]]\nname = "tiny"\nkind = "tvm"\nmodel = "onnx:{model}"\nmd5 = "{md5}"\n'
     path = write(tmp_path, tvm_cache, workload)
-    text = open(path).read().replace('kind = "tvm-wheel"', 'kind = "tvm-wheel"\npackages = ["onnx"]')
-    open(path, "w").write(text)
+    text = Path(path).read_text().replace('kind = "tvm-wheel"', 'kind = "tvm-wheel"\npackages = ["onnx"]')
+    Path(path).write_text(text)
     code, payload, err = compare(capsys, path, sqlite_url, NEW, NEW)
     result = payload["results"][0]
     assert result["failure"] is None, result
     assert result["control"]["n"] == SAMPLES and result["error"]["max_abs"] == 0.0
     assert any(op["type"].startswith("matmul") or "matmul" in op["name"] for op in result["ops"])
 
-    open(path, "w").write(text.replace(md5, "0" * 32))
+    Path(path).write_text(text.replace(md5, "0" * 32))
     code, payload, err = compare(capsys, path, sqlite_url, NEW, NEW)
     assert "md5 is " + md5 in payload["results"][0]["failure"]
     assert payload["results"][0]["regression_id"] is None

@@ -25,6 +25,8 @@ from abwatch.service.cli import main
 from abwatch.service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
 from abwatch.service.models import Build, BuildStatus
 
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
+
 FAKE_REMOTE = "https://example.invalid/apache/"
 
 CMAKELISTS = """cmake_minimum_required(VERSION 3.18)
@@ -207,7 +209,7 @@ def _build(project, cache: str, sha: str, queue) -> None:
 
 def test_concurrent_builders_of_one_commit_build_once(project, tmp_path):
     _, _, shas = project
-    TvmSourceBuilder(make_config(project, tmp_path)).repo.repo  # clone the mirror up front
+    _ = TvmSourceBuilder(make_config(project, tmp_path)).repo.repo  # clone the mirror up front
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_build, args=(project, str(tmp_path), shas["first"], queue)) for _ in range(2)]

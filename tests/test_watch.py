@@ -5,6 +5,7 @@ machine's other load does not hide a +3 % change.
 
 from __future__ import annotations
 
+import pytest
 import json
 import math
 from pathlib import Path
@@ -17,6 +18,8 @@ from abwatch.service import db
 from abwatch.service.cli import main
 from abwatch.service.demo import Step, make_demo_repo
 from abwatch.service.models import BisectionStep, Job, Run, RunStatus, WatchedCommit
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 W = 1_500_000  # ~3 ms a sample
 

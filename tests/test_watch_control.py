@@ -7,7 +7,7 @@ that built and ran would mark it, so every rule is checked on many histories qui
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, UTC
 
 import git
 import pytest
@@ -19,7 +19,9 @@ from abwatch.service.cli import main
 from abwatch.service.config import Config
 from abwatch.service.models import Job, WatchedCommit, WatchProgress
 
-T0 = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
+
+T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
 
 class History:
@@ -140,15 +142,15 @@ def test_parent_rule_and_merge_commits(tmp_path, engine):
 def test_week_start_uses_utc_week_boundaries(tmp_path, engine):
     h = History(tmp_path / "repo")
     plus2, minus5 = timezone(timedelta(hours=2)), timezone(timedelta(hours=-5))
-    fri = h.commit("Fri", datetime(2026, 1, 2, 12, tzinfo=timezone.utc))  # week of Mon 29 Dec
-    sat = h.commit("Sat", datetime(2026, 1, 3, 12, tzinfo=timezone.utc))
+    fri = h.commit("Fri", datetime(2026, 1, 2, 12, tzinfo=UTC))  # week of Mon 29 Dec
+    sat = h.commit("Sat", datetime(2026, 1, 3, 12, tzinfo=UTC))
     # Monday 01:30 in +02:00 is still Sunday 23:30 UTC: the old week
     sun = h.commit("Sun late", datetime(2026, 1, 5, 1, 30, tzinfo=plus2))
     # Sunday 19:30 in -05:00 is Monday 00:30 UTC: the new week
     mon = h.commit("Mon early", datetime(2026, 1, 4, 19, 30, tzinfo=minus5))
-    tue_broken = h.commit("Tue", datetime(2026, 1, 6, 9, tzinfo=timezone.utc))
-    wed = h.commit("Wed", datetime(2026, 1, 7, 9, tzinfo=timezone.utc))
-    thu = h.commit("Thu", datetime(2026, 1, 8, 9, tzinfo=timezone.utc))
+    tue_broken = h.commit("Tue", datetime(2026, 1, 6, 9, tzinfo=UTC))
+    wed = h.commit("Wed", datetime(2026, 1, 7, 9, tzinfo=UTC))
+    thu = h.commit("Thu", datetime(2026, 1, 8, 9, tzinfo=UTC))
     config = config_for(tmp_path, h.path, start=fri, control="week-start")
     picked = take_up(engine, config, {tue_broken: watch.BUILD_FAILED})
     assert picked == [
@@ -158,10 +160,10 @@ def test_week_start_uses_utc_week_boundaries(tmp_path, engine):
     ]
     # a week whose first commit did not build: its first tested (built) commit opens it
     h2 = History(tmp_path / "repo2")
-    a = h2.commit("a", datetime(2026, 2, 6, 12, tzinfo=timezone.utc))
-    b = h2.commit("b", datetime(2026, 2, 9, 8, tzinfo=timezone.utc))  # Monday, broken
-    c = h2.commit("c", datetime(2026, 2, 10, 8, tzinfo=timezone.utc))
-    d = h2.commit("d", datetime(2026, 2, 11, 8, tzinfo=timezone.utc))
+    a = h2.commit("a", datetime(2026, 2, 6, 12, tzinfo=UTC))
+    b = h2.commit("b", datetime(2026, 2, 9, 8, tzinfo=UTC))  # Monday, broken
+    c = h2.commit("c", datetime(2026, 2, 10, 8, tzinfo=UTC))
+    d = h2.commit("d", datetime(2026, 2, 11, 8, tzinfo=UTC))
     config2 = config_for(tmp_path, h2.path, start=a, control="week-start")
     assert take_up(engine, config2, {b: watch.BUILD_FAILED}) == [(a, None), (b, a), (c, a), (d, c)]
 

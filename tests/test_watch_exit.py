@@ -5,6 +5,7 @@ cannot start; a commit that does not build is an outcome, not a failure.
 
 from __future__ import annotations
 
+import pytest
 import socket
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from abwatch.service.demo import make_demo_repo
 from abwatch.service.models import Job, WatchedCommit
 
 from tests.test_watch import shas, step, write_watch_config
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 TVM_WORKLOAD = '[[workloads]]\nname = "mlp"\nkind = "tvm"\nmodel = "builtin:mlp"\n'
 

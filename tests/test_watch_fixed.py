@@ -7,6 +7,7 @@ real PostgreSQL.
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -17,6 +18,8 @@ from abwatch.service.models import Comparison, Run, RunType, WatchedCommit
 
 from tests.test_watch import regressions_json, shas, step, write_watch_config
 
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 def test_a_regression_against_a_pinned_base_is_one_regression_seen_again(tmp_path, fresh_pg_url, capsys):
     repo = tmp_path / "repo"

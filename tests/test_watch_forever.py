@@ -6,6 +6,7 @@ a busy machine.
 
 from __future__ import annotations
 
+import pytest
 import json
 import signal
 import subprocess
@@ -23,6 +24,8 @@ from abwatch.service.models import Commit, Job, Regression, Run, RunStatus, Watc
 
 from tests.test_watch import step, write_watch_config
 
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 def write_config(tmp_path, repo) -> str:
     """The watch config of these tests: a pass a second, changes under 2 % are noise."""

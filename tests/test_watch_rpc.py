@@ -7,6 +7,7 @@ for another device, running all along, never takes one.
 
 from __future__ import annotations
 
+import pytest
 import json
 
 from sqlalchemy import select
@@ -18,6 +19,8 @@ from abwatch.service.models import Device, Record, Run, RunStatus, WatchedCommit
 
 from tests import tvm_repo
 from tests.test_watch_workers import all_done, jobs, start_worker, stop, wait_for
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 MATMUL = '[[workloads]]\nname = "matmul"\nkind = "tvm"\nmodel = "te:matmul"\noptions = {m = 64, k = 64, n = 64}\n'
 RUN = "repetitions = 2\nmax_repetitions = 2\nwarmup = 0\ncompile_repetitions = 0\ntimeout_s = 120"

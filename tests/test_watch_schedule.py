@@ -5,6 +5,7 @@ grows between ticks. Each tick tests the branch head (no ``--once``); SIGTERM en
 
 from __future__ import annotations
 
+import pytest
 import re
 import signal
 import subprocess
@@ -21,6 +22,8 @@ from abwatch.service.models import Job, WatchedCommit
 from tests.test_watch import shas, step, write_watch_config
 from tests.test_watch_workers import wait_for
 
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 def watched(engine) -> dict[str, tuple[str, str | None]]:
     with Session(engine) as session:

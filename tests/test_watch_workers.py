@@ -8,6 +8,7 @@ still move with noise the tests assert that no wrong culprit is ever named.
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import signal
@@ -26,6 +27,8 @@ from abwatch.service.cli import main
 from abwatch.service.demo import Step, make_demo_repo
 from abwatch.service.models import Build, Invocation, Job, Regression, Run, RunStatus, WatchedCommit
 from abwatch.service.verdict import RegressionState
+
+pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
 W = 1_500_000  # ~3 ms a sample
 
@@ -140,7 +143,7 @@ def test_two_devices_three_workers_no_job_twice_no_overlap_on_a_device(tmp_path,
         assert set(by_device) == {"box-a", "box-b"}
         for device, device_runs in by_device.items():
             # one device, one benchmark at a time: its runs' [started, finished] never overlap
-            for earlier, later in zip(device_runs, device_runs[1:]):
+            for earlier, later in zip(device_runs, device_runs[1:], strict=False):
                 assert earlier.finished_at <= later.started_at, (device, earlier.id, later.id)
         for job in finished:  # each job's run is on the job's device
             if job.result.get("run_id"):

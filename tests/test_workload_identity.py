@@ -4,7 +4,7 @@ workload called ``loop`` are two series; history, noise profiles and the views n
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import git
 from sqlalchemy import select, text
@@ -84,7 +84,7 @@ def test_migration_splits_a_shared_workload_row_and_keeps_every_row(db_url):
     specs. Upgrading gives each its own row and moves what each run measured; nothing is lost."""
     db.upgrade(db_url, "0009")
     engine = db.make_engine(db_url)
-    now = datetime(2026, 11, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 1, tzinfo=UTC)
     spec1 = {"name": "mlp", "kind": "command", "command": ["./mlp"], "env": {}, "timeout_s": None}
     spec2 = {**spec1, "command": ["./mlp", "--big"]}
     with engine.begin() as c:
@@ -121,7 +121,7 @@ def test_migration_splits_a_shared_workload_row_and_keeps_every_row(db_url):
         assert set(rows) == {("/one", h1), ("/two", h1), ("/one", h2)}
         assert rows[("/one", h2)].id == workload  # the newest run's identity keeps the row and its profile
         assert session.scalars(select(NoiseProfile.workload_id)).all() == [workload]
-        for (run, _), key in zip(runs, [("/one", h1), ("/two", h1), ("/one", h2)]):
+        for (run, _), key in zip(runs, [("/one", h1), ("/two", h1), ("/one", h2)], strict=False):
             for model in (Comparison, Invocation, Sample):
                 assert session.scalars(select(model.workload_id).where(model.run_id == run)).all() == [rows[key].id]
         regressions = list(session.scalars(select(Regression).order_by(Regression.id)))

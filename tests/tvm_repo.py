@@ -9,7 +9,7 @@ Python (the commits differ only in a note).
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from email.utils import format_datetime
 from pathlib import Path
 
@@ -32,7 +32,7 @@ def commit(path: Path, tag: str, message: str) -> str:
     (path / "NOTES.md").write_text(f"{tag}\n")
     repo.index.add(["build.sh", "NOTES.md"])
     count = int(repo.git.rev_list("--count", "HEAD")) if repo.head.is_valid() else 0
-    date = format_datetime(datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(hours=count))
+    date = format_datetime(datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=count))
     made = repo.index.commit(message, author_date=date, commit_date=date)
     repo.create_tag(tag)
     return made.hexsha

@@ -232,7 +232,7 @@ def real_file(args) -> None:
             walls = {"control": [], "treatment": []}
             for p in row["procs"]:
                 walls["control" if p["side"] == "control" else "treatment"].append(p["wall_s"])
-            pair_s = [a + b for a, b in zip(walls["control"], walls["treatment"])]
+            pair_s = [a + b for a, b in zip(walls["control"], walls["treatment"], strict=False)]
             by_tag.setdefault(row["tag"], []).append(Trial(control, treatment, pair_s))
             loads.append(row["load"])
     # each trial is replayed up to its own length (a trial recorded with --until-decided

@@ -61,7 +61,7 @@ def _judge(procs: list[dict], look: int, budget: stats.Budget) -> stats.Look:
     b = [x for p in sides["treatment"][:pairs] for x in p["samples"]]
     ga = [i for i, p in enumerate(sides["control"][:pairs]) for _ in p["samples"]]
     gb = [i for i, p in enumerate(sides["treatment"][:pairs]) for _ in p["samples"]]
-    elapsed = sum(c["wall_s"] + t["wall_s"] for c, t in zip(sides["control"][:pairs], sides["treatment"][:pairs]))
+    elapsed = sum(c["wall_s"] + t["wall_s"] for c, t in zip(sides["control"][:pairs], sides["treatment"][:pairs], strict=False))
     return stats.sequential_look(a, b, ga, gb, look=look, elapsed_s=elapsed, budget=budget,
                                  plan_pairs=max(stats.DEFAULT_PLAN_PAIRS, START))
 

@@ -46,7 +46,7 @@ def trial(rng: np.random.Generator, shape: str, change: float, pairs: int, m: in
         order = [CONTROL] * pairs + ["treatment"] * pairs
     speed = _machine(rng, shape, len(order))
     control, treatment = [], []
-    for side, factor in zip(order, speed):
+    for side, factor in zip(order, speed, strict=False):
         median = 10.0 * factor * (1.0 if side == CONTROL else 1.0 + change)
         (control if side == CONTROL else treatment).append(_process(rng, shape, median, m))
     return Trial(control, treatment)
