@@ -52,7 +52,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from abwatch.builders.redact import redact_endpoint
 from abwatch.service.config import AlertsConfig
 from abwatch.service.models import AlertDelivery, DeliveryStatus, Regression, utcnow
-from abwatch.service.verdict import SILENCED_TRIAGE
+from abwatch.service.verdict import SILENCED_TRIAGE, RegressionKind
 
 SIGNATURE_HEADER = "X-Abwatch-Signature-256"
 EVENTS = ("regress", "fixed")
@@ -76,7 +76,7 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
     bad, good = regression.treatment_commit, regression.control_commit
     device = regression.device.name if regression.device else "?"
     url = f"{dashboard_url.rstrip('/')}/regressions/{regression.id}" if dashboard_url else None
-    kind = "runtime" if regression.kind == "speed" else regression.kind
+    kind = "runtime" if regression.kind == RegressionKind.SPEED else regression.kind.value
     if event == "regress":
         text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
                 f"({kind}) since {bad.sha[:12]} \"{bad.summary}\" (regression #{regression.id}, confirmed)")

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from abwatch.builders.repo import RepoMirror
 from abwatch.service import compile_time, driver, outcome, stats
 from abwatch.service.config import Config
+from abwatch.service.verdict import RegressionKind
 from abwatch.service.models import BisectionStep, Regression, RunType
 from abwatch.service.store import get_commit, get_repository
 
@@ -48,7 +49,10 @@ def run_time(result: outcome.WorkloadResult) -> tuple[stats.Verdict, str | None]
 
 
 # The regression kinds bisection knows how to judge; a correctness regression is not bisected.
-JUDGES: dict[str, Judge] = {"speed": run_time, compile_time.KIND: compile_time.judged}
+JUDGES: dict[RegressionKind, Judge] = {
+    RegressionKind.SPEED: run_time,
+    RegressionKind.COMPILE_TIME: compile_time.judged,
+}
 
 
 def max_builds(n: int) -> int:

@@ -24,9 +24,10 @@ from sqlalchemy.orm import Session
 from abwatch.runners.base import Runner
 from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
 from abwatch.service import lifecycle, stats
+from abwatch.service.verdict import RegressionKind
 from abwatch.service.models import Comparison, Regression, Run, RunType
 
-KIND = "compile-time"
+KIND = RegressionKind.COMPILE_TIME
 FIRST_LOOK = stats.MIN_PAIRS  # fewer pairs cannot decide anything
 BATCH = 2
 

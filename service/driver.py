@@ -39,7 +39,7 @@ from abwatch.service.config import CommandWorkloadConfig, Config, TvmWorkloadCon
 from abwatch.service.models import (
     Build, Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, Side, utcnow,
 )
-from abwatch.service.verdict import RegressionState
+from abwatch.service.verdict import RegressionState, RegressionKind
 from abwatch.service.progress import NullProgress, Progress
 from abwatch.service.records import to_row
 from abwatch.service.run_records import run_record
@@ -288,7 +288,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     session.flush()
     regression_id = correctness_id = None
     if verdict.verdict == stats.Outcome.REGRESSION and run.run_type == RunType.BENCHMARK:
-        regression = lifecycle.open_or_attach(session, run, comparison, "speed", verdict, attach)
+        regression = lifecycle.open_or_attach(session, run, comparison, RegressionKind.SPEED, verdict, attach)
         if regression.run_id == run.id:  # opened now; a re-run of the pair finds the open one
             regression.benchmark_verdict = verdict_json(verdict, run.id)
         else:
@@ -309,7 +309,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
             why = (f"outputs differ: {error['reason']}" if error["max_abs"] is None or error["max_rel"] is None
                    else f"outputs differ: max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g} "
                    f"(rtol {workload.rtol:g}, atol {workload.atol:g})")
-            correctness_id = lifecycle.open_regression(session, run, comparison, kind="correctness",
+            correctness_id = lifecycle.open_regression(session, run, comparison, kind=RegressionKind.CORRECTNESS,
                                                        reason=why).id
     if verdict.verdict == stats.Outcome.SAME:
         noise.learn(session, row.id, run.device_id, m.samples, m.groups)

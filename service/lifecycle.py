@@ -13,7 +13,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from abwatch.service.models import (
     OPEN_REGRESSION_SQL, OPEN_REGRESSION_STATES, Comparison, Regression, RegressionEvent, Run, utcnow,
 )
-from abwatch.service.verdict import RegressionState
+from abwatch.service.verdict import RegressionState, RegressionKind
 from abwatch.service.store import insert_ignoring_conflict
 
 S = RegressionState
@@ -84,7 +84,8 @@ def transition(session: Session, regression: Regression, to_state: RegressionSta
     return event
 
 
-def open_regression(session: Session, run: Run, comparison: Comparison, kind: str = "speed",
+def open_regression(session: Session, run: Run, comparison: Comparison,
+                    kind: RegressionKind = RegressionKind.SPEED,
                     reason: str | None = None) -> Regression:
     """Store a suspected regression found by ``run`` (state ``benchmark``); ``kind`` is
     ``speed``, ``compile-time`` or ``correctness``.
@@ -122,7 +123,7 @@ def note(session: Session, regression: Regression, run: Run, reason: str) -> Reg
     return event
 
 
-def open_or_attach(session: Session, run: Run, comparison: Comparison, kind: str, verdict,
+def open_or_attach(session: Session, run: Run, comparison: Comparison, kind: RegressionKind, verdict,
                    attach=None, reason: str | None = None) -> Regression:
     """:func:`open_regression`, unless ``attach(session, run, comparison, kind, least_pct)``
     names an open regression this slowdown (``verdict``, a :class:`service.stats.Verdict`) is
@@ -144,6 +145,6 @@ def pending_for_run(session: Session, run_id: int) -> list[Regression]:
     return list(session.scalars(
         select(Regression)
         .where(Regression.run_id == run_id, Regression.state == S.BENCHMARK,
-               Regression.kind.in_(("speed", "compile-time")))
+               Regression.kind.in_((RegressionKind.SPEED, RegressionKind.COMPILE_TIME)))
         .order_by(Regression.id)
     ))

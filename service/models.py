@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from abwatch.service.verdict import Outcome, RegressionState, TriageStatus
+from abwatch.service.verdict import Outcome, RegressionKind, RegressionState, TriageStatus
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -52,13 +52,13 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
 
 
-def _enum(cls: type[enum.Enum], name: str) -> Enum:
+def _enum(cls: type[enum.Enum], name: str, length: int = 32) -> Enum:
     return Enum(
         cls,
         name=name,
         native_enum=False,
         create_constraint=True,
-        length=32,
+        length=length,
         values_callable=lambda members: [m.value for m in members],
         validate_strings=True,
     )
@@ -313,8 +313,8 @@ class Regression(Base):
     state: Mapped[RegressionState] = mapped_column(_enum(RegressionState, "regression_state"), index=True)
     # the latest triage decision, if a person made one (the decisions are triage_events)
     triage: Mapped[TriageStatus | None] = mapped_column(_enum(TriageStatus, "triage_status"))
-    # "speed" (slower) or "correctness" (outputs differ from the control's beyond tolerance)
-    kind: Mapped[str] = mapped_column(String(16), default="speed", server_default="speed")
+    kind: Mapped[RegressionKind] = mapped_column(_enum(RegressionKind, "regression_kind", 16),
+                                                 default=RegressionKind.SPEED, server_default="speed")
     change_pct: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -102,7 +102,7 @@ def run_report(session: Session, run_id: int) -> dict[str, Any]:
 def regression_summary(r: Regression) -> dict[str, Any]:
     """One regression as a list entry."""
     return {
-        "id": r.id, "workload": r.workload.name, "workload_id": r.workload_id, "kind": r.kind,
+        "id": r.id, "workload": r.workload.name, "workload_id": r.workload_id, "kind": r.kind.value,
         "state": r.state.value,
         "triage": r.triage.value if r.triage else None,
         "silenced": r.triage in SILENCED_TRIAGE,

@@ -19,7 +19,7 @@ from abwatch.service.outcome import CompareOutcome, DriverError, WorkloadResult
 from abwatch.service.models import (
     Build, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType,
 )
-from abwatch.service.verdict import Verdict
+from abwatch.service.verdict import Verdict, RegressionKind
 
 if TYPE_CHECKING:  # a TypedDict: at run time it is a dict, and attribution imports NumPy
     from abwatch.service.attribution import TvmDetails
@@ -124,7 +124,7 @@ def _regressions_by_workload(session: Session, run: Run) -> tuple[dict[int, int]
     speed: dict[int, int] = {}
     correctness: dict[int, int] = {}
     for r in session.scalars(query.order_by(Regression.id)):
-        (correctness if r.kind == "correctness" else speed)[r.workload_id] = r.id
+        (correctness if r.kind == RegressionKind.CORRECTNESS else speed)[r.workload_id] = r.id
     return speed, correctness
 
 

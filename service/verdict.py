@@ -73,3 +73,12 @@ class TriageStatus(str, enum.Enum):
 
 # A regression triaged as one of these is not a real problem: no more alerts, shown apart.
 SILENCED_TRIAGE = frozenset({TriageStatus.EXPECTED, TriageStatus.INVALID})
+
+
+class RegressionKind(str, enum.Enum):
+    """What a regression is about: each kind is judged, verified and bisected by its own verdict."""
+
+    SPEED = "speed"  # the run-time verdict: slower
+    COMPILE_TIME = "compile-time"  # the compile-time verdict (TVM workloads): slower to compile
+    CORRECTNESS = "correctness"  # outputs differ from the control's beyond the workload's tolerance
+

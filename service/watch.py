@@ -30,7 +30,7 @@ from abwatch.service.config import Config
 from abwatch.service.models import (
     Commit, Comparison, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
 )
-from abwatch.service.verdict import RegressionState
+from abwatch.service.verdict import RegressionState, RegressionKind
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.builders.spec import CommitInfo, spec_hash, storable
 from abwatch.service.store import get_commit, get_repository, insert_ignoring_conflict
@@ -307,7 +307,7 @@ def _fixes(session: Session, config: Config, outcome: outcome.CompareOutcome) ->
 
 
 def _back_to_base(session: Session, config: Config, run: Run, result: outcome.WorkloadResult,
-                  kind: str = "speed") -> list[int]:
+                  kind: RegressionKind = RegressionKind.SPEED) -> list[int]:
     """Pinned base: the ``regress`` regressions of ``kind`` against this run's base that it no
     longer shows.
 

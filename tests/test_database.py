@@ -75,6 +75,29 @@ def test_enums_are_stored_by_value_and_checked(session):
         session.execute(text("UPDATE builds SET status = 'bogus'"))
 
 
+def test_regression_kinds_are_one_vocabulary_the_schema_checks(db_url):
+    """A regression's kind is RegressionKind's value, and the database refuses any other word."""
+    from abwatch.service.verdict import RegressionKind
+
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    with engine.connect() as connection:
+        check = " ".join(str(c["sqltext"]) for c in inspect(connection).get_check_constraints("regressions"))
+    assert all(f"'{kind.value}'" in check for kind in RegressionKind)
+    with engine.begin() as connection:  # rows elsewhere are not needed: constraints are not enforced for them
+        connection.execute(text("PRAGMA foreign_keys=OFF" if engine.dialect.name == "sqlite"
+                                else "SET session_replication_role = replica"))
+        columns = ("workload_id, control_commit_id, treatment_commit_id, run_id, comparison_id, state, change_pct, "
+                   "created_at, updated_at")
+        values = "1, 1, 2, 1, 1, 'benchmark', 5.0, '2026-01-01', '2026-01-01'"
+        connection.execute(text(f"INSERT INTO regressions ({columns}, kind) VALUES ({values}, 'speed')"))
+        with pytest.raises(IntegrityError, match="regression_kind"):
+            with connection.begin_nested():
+                connection.execute(text(f"INSERT INTO regressions ({columns}, kind) VALUES ({values}, 'runtime')"))
+        connection.rollback()
+    engine.dispose()
+
+
 def test_unique_device_names(session):
     session.add(Device(name="board-1", kind="rpc", hardware_config={}))
     session.flush()
