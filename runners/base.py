@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypedDict
@@ -81,6 +82,7 @@ class Runner(abc.ABC):
     """Runs workloads of one build on one device."""
 
     kind: ClassVar[str]
+    config: RunnerConfig  # the [runner] section it was made with
 
     @abc.abstractmethod
     def __init__(self, config: RunnerConfig) -> None:
@@ -88,7 +90,13 @@ class Runner(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self) -> DeviceInfo:
-        """Get the device ready; return its description."""
+        """Get the device ready; return its description (named :meth:`device_name`)."""
+
+    def device_name(self) -> str:
+        """The device's name in the database, the same for a comparison and the watch's jobs:
+        ``runner.device`` if the config names one, else what this kind of runner calls it
+        (this machine's host name for the local CPU)."""
+        return self.config.device or socket.gethostname()
 
     @abc.abstractmethod
     def run(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,

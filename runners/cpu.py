@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 from abwatch.builders.procs import child_env, passed, run_process
@@ -23,13 +22,12 @@ class CpuRunner(Runner):
 
     def __init__(self, config: RunnerConfig | None = None) -> None:
         self.config = config or RunnerConfig()
-        self.device = self.config.device or socket.gethostname()
         target = self.config.target or {"kind": "llvm", "mcpu": "native"}
         self.tvm = TvmSessions(self.config, target, "cpu")
 
     def prepare(self) -> DeviceInfo:
         return DeviceInfo(
-            name=self.device,
+            name=self.device_name(),
             kind=self.kind,
             hardware_config=hardware_config(),
             software_config=software_config(),

@@ -39,13 +39,21 @@ class GpuRunner(Runner):
         self.config = config or RunnerConfig(kind="gpu")
         self.tvm = TvmSessions(self.config, self.config.target or {"kind": "cuda"}, "cuda")
 
-    def prepare(self) -> DeviceInfo:
+    def device_name(self) -> str:
+        """``runner.device``, else ``<host>-<first GPU's name>`` (it refuses where there is no GPU)."""
+        return self.config.device or f"{socket.gethostname()}-{self._gpus()[0].replace(' ', '-')}"
+
+    def _gpus(self) -> list[str]:
         gpus = cuda_devices()
         if not gpus:
             raise RunnerUnavailable("gpu runner: no CUDA device is present on this machine "
                                     "(no /dev/nvidia* device or nvidia-smi lists no GPU)")
+        return gpus
+
+    def prepare(self) -> DeviceInfo:
+        gpus = self._gpus()
         return DeviceInfo(
-            name=self.config.device or f"{socket.gethostname()}-{gpus[0].replace(' ', '-')}",
+            name=self.device_name(),
             kind=self.kind,
             hardware_config={**hardware_config(), "gpus": gpus},
             software_config=software_config(),

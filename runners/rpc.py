@@ -32,6 +32,10 @@ class RpcRunner(Runner):
         rpc = {"tracker": config.tracker, "key": config.key}
         self.tvm = TvmSessions(config, config.target or {"kind": "llvm"}, "cpu", rpc=rpc)
 
+    def device_name(self) -> str:
+        """``runner.device``, else the board's tracker key."""
+        return self.config.device or self.key
+
     def prepare(self) -> DeviceInfo:
         host, port = self.tracker.rsplit(":", 1)
         try:
@@ -39,7 +43,7 @@ class RpcRunner(Runner):
         except OSError as exc:
             raise RunnerUnavailable(f"rpc runner: tracker {self.tracker} is not reachable: {exc}") from None
         return DeviceInfo(
-            name=self.config.device or self.key,
+            name=self.device_name(),
             kind=self.kind,
             hardware_config={"rpc_key": self.key, "tracker": self.tracker},
             software_config={"host": software_config()},

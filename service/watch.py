@@ -15,7 +15,6 @@ the job, after it (:mod:`service.daemon`).
 
 from __future__ import annotations
 
-import socket
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, UTC
@@ -32,6 +31,7 @@ from abwatch.service.models import (
 )
 from abwatch.service.verdict import RegressionState, RegressionKind
 from abwatch.builders.repo import RepoError, RepoMirror
+from abwatch.runners import make_runner
 from abwatch.builders.spec import CommitInfo, spec_hash, storable
 from abwatch.service.store import get_commit, get_repository, insert_ignoring_conflict
 
@@ -41,11 +41,11 @@ GOOD = (OK, BASELINE)  # statuses a later commit may be compared with
 
 
 def device_names(config: Config) -> list[str]:
-    """The devices a watch queues jobs for: ``[watch] devices``, else the runner's own."""
+    """The devices a watch queues jobs for: ``[watch] devices``, else the runner's own
+    (:meth:`~abwatch.runners.base.Runner.device_name`, the name its comparisons store)."""
     if config.watch.devices:
         return list(config.watch.devices)
-    runner = config.runner
-    return [runner.device or (runner.key if runner.kind == "rpc" else None) or socket.gethostname()]
+    return [make_runner(config).device_name()]
 
 
 def for_device(config: Config, device: str) -> Config:

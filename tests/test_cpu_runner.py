@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import time
 
+import pytest
+
 from abwatch.runners import CpuRunner
 from abwatch.service.config import CommandWorkloadConfig, RunnerConfig
 
@@ -50,3 +52,29 @@ def test_hung_workload_and_its_children_are_killed(tmp_path):
     time.sleep(0.2)
     left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+def test_one_device_name_for_comparisons_and_the_watch():
+    """A runner names its device once (Runner.device_name): the row a comparison stores and the
+    device the watch queues jobs for are the same, for each kind of runner."""
+    import socket
+
+    from abwatch.builders.spec import RunnerConfig
+    from abwatch.runners import GpuRunner, RpcRunner, RunnerUnavailable
+    from abwatch.service import watch
+    from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
+
+    def config(runner: RunnerConfig) -> Config:
+        return Config(build=TvmWheelBuildConfig(), runner=runner,
+                      workloads=[TvmWorkloadConfig(name="m", model="builtin:mlp")])
+
+    assert CpuRunner(RunnerConfig()).device_name() == socket.gethostname()
+    assert watch.device_names(config(RunnerConfig())) == [socket.gethostname()]
+    rpc = RunnerConfig(kind="rpc", tracker="127.0.0.1:9190", key="rk3399")
+    assert RpcRunner(rpc).device_name() == "rk3399" == watch.device_names(config(rpc))[0]
+    named = RunnerConfig(kind="rpc", tracker="127.0.0.1:9190", key="rk3399", device="board-7")
+    assert watch.device_names(config(named)) == ["board-7"] == [RpcRunner(named).device_name()]
+    # no GPU here (none is lent to CI): the gpu runner refuses to name a device it does not have
+    with pytest.raises(RunnerUnavailable, match="no CUDA device"):
+        GpuRunner(RunnerConfig(kind="gpu")).device_name()
+    assert GpuRunner(RunnerConfig(kind="gpu", device="gpu-box")).device_name() == "gpu-box"
