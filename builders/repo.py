@@ -114,6 +114,20 @@ class RepoMirror:
         except (ValueError, OverflowError) as exc:
             raise RepoError(f"commit {sha[:12]} in {self.display_url} cannot be read: {exc}") from None
 
+    def first_parents(self, base: str | None, head: str) -> list[str]:
+        """First-parent commits after ``base`` up to ``head``, oldest first."""
+        spec = f"{base}..{head}" if base else head
+        out = self.repo.git.rev_list("--first-parent", "--reverse", spec)
+        return out.split() if out else []
+
+    def is_ancestor(self, old: str, new: str) -> bool:
+        """Whether ``old`` is reachable from ``new`` (false also when ``old`` is gone)."""
+        try:
+            self.repo.git.merge_base("--is-ancestor", old, new)
+            return True
+        except git.GitCommandError:
+            return False
+
     @contextmanager
     def worktree(self, sha: str, dest: Path) -> Iterator[Path]:
         """A clean, detached checkout of ``sha`` at ``dest``, removed afterwards."""

@@ -104,8 +104,6 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
     slowdown beyond an earlier regression against a pinned base).
     Returns ``{workload: culprit sha}`` for the workloads whose culprit was found.
     """
-    from abwatch.service.watch import first_parents  # the watch imports this module
-
     progress = progress or driver.NullProgress()
     first = regressions[0]
     if judge is None:
@@ -113,7 +111,7 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
             raise ValueError(f"cannot bisect regressions of kinds {sorted({r.kind for r in regressions})} together")
         judge = JUDGES[first.kind]
     good, bad = good or first.control_commit.sha, first.treatment_commit.sha
-    commits = first_parents(mirror, good, bad)
+    commits = mirror.first_parents(good, bad)
     if not commits or commits[-1] != bad:  # not on one first-parent line (e.g. a fixed: control)
         commits = [bad]
     by_name = {r.workload.name: r for r in regressions}

@@ -53,7 +53,7 @@ MAX_REF_LENGTH = 256  # the refs' column width
 # Given the run, the comparison, the regression kind and the least change (%) the run's evidence
 # allows (its confidence interval's lower end), the open regression this slowdown is the same as
 # (the watch's pinned-base mode), or None to open a new one.
-Attach = Callable[[Session, Run, Comparison, str, float], Regression | None]
+Attach = Callable[[Session, Run, Comparison, RegressionKind, float], Regression | None]
 
 
 def engine_of(session: Session) -> Engine:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, UTC
 
 import git
 from sqlalchemy import select, update
@@ -26,10 +25,11 @@ from sqlalchemy.orm import Session
 
 from abwatch.service import alerts, bisect, driver, lifecycle, outcome, queue
 from abwatch.service.config import Config
+from abwatch.service.controls import control_rule
 from abwatch.service.models import (
-    Commit, Comparison, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
+    Commit, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
 )
-from abwatch.service.verdict import RegressionState, RegressionKind
+from abwatch.service.verdict import RegressionState
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.runners import make_runner
 from abwatch.builders.spec import CommitInfo, spec_hash, storable
@@ -69,30 +69,6 @@ def mirror_of(config: Config) -> RepoMirror:
     return RepoMirror(config.repository.url, config.cache_dir)
 
 
-def first_parents(mirror: RepoMirror, base: str | None, head: str) -> list[str]:
-    """First-parent commits after ``base`` up to ``head``, oldest first."""
-    spec = f"{base}..{head}" if base else head
-    out = mirror.repo.git.rev_list("--first-parent", "--reverse", spec)
-    return out.split() if out else []
-
-
-def is_ancestor(mirror: RepoMirror, old: str, new: str) -> bool:
-    """Whether ``old`` is reachable from ``new`` (false also when ``old`` is gone)."""
-    try:
-        mirror.repo.git.merge_base("--is-ancestor", old, new)
-        return True
-    except git.GitCommandError:
-        return False
-
-
-def week_start(moment: datetime) -> datetime:
-    """Monday 00:00 UTC of ``moment``'s week (a naive ``moment``, as SQLite returns it, is UTC)."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    day = moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    return day - timedelta(days=day.weekday())
-
-
 @dataclass
 class PassReport:
     """What one pass queued and said."""
@@ -118,15 +94,15 @@ def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: s
             start = mirror.resolve(config.watch.start).sha if config.watch.start else head
         except RepoError as exc:
             raise RepoError(f"{config.at('watch.start')}: {exc}") from None
-        if not is_ancestor(mirror, start, head):
+        if not mirror.is_ancestor(start, head):
             raise RepoError(f"{config.at('watch.start')}: {config.watch.start!r} is not on branch "
                             f"{config.repository.branch!r}")
-        later = [] if nightly else first_parents(mirror, start, head)[config.watch.step - 1::config.watch.step]
+        later = [] if nightly else mirror.first_parents(start, head)[config.watch.step - 1::config.watch.step]
         return [start] + later
     if row.last_seen_sha == head:
         return []
     base = row.last_seen_sha
-    if not is_ancestor(mirror, base, head):
+    if not mirror.is_ancestor(base, head):
         try:
             merge_base = mirror.repo.git.merge_base(base, head)
         except git.GitCommandError:
@@ -142,7 +118,7 @@ def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: s
         base = merge_base
     if nightly:
         return [head]
-    new = first_parents(mirror, base, head)
+    new = mirror.first_parents(base, head)
     return new[config.watch.step - 1::config.watch.step]
 
 
@@ -157,13 +133,7 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
     except RepoError:
         raise RepoError(f"{config.at('repo.branch')}: no branch {config.repository.branch!r} in {mirror.display_url}") \
             from None
-    if config.watch.control.startswith("fixed:"):  # a bad pinned base is a config error, said at once
-        ref = config.watch.control.removeprefix("fixed:")
-        try:
-            mirror.resolve(ref)
-        except RepoError:
-            raise RepoError(f"{config.at('watch.control')}: {ref!r} (of {config.watch.control!r}) names no commit "
-                            f"in {mirror.display_url}") from None
+    control_rule(config).check(mirror)  # a bad rule (a pinned base that is not there) fails the pass at once
     repository = get_repository(session, config.repository.url)
     for device in device_names(config):
         row = _progress_row(session, config, device)
@@ -214,124 +184,19 @@ def _tested(session: Session, row: WatchProgress) -> list[tuple[WatchedCommit, C
 
 def pick_control(session: Session, config: Config, mirror: RepoMirror, row: WatchProgress,
                  info: CommitInfo) -> str | None:
-    """The control sha the ``[watch] control`` rule picks for ``info``; None: the commit is a baseline.
-
-    ``previous`` and ``week-start`` choose among this watch's commits that built and ran
-    (``ok``/``baseline``) and are ancestors of ``info``: after a force-push the commits of the
-    old line are no longer ancestors, so they are never picked.
-    """
-    rule = config.watch.control
-    if rule.startswith("fixed:"):
-        control = mirror.resolve(rule.removeprefix("fixed:")).sha
-        return None if control == info.sha else control  # the pinned base itself: its baseline
-    if rule == "parent":
-        parents = mirror.repo.commit(info.sha).parents
-        return parents[0].hexsha if parents else None
-    # commit times from git, not the database: SQLite keeps a time's wall clock without its offset
-    monday = week_start(mirror.repo.commit(info.sha).committed_datetime) if rule == "week-start" else None
-    newest, earliest_this_week = None, None
-    for _, commit in _tested(session, row):  # newest first
-        in_week = monday is not None and week_start(mirror.repo.commit(commit.sha).committed_datetime) == monday
-        if commit.sha == info.sha or (newest is not None and not in_week):
-            continue  # (asks git only about commits that could still be picked)
-        if not is_ancestor(mirror, commit.sha, info.sha):
-            continue
-        newest = newest or commit.sha
-        if monday is None:
-            break  # previous: the newest is all it needs
-        if in_week:
-            earliest_this_week = commit.sha
-    # week-start: the first tested commit of the commit's UTC week, else (the week's first
-    # commit) the previous one, which then opens the week
-    return earliest_this_week or newest
-
-
-def same_as_open(config: Config, mirror: RepoMirror) -> driver.Attach | None:
-    """With a pinned base (``fixed:<ref>``) every later commit is compared with the same base, so
-    a regression at C shows again at C+1, C+2, ...: those are the open (confirmed) regression of
-    C seen again, not new ones. The :data:`driver.Attach` that finds it: same workload, device,
-    kind and base, its bad commit an ancestor of this one, and this run's evidence not beyond
-    its change by more than the threshold (the lower end of this run's confidence interval:
-    a slowdown significantly further than the open one's is a new regression). None for
-    the other rules.
-    """
-    if not config.watch.control.startswith("fixed:"):
-        return None
-    threshold = config.stats.threshold_pct
-
-    def attach(session: Session, run: Run, comparison: Comparison, kind: str, least_pct: float) -> Regression | None:
-        for regression in session.scalars(
-                select(Regression).where(
-                    Regression.workload_id == comparison.workload_id, Regression.device_id == run.device_id,
-                    Regression.kind == kind, Regression.control_commit_id == run.control_commit_id,
-                    Regression.treatment_commit_id != run.treatment_commit_id,
-                    Regression.state == RegressionState.REGRESS).order_by(Regression.id)):
-            further = (1 + least_pct / 100) / (1 + regression.change_pct / 100)
-            if further <= 1 + threshold / 100 and is_ancestor(
-                    mirror, regression.treatment_commit.sha, run.treatment_commit.sha):
-                return regression
-        return None
-
-    return attach
+    """The control sha the ``[watch] control`` rule (:mod:`service.controls`) picks for ``info``;
+    None: the commit is a baseline. The rule chooses among this watch's commits that built and
+    ran (``ok``/``baseline``), newest first."""
+    return control_rule(config).pick(mirror, info, (commit.sha for _, commit in _tested(session, row)))
 
 
 def _fixes(session: Session, config: Config, outcome: outcome.CompareOutcome) -> list[int]:
-    """Mark ``regress`` regressions fixed when this run's improvement undoes them: speed
-    regressions by the run-time verdict, compile-time ones by the compile verdict (the
-    verdict each kind is bisected by, :data:`service.bisect.JUDGES`).
-
-    Against a pinned base the run measures the level itself: :func:`_back_to_base`.
-    """
+    """Mark ``regress`` regressions fixed that this run undoes, each kind by the verdict it is
+    judged by (:data:`service.bisect.JUDGES`), as the control rule says (:meth:`ControlRule.fixes`)."""
     run = session.get_one(Run, outcome.run_id)
-    fixed: list[int] = []
-    for result, kind in ((r, k) for r in outcome.results for k in bisect.JUDGES):
-        v, not_judged = bisect.JUDGES[kind](result)
-        if config.watch.control.startswith("fixed:"):
-            fixed += _back_to_base(session, config, run, result, kind)
-            continue
-        if not_judged or v.verdict.value != "improvement" or v.change_pct is None:
-            continue
-        # the same series only: another repository's or another spec's workload of this name is not undone
-        workload_id = session.get_one(Comparison, result.comparison_id).workload_id
-        for regression in session.scalars(
-                select(Regression)
-                .where(Regression.state == RegressionState.REGRESS, Regression.kind == kind,
-                       Regression.device_id == run.device_id, Regression.workload_id == workload_id)):
-            # back within the threshold of where it was before the regression
-            net = (1 + regression.change_pct / 100) * (1 + v.change_pct / 100)
-            if net <= 1 + config.stats.threshold_pct / 100:
-                lifecycle.transition(session, regression, RegressionState.FIXED, run,
-                                     f"run {run.id}: {v.change_pct:+.2f}% undoes {regression.change_pct:+.2f}%")
-                fixed.append(regression.id)
-    return fixed
-
-
-def _back_to_base(session: Session, config: Config, run: Run, result: outcome.WorkloadResult,
-                  kind: RegressionKind = RegressionKind.SPEED) -> list[int]:
-    """Pinned base: the ``regress`` regressions of ``kind`` against this run's base that it no
-    longer shows.
-
-    Fixed when the run's change against the base (by the verdict ``kind`` is judged by) is
-    back within the threshold (as :func:`_fixes` asks of the net change) and its confidence
-    interval lies wholly below the regression's change (so it is not the regression measured
-    low by chance).
-    """
-    v, not_judged = bisect.JUDGES[kind](result)
-    if (not_judged or v.verdict.value == "regression" or v.change_pct is None or v.ci_pct is None
-            or v.change_pct > config.stats.threshold_pct):
-        return []
-    workload_id = session.get_one(Comparison, result.comparison_id).workload_id
-    fixed = []
-    for regression in session.scalars(
-            select(Regression).where(Regression.state == RegressionState.REGRESS, Regression.kind == kind,
-                                     Regression.device_id == run.device_id, Regression.workload_id == workload_id,
-                                     Regression.control_commit_id == run.control_commit_id)):
-        if v.ci_pct[1] < regression.change_pct:
-            lifecycle.transition(session, regression, RegressionState.FIXED, run,
-                                 f"run {run.id}: back to the base ({v.change_pct:+.2f}%, CI "
-                                 f"{v.ci_pct[0]:+.2f}..{v.ci_pct[1]:+.2f}%; it was {regression.change_pct:+.2f}%)")
-            fixed.append(regression.id)
-    return fixed
+    rule = control_rule(config)
+    return [regression_id for result in outcome.results for kind in bisect.JUDGES
+            for regression_id in rule.fixes(session, run, result, kind)]
 
 
 def test_commit(session: Session, config: Config, job: Job, progress: driver.Progress | None = None) -> dict:
@@ -361,7 +226,7 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
                 session.commit()
                 return {**result, "status": watched.status}
             outcome = driver.run_compare(session, config, control, sha, progress=progress,
-                                         attach=same_as_open(config, mirror))
+                                         attach=control_rule(config).attach(mirror))
             # the run, the commit's status and the fixes are committed together: a retry trusts them
             watched.run_id = outcome.run_id
             if outcome.status == RunStatus.BUILD_FAILED.value:
@@ -412,39 +277,12 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
             verify_run = max(e.run_id for e in regression.events  # the confirming run, not a later note
                              if e.to_state == RegressionState.REGRESS and e.from_state != e.to_state
                              and e.run_id is not None)
-            start = _further_than(session, config, mirror, regression)
+            start = control_rule(config).bisect_from(session, mirror, regression)
             by_verify.setdefault((verify_run, regression.kind, start), []).append(regression)
         for (verify_run, _, start), regressions in by_verify.items():
             bisect.find_culprit(session, config, mirror, regressions, verify_run, progress, good=start)
     session.commit()
     return confirmed
-
-
-def _further_than(session: Session, config: Config, mirror: RepoMirror, regression: Regression) -> str | None:
-    """Pinned base: where the bisection of a slowdown beyond a confirmed one starts.
-
-    A regression opened although an earlier one against the same base is confirmed (see
-    :func:`same_as_open`) is a further slowdown: every commit since the earlier culprit is
-    slower than the base, so bisecting from the base would name that culprit again. Its good
-    end is the newest commit known to be at the earlier regression's level (its bad commit,
-    or a later commit that saw it again). None: bisect from the regression's control.
-    """
-    if not config.watch.control.startswith("fixed:"):
-        return None
-    bad = regression.treatment_commit.sha
-    newest: str | None = None
-    for earlier in session.scalars(select(Regression).where(
-            Regression.id != regression.id, Regression.workload_id == regression.workload_id,
-            Regression.device_id == regression.device_id, Regression.kind == regression.kind,
-            Regression.control_commit_id == regression.control_commit_id,
-            Regression.state == RegressionState.REGRESS)):
-        seen = [earlier.treatment_commit.sha] + [
-            session.get_one(Run, e.run_id).treatment_commit.sha for e in earlier.events
-            if e.from_state == e.to_state == RegressionState.REGRESS and e.run_id is not None]
-        for sha in seen:
-            if sha != bad and is_ancestor(mirror, sha, bad) and (newest is None or is_ancestor(mirror, newest, sha)):
-                newest = sha
-    return newest
 
 
 def _baseline(config: Config, sha: str, progress: driver.Progress) -> str:

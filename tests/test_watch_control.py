@@ -235,3 +235,17 @@ def test_a_pinned_base_is_a_baseline_when_it_is_the_commit_itself(tmp_path, engi
     assert take_up(engine, config) == [(first, None)]  # the base itself: built, not compared with itself
     second = h.commit("second")
     assert take_up(engine, config) == [(second, first)]
+
+
+def test_every_control_rule_the_config_accepts_is_registered():
+    """`[watch] control` names a rule of service.controls.CONTROL_RULES, and nothing else."""
+    import pydantic
+
+    from abwatch.service.config import WatchConfig
+    from abwatch.service.controls import CONTROL_RULES
+
+    for name in CONTROL_RULES:
+        WatchConfig(control=f"{name}:v1.0" if name == "fixed" else name)  # accepted
+    for bad in ("latest", "fixed", "fixed:", "previous:x"):
+        with pytest.raises(pydantic.ValidationError):
+            WatchConfig(control=bad)
