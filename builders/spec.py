@@ -295,6 +295,11 @@ class TvmWorkloadConfig(StrictModel):
             raise ValueError("dtype: expected a string such as \"float16\"")
         return value
 
+    def overrides(self, side: str) -> dict[str, Any]:
+        """What ``side`` changes of the workload: ``treatment_options`` for the treatment, nothing
+        for the control (the TVM worker merges them over the workload's own settings)."""
+        return self.treatment_options if side == "treatment" else {}
+
     @model_validator(mode="after")
     def _onnx_needs_md5(self) -> TvmWorkloadConfig:
         if self.model.startswith("onnx:") and self.md5 is None:

@@ -115,7 +115,7 @@ class Runner(abc.ABC):
         sessions = getattr(self, "tvm", None)
         if sessions is None or workload.kind != "tvm":
             raise NotImplementedError(f"the {self.kind} runner cannot time compiles of {workload.name!r}")
-        options = workload.treatment_options if side == "treatment" else {}
+        options = workload.overrides(side)
         return sessions.compile_time(artifact_dir, workload, timeout_s, side, options)
 
     @abc.abstractmethod

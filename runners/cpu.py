@@ -37,7 +37,7 @@ class CpuRunner(Runner):
     def run(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
             timeout_s: float, side: str = "control") -> InvocationResult:
         if workload.kind == "tvm":
-            options = workload.treatment_options if side == "treatment" else {}
+            options = workload.overrides(side)
             return self.tvm.run(artifact_dir, workload, timeout_s, side, options)
         try:
             proc = run_process(workload.command, cwd=artifact_dir, env=child_env(passed(workload.pass_env), workload.env),

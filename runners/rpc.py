@@ -51,7 +51,7 @@ class RpcRunner(Runner):
         )
 
     def run(self, artifact_dir, workload, timeout_s, side="control") -> InvocationResult:
-        options = workload.treatment_options if side == "treatment" else {}
+        options = workload.overrides(side)
         return self.tvm.run(artifact_dir, workload, timeout_s, side, options)
 
     def teardown(self) -> None:
