@@ -157,6 +157,9 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
         reader.join(timeout=max(0.0, deadline - time.monotonic()) if not timed_out else GRACE_S)
     if any(reader.is_alive() for reader in readers):
         kill_tree(proc.pid, tag)  # whatever still holds the pipes belongs to this child
+    for stream in streams.values():
+        if stream is not None:
+            stream.close()  # ours; a reader still blocked on it stops (ValueError, handled there)
     # build logs are stored: NUL and invalid UTF-8 in a child's output must not fail the row
     text = {name: storable(b"".join(parts), sys.maxsize) for name, parts in chunks.items()}
     return ProcessResult(None if timed_out or overflowed else proc.returncode, text["stdout"],

@@ -117,8 +117,14 @@ class TvmSessions:
 
     def __init__(self, config: RunnerConfig, target: dict, device: str, rpc: dict | None = None) -> None:
         self.config, self.target, self.device, self.rpc = config, target, device, rpc
-        self._libs = tempfile.TemporaryDirectory(prefix="abwatch-tvm-libs-")
+        # made at the first compile: a runner made only to name its device leaves nothing behind
+        self._libs: tempfile.TemporaryDirectory | None = None
         self.compiled: set[tuple[str, Path, str]] = set()
+
+    def _lib_dir(self) -> Path:
+        if self._libs is None:
+            self._libs = tempfile.TemporaryDirectory(prefix="abwatch-tvm-libs-")
+        return Path(self._libs.name)
 
     def spec(self, workload: TvmWorkloadConfig, side_options: dict) -> dict:
         """What the worker compiles: the workload, with any side-specific options."""
@@ -137,7 +143,7 @@ class TvmSessions:
         timing batch, and exits. The compiling invocation also reports compile time and outputs."""
         # Per side even when both sides are the same build (an A/A run).
         key = (side, artifact, workload.name)
-        lib = Path(self._libs.name) / f"{side}-{artifact.name}-{workload.name}.so"
+        lib = self._lib_dir() / f"{side}-{artifact.name}-{workload.name}.so"
         first = key not in self.compiled
         spec = dict(self.spec(workload, side_options), **({"export": str(lib)} if first else {"load": str(lib)}))
         threads = self.config.threads or os.cpu_count() or 1
@@ -186,5 +192,7 @@ class TvmSessions:
 
     def close(self) -> None:
         """Remove the compiled libraries."""
-        self._libs.cleanup()
+        if self._libs is not None:
+            self._libs.cleanup()
+            self._libs = None
         self.compiled.clear()

@@ -76,7 +76,7 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
     bad, good = regression.treatment_commit, regression.control_commit
     device = regression.device.name if regression.device else "?"
     url = f"{dashboard_url.rstrip('/')}/regressions/{regression.id}" if dashboard_url else None
-    kind = "runtime" if regression.kind == RegressionKind.SPEED else regression.kind.value
+    kind = "runtime" if regression.kind == RegressionKind.SPEED else RegressionKind(regression.kind).value
     if event == "regress":
         text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
                 f"({kind}) since {bad.sha[:12]} \"{bad.summary}\" (regression #{regression.id}, confirmed)")

@@ -18,7 +18,7 @@ from abwatch.service.models import (
     AlertDelivery, Build, Comparison, Device, Job, Regression, Run, Sample, TriageEvent, WatchedCommit, WatchProgress,
     Workload,
 )
-from abwatch.service.verdict import RegressionState, SILENCED_TRIAGE
+from abwatch.service.verdict import SILENCED_TRIAGE, RegressionKind, RegressionState
 
 OPEN_STATES = (RegressionState.BENCHMARK, RegressionState.VERIFY, RegressionState.REGRESS)
 
@@ -102,7 +102,7 @@ def run_report(session: Session, run_id: int) -> dict[str, Any]:
 def regression_summary(r: Regression) -> dict[str, Any]:
     """One regression as a list entry."""
     return {
-        "id": r.id, "workload": r.workload.name, "workload_id": r.workload_id, "kind": r.kind.value,
+        "id": r.id, "workload": r.workload.name, "workload_id": r.workload_id, "kind": RegressionKind(r.kind).value,
         "state": r.state.value,
         "triage": r.triage.value if r.triage else None,
         "silenced": r.triage in SILENCED_TRIAGE,

@@ -232,7 +232,7 @@ def regression_json(r: Regression) -> dict:
     """The ``--json`` shape of a regression with its state history."""
     return {
         "id": r.id, "workload": r.workload.name,
-        "repository": mask_url(r.workload.repository.url) if r.workload.repository else None, "kind": r.kind.value, "state": r.state.value, "change_pct": r.change_pct,
+        "repository": mask_url(r.workload.repository.url) if r.workload.repository else None, "kind": RegressionKind(r.kind).value, "state": r.state.value, "change_pct": r.change_pct,
         "run_id": r.run_id, "control_sha": r.control_commit.sha, "treatment_sha": r.treatment_commit.sha,
         "benchmark_verdict": r.benchmark_verdict, "verify_verdict": r.verify_verdict,
         "device": r.device.name if r.device else None,
@@ -263,7 +263,7 @@ def print_regressions(out: Console, rows: list[Regression]) -> None:
         table.add_column(column, overflow="fold", no_wrap=column in ("id", "kind", "state", "change"))
     for r in rows:
         change = "output" if r.kind == RegressionKind.CORRECTNESS else f"{r.change_pct:+.2f}%"
-        table.add_row(str(r.id), r.workload.name, r.device.name if r.device else "-", r.kind.value, r.state.value,
+        table.add_row(str(r.id), r.workload.name, r.device.name if r.device else "-", RegressionKind(r.kind).value, r.state.value,
                       change)
     out.print(table)
     for r in rows:
