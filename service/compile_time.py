@@ -26,6 +26,7 @@ from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
 from abwatch.service import lifecycle, stats
 from abwatch.service.verdict import RegressionKind
 from abwatch.service.models import Comparison, Regression, Run, RunType
+from abwatch.service.outcome import verdict_json
 
 KIND = RegressionKind.COMPILE_TIME
 FIRST_LOOK = stats.MIN_PAIRS  # fewer pairs cannot decide anything
@@ -102,10 +103,7 @@ def open_if_slower(session: Session, run: Run, comparison: Comparison, judged: C
         return regression.id
     assert v.change_pct is not None  # a regression verdict always carries its estimate
     regression.change_pct = v.change_pct
-    regression.benchmark_verdict = {"run_id": run.id, "verdict": v.verdict.value, "change_pct": v.change_pct,
-                                    "ci_pct": list(v.ci_pct) if v.ci_pct else None, "p_value": v.p_value,
-                                    "p_adjusted": v.p_adjusted, "n": [v.control_n, v.treatment_n],
-                                    "stop_reason": v.stop_reason, "elapsed_s": v.elapsed_s, "kind": KIND}
+    regression.benchmark_verdict = {**verdict_json(v, run.id), "kind": KIND.value}
     session.flush()
     return regression.id
 

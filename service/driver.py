@@ -277,12 +277,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         treatment_median_ms=verdict.treatment_median_ms,
         control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
         error=m.failure,
-        details={"reason": verdict.reason, "threshold_pct": verdict.threshold_pct,
-                 "alpha": verdict.alpha, "confidence": verdict.confidence,
-                 "p_adjusted": verdict.p_adjusted, "correction": verdict.correction,
-                 "stop_reason": verdict.stop_reason, "looks": verdict.looks, "elapsed_s": verdict.elapsed_s,
-                 "method": verdict.method,
-                 **(extra or {})},
+        details={"verdict": verdict.to_dict(), **(extra or {})},
     )
     session.add(comparison)
     session.flush()

@@ -106,7 +106,7 @@ def open_regression(session: Session, run: Run, comparison: Comparison,
     if regression.run_id == run.id and not regression.events:
         session.add(RegressionEvent(
             regression=regression, from_state=None, to_state=S.BENCHMARK, run_id=run.id, at=now,
-            reason=f"{run.run_type.value} run {run.id}: {reason or comparison.details.get('reason', 'slower')}",
+            reason=f"{run.run_type.value} run {run.id}: {reason or (comparison.details.get('verdict') or comparison.details).get('reason', 'slower')}",
         ))
         session.flush()
     return regression

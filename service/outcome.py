@@ -84,11 +84,9 @@ class CompareOutcome:
 
 
 def verdict_json(v: Verdict, run_id: int) -> dict:
-    """The parts of a verdict a regression keeps as evidence."""
-    return {"run_id": run_id, "verdict": v.verdict.value, "change_pct": v.change_pct,
-            "ci_pct": list(v.ci_pct) if v.ci_pct else None, "p_value": v.p_value,
-            "p_adjusted": v.p_adjusted, "n": [v.control_n, v.treatment_n], "stop_reason": v.stop_reason,
-            "elapsed_s": v.elapsed_s}
+    """A verdict a regression keeps as evidence: :meth:`Verdict.to_dict`, the run that made it,
+    and both sides' sample counts as ``n``."""
+    return {"run_id": run_id, **v.to_dict(), "n": [v.control_n, v.treatment_n]}
 
 
 def result_json(result: WorkloadResult) -> dict:

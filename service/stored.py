@@ -24,11 +24,12 @@ from abwatch.service.verdict import Verdict, RegressionKind
 if TYPE_CHECKING:  # a TypedDict: at run time it is a dict, and attribution imports NumPy
     from abwatch.service.attribution import TvmDetails
 
-# What the driver stores in comparisons.details beside the workload's own details (tvm:
-# compile_ms, ops, error, workers): the rest of the verdict.
-VERDICT_DETAIL_KEYS = frozenset({
-    "reason", "threshold_pct", "alpha", "confidence", "p_adjusted", "correction", "stop_reason", "method",
-    "looks", "elapsed_s",
+# comparisons.details holds the whole verdict under "verdict" (Verdict.to_dict), beside the
+# workload's own details (tvm: compile_ms, ops, error, workers). Rows written before that kept
+# the verdict's fields that have no column flat among those details: these keys.
+LEGACY_VERDICT_KEYS = frozenset({
+    "verdict", "reason", "threshold_pct", "alpha", "confidence", "p_adjusted", "correction", "stop_reason",
+    "method", "looks", "elapsed_s",
 })
 
 
@@ -80,14 +81,17 @@ def load_outcome(session: Session, run_id: int) -> StoredRun:
 
 def _tvm_details(c: Comparison) -> TvmDetails | None:
     """The TVM details a comparison row stores beside its verdict, if it has them."""
-    extra = {k: v for k, v in (c.details or {}).items() if k not in VERDICT_DETAIL_KEYS}
+    extra = {k: v for k, v in (c.details or {}).items() if k not in LEGACY_VERDICT_KEYS}
     # written by the driver from a TvmDetails; the row's JSON is that dict again
     return cast("TvmDetails", extra) if "compile_ms" in extra else None
 
 
 def _verdict(c: Comparison) -> Verdict:
-    """The verdict a comparison row stores."""
+    """The verdict a comparison row stores (rows of before the whole verdict was kept: from
+    its columns and the flat keys)."""
     d = c.details or {}
+    if isinstance(d.get("verdict"), dict):
+        return Verdict.from_dict(d["verdict"])
     ci = (c.ci_low_pct, c.ci_high_pct) if c.ci_low_pct is not None and c.ci_high_pct is not None else None
     return Verdict(
         c.verdict, c.change_pct, ci, c.p_value, c.control_n, c.treatment_n,

@@ -9,7 +9,9 @@ parses them — the reports, the command line's parser — imports neither stack
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 # A false `same` costs a missed change smaller than about the threshold; a false
 # `regression` costs a verify run, a bisection and an alert, so it keeps the stricter alpha.
@@ -50,6 +52,30 @@ class Verdict:
     # the interval that decides `same` (TOST at equivalence_alpha a side); None: ci_pct does
     same_ci_pct: tuple[float, float] | None = None
     equivalence_alpha: float = DEFAULT_EQUIVALENCE_ALPHA
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON values: the one form a verdict is stored and sent in (a
+        comparison's details, a regression's evidence, the API)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["verdict"] = self.verdict.value
+        for key in _INTERVALS:
+            data[key] = list(data[key]) if data[key] is not None else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        """The verdict :meth:`to_dict` gave (keys it does not know, such as a ``run_id`` beside it,
+        are left out)."""
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        values["verdict"] = Outcome(values["verdict"])
+        for key in _INTERVALS:
+            if values.get(key) is not None:
+                values[key] = tuple(values[key])
+        return cls(**values)
+
+
+_INTERVALS = ("ci_pct", "same_ci_pct")  # tuples in a Verdict, lists in JSON
 
 
 class RegressionState(str, enum.Enum):

@@ -478,3 +478,23 @@ def test_fdr_agrees_with_statsmodels_on_random_p_values():
     reference = multipletests(ps, alpha=0.01, method="fdr_bh")
     assert [a.p_adjusted for a in adjusted] == pytest.approx(list(reference[1]))
     assert [a.verdict == Outcome.REGRESSION for a in adjusted] == list(reference[0])
+
+
+def test_a_verdict_goes_to_json_and_back_whole():
+    """One codec (Verdict.to_dict / from_dict) for every place a verdict is stored or sent:
+    nothing is lost on the way, the equivalence interval and its alpha included."""
+    import json
+    import random
+
+    from abwatch.service.verdict import Verdict
+
+    rng = random.Random(3)
+    control = [10 + rng.random() for _ in range(40)]
+    treatment = [11 + rng.random() for _ in range(40)]
+    groups = [i // 4 for i in range(40)]
+    for v in (compare(control, treatment, control_groups=groups, treatment_groups=groups), compare([], [])):
+        again = Verdict.from_dict(json.loads(json.dumps(v.to_dict())))
+        assert again == v
+    decided = compare(control, treatment, control_groups=groups, treatment_groups=groups)
+    assert decided.to_dict()["verdict"] == decided.verdict.value and isinstance(decided.to_dict()["ci_pct"], list)
+    assert Verdict.from_dict({**decided.to_dict(), "run_id": 7}) == decided  # keys beside it are left out
