@@ -77,15 +77,12 @@ def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, see
 
 
 def details(judged: CompileJudged) -> dict:
-    """The ``compile`` object of a TVM comparison's details (and of ``--json``)."""
-    v = judged.verdict
+    """The ``compile`` object of a TVM comparison's details (and of ``--json``): the whole
+    verdict (:meth:`Verdict.to_dict`), the compiles' count per side as ``n``, the failure if
+    any, and every compile time."""
     return {
-        "verdict": v.verdict.value, "change_pct": v.change_pct, "ci_pct": list(v.ci_pct) if v.ci_pct else None,
-        "p_value": v.p_value, "p_adjusted": v.p_adjusted, "correction": v.correction,
-        "control_median_ms": v.control_median_ms, "treatment_median_ms": v.treatment_median_ms,
-        "n": [len(judged.samples[CONTROL]), len(judged.samples[TREATMENT])],
-        "reason": v.reason, "stop_reason": v.stop_reason, "looks": v.looks, "elapsed_s": v.elapsed_s,
-        "method": v.method, "failure": judged.failure,
+        **judged.verdict.to_dict(),
+        "n": [len(judged.samples[CONTROL]), len(judged.samples[TREATMENT])], "failure": judged.failure,
         "control_ms": judged.samples[CONTROL], "treatment_ms": judged.samples[TREATMENT],
     }
 
@@ -114,6 +111,9 @@ def verdict_of(workload_details: Mapping[str, Any] | None) -> stats.Verdict:
     c = (workload_details or {}).get("compile") or {}
     if not c.get("verdict") or c.get("failure"):
         return replace(stats.compare([], []), reason=f"compile time not judged: {c.get('failure') or 'no compiles'}")
+    if "control_n" in c:  # kept whole (details)
+        return stats.Verdict.from_dict(c)
+    # written before the whole verdict was kept: its threshold and levels were not stored
     return stats.Verdict(
         stats.Outcome(c["verdict"]), c["change_pct"], tuple(c["ci_pct"]) if c["ci_pct"] else None, c["p_value"],
         c["n"][0], c["n"][1], c["control_median_ms"], c["treatment_median_ms"], 0.0, 0.0, 0.0, c["reason"],
