@@ -462,6 +462,17 @@ class WatchProgress(Base):
     repository: Mapped[Repository] = relationship()
 
 
+class CommitStatus(str, enum.Enum):
+    """Where one commit the watch took up is."""
+
+    QUEUED = "queued"  # its `test` job waits
+    BASELINE = "baseline"  # the watch's first commit: built, so later ones can be compared with it
+    OK = "ok"  # compared
+    BUILD_FAILED = "build_failed"  # did not build: recorded, never a regression
+    FAILED = "failed"  # its job failed (an error) or a workload could not be judged
+    SKIPPED = "skipped"  # git gave a commit that could not be read or stored (the reason is kept)
+
+
 class WatchedCommit(Base):
     """One commit the watch took up for a branch: queued, then ok / build_failed / failed; or
     skipped (it could not be read or stored; ``reason`` says why)."""
@@ -471,7 +482,7 @@ class WatchedCommit(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     progress_id: Mapped[int] = mapped_column(ForeignKey("watch_progress.id"), index=True)
     commit_id: Mapped[int] = mapped_column(ForeignKey("commits.id"))
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[CommitStatus] = mapped_column(_enum(CommitStatus, "watched_commit_status", 16))
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
     control_sha: Mapped[str | None] = mapped_column(String(64))
     tested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -247,7 +247,7 @@ def watch_status(session: Session) -> dict:
     for row in session.scalars(select(WatchProgress).order_by(WatchProgress.id)):
         counts: dict[str, int] = {}
         for (state,) in session.execute(select(WatchedCommit.status).where(WatchedCommit.progress_id == row.id)):
-            counts[state] = counts.get(state, 0) + 1
+            counts[state.value] = counts.get(state.value, 0) + 1
         branches.append({
             "repository": row.repository.url, "branch": row.branch, "device": row.device,
             "config_hash": row.config_hash, "last_seen": row.last_seen_sha, "last_tested": row.last_tested_sha,

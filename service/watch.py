@@ -27,7 +27,7 @@ from abwatch.service import alerts, bisect, driver, lifecycle, outcome, queue
 from abwatch.service.config import Config
 from abwatch.service.controls import control_rule
 from abwatch.service.models import (
-    Commit, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
+    Commit, CommitStatus, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
 )
 from abwatch.service.verdict import RegressionState
 from abwatch.builders.repo import RepoError, RepoMirror
@@ -35,8 +35,9 @@ from abwatch.runners import make_runner
 from abwatch.builders.spec import CommitInfo, spec_hash, storable
 from abwatch.service.store import get_commit, get_repository, insert_ignoring_conflict
 
-OK, BUILD_FAILED, FAILED, QUEUED, BASELINE = "ok", "build_failed", "failed", "queued", "baseline"
-SKIPPED = "skipped"  # a commit git gave that could not be read or stored; the reason is on its row
+OK, BUILD_FAILED, FAILED, QUEUED, BASELINE, SKIPPED = (
+    CommitStatus.OK, CommitStatus.BUILD_FAILED, CommitStatus.FAILED, CommitStatus.QUEUED, CommitStatus.BASELINE,
+    CommitStatus.SKIPPED)
 GOOD = (OK, BASELINE)  # statuses a later commit may be compared with
 
 
@@ -285,7 +286,7 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
     return confirmed
 
 
-def _baseline(config: Config, sha: str, progress: driver.Progress) -> str:
+def _baseline(config: Config, sha: str, progress: driver.Progress) -> CommitStatus:
     """Build the watch's first commit; its status."""
     from abwatch.builders import BuildFailed, make_builder
 

@@ -107,6 +107,7 @@ def test_a_bisection_killed_mid_way_goes_on_from_its_stored_steps(tmp_path, db_u
     assert proc.poll() is None, f"the watch ended before its first bisection step: {proc.stderr.read()}"
     proc.kill()
     proc.wait()
+    proc.stderr.close()
     before = steps()
     assert before, "no bisection step was stored before the kill"
 
