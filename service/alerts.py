@@ -2,10 +2,11 @@
 
 Payload (JSON, ``Content-Type: application/json``)::
 
-    {"event": "regress" | "fixed",
+    {"event": "regress" | "culprit" | "fixed",
      "text": "<one line a person reads; Slack's incoming webhooks show it as the message>",
      "regression": {"id", "workload", "device", "kind", "state", "change_pct", "good_sha",
-                    "bad_sha", "culprit_sha", "culprit_summary", "run_id", "url"},
+                    "bad_sha", "culprit_sha", "culprit_summary", "culprit_author", "steps",
+                    "run_id", "url"},
      "sent_at": "<ISO 8601 time>", "delivery": "<uuid, the same for every attempt>"}
 
 Headers: ``X-Abwatch-Event``, ``X-Abwatch-Delivery`` and, when the environment variable
@@ -47,15 +48,15 @@ from urllib.parse import urlsplit
 
 import requests
 from sqlalchemy import Engine, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, object_session, sessionmaker
 
 from abwatch.builders.redact import redact_endpoint
 from abwatch.service.config import AlertsConfig
-from abwatch.service.models import AlertDelivery, DeliveryStatus, Regression, utcnow
+from abwatch.service.models import AlertDelivery, BisectionStep, Commit, DeliveryStatus, Regression, utcnow
 from abwatch.service.verdict import SILENCED_TRIAGE, RegressionKind
 
 SIGNATURE_HEADER = "X-Abwatch-Signature-256"
-EVENTS = ("regress", "fixed")
+EVENTS = ("regress", "culprit", "fixed")
 ROUND_ROWS = 200  # deliveries one round takes at most; the rest wait for the next
 
 
@@ -77,9 +78,23 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
     device = regression.device.name if regression.device else "?"
     url = f"{dashboard_url.rstrip('/')}/regressions/{regression.id}" if dashboard_url else None
     kind = "runtime" if regression.kind == RegressionKind.SPEED else RegressionKind(regression.kind).value
+    culprit = regression.culprit_commit  # None until bisection names it
+    session = object_session(regression)
+    steps = [] if session is None else [
+        {"sha": sha, "verdict": step.verdict, "change_pct": step.change_pct, "run_id": step.run_id}
+        for step, sha in session.execute(
+            select(BisectionStep, Commit.sha).join(Commit, Commit.id == BisectionStep.commit_id)
+            .where(BisectionStep.regression_id == regression.id).order_by(BisectionStep.position))]
     if event == "regress":
         text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
-                f"({kind}) since {bad.sha[:12]} \"{bad.summary}\" (regression #{regression.id}, confirmed)")
+                f"({kind}) in {good.sha[:12]}..{bad.sha[:12]} \"{bad.summary}\" (regression #{regression.id}, "
+                + (f"confirmed; culprit {culprit.sha[:12]} \"{culprit.summary}\")" if culprit
+                   else "confirmed; culprit not named yet)"))
+    elif event == "culprit":
+        assert culprit is not None, "a culprit alert is recorded once bisection named it"
+        text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
+                f"({kind}) since {culprit.sha[:12]} \"{culprit.summary}\" by {culprit.author} "
+                f"(regression #{regression.id}, bisected in {len(steps)} step(s))")
     else:
         text = (f"abwatch: {regression.workload.name} on {device} is fixed: regression #{regression.id} "
                 f"({regression.change_pct:+.2f}% at {bad.sha[:12]}) no longer reproduces")
@@ -90,7 +105,9 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
         "regression": {
             "id": regression.id, "workload": regression.workload.name, "device": device, "kind": kind,
             "state": regression.state.value, "change_pct": regression.change_pct,
-            "good_sha": good.sha, "bad_sha": bad.sha, "culprit_sha": bad.sha, "culprit_summary": bad.summary,
+            "good_sha": good.sha, "bad_sha": bad.sha, "culprit_sha": culprit.sha if culprit else None,
+            "culprit_summary": culprit.summary if culprit else None,
+            "culprit_author": culprit.author if culprit else None, "steps": steps,
             "run_id": regression.run_id, "url": url,
         },
         "sent_at": utcnow().isoformat(), "delivery": str(uuid.uuid4()),

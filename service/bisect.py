@@ -31,7 +31,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from abwatch.builders.repo import RepoMirror
-from abwatch.service import compile_time, driver, outcome, stats
+from abwatch.service import alerts, compile_time, driver, outcome, stats
 from abwatch.service.config import Config
 from abwatch.service.verdict import RegressionKind
 from abwatch.service.models import BisectionStep, Regression, RunType
@@ -172,7 +172,10 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         if bad_names:
             todo.append(_Part(bad_names, part.lo, mid, set(part.skipped)))
     for sha in sorted(set(culprits.values())):
-        name_culprit(session, [by_name[n] for n, c in culprits.items() if c == sha], mirror, sha)
+        named = [by_name[n] for n, c in culprits.items() if c == sha]
+        name_culprit(session, named, mirror, sha)
+        # recorded with the culprit (the outbox); the loop that runs the job sends it after
+        alerts.enqueue(session, [r.id for r in named], "culprit", config.alerts)
     session.commit()
     return culprits
 
@@ -223,7 +226,7 @@ def name_culprit(session: Session, regressions: list[Regression], mirror: RepoMi
     repository = get_repository(session, regressions[0].control_commit.repository.url)
     commit = get_commit(session, repository, mirror.resolve(sha))
     for regression in regressions:
-        regression.culprit_commit_id = commit.id
+        regression.culprit_commit = commit
     session.flush()
     for device_id in {r.device_id for r in regressions}:
         same = (Regression.culprit_commit_id == commit.id, Regression.device_id == device_id)

@@ -166,3 +166,33 @@ def test_dead_endpoints_cost_one_delivery_bound_not_their_sum(black_hole, filled
     assert len(sent) == 6 and not any(a.ok for a in sent) and {a.attempts for a in sent} == {2}
     assert took < 8, f"dead endpoints blocked for {took:.1f}s"
     engine.dispose()
+
+
+@pytest.mark.slow
+def test_a_watch_alerts_the_range_then_the_bisected_culprit(receiver, tmp_path, sqlite_url):
+    """Several commits in the range: the `regress` alert gives the range (culprit unknown yet),
+    then bisection names the commit and a `culprit` alert says which, by whom, in how many steps;
+    a later pass sends neither again."""
+    from tests.test_watch import shas, step, write_watch_config
+    from abwatch.service.demo import make_demo_repo
+
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (step("base", "Baseline"),))
+    config = write_watch_config(tmp_path, repo, 'schedule = "0 2 * * *"\ntimezone = "UTC"', threshold_pct=5.0)
+    with open(config, "a") as handle:
+        handle.write(f'[alerts]\nwebhooks = ["{receiver}/ok"]\n')
+    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0  # the baseline
+    make_demo_repo(repo, (step("n1", "README", note="n1"), step("n2", "README", note="n2"),
+                          step("slow", "Do 25% more work", 1.25), step("n3", "README", 1.25, note="n3")))
+    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 1
+    tags = shas(repo)
+    by_event = {r["event"]: r["body"]["regression"] for r in Receiver.received}
+    assert sorted(by_event) == ["culprit", "regress"] and len(Receiver.received) == 2
+    assert by_event["regress"]["culprit_sha"] is None and by_event["regress"]["bad_sha"] == tags["n3"]
+    culprit = by_event["culprit"]
+    assert culprit["culprit_sha"] == tags["slow"] and culprit["culprit_summary"] == "Do 25% more work"
+    assert culprit["culprit_author"].startswith("abwatch example") and len(culprit["steps"]) >= 1
+    text = next(r["body"]["text"] for r in Receiver.received if r["event"] == "culprit")
+    assert tags["slow"][:12] in text and "bisected in" in text
+    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0
+    assert len(Receiver.received) == 2  # each alert once
