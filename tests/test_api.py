@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import re
 import subprocess
@@ -134,32 +135,42 @@ def test_writes_are_refused_when_no_token_is_configured(fresh_pg_url, tmp_path):
 
 
 def _fuzz(base: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    st = Path(sys.executable).with_name("st")
+    """Schemathesis's CLI on every operation of the schema, with NUL allowed in generated strings
+    and path parameters also drawn with NUL and at 6000 characters (tests/fuzz_hooks.py)."""
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.fuzz_hooks",
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     return subprocess.run(
-        [str(st), "run", base + "/openapi.json", "--checks", "not_a_server_error", "--max-examples", "25", "--generation-allow-x00", "true",
-         "--seed", "1", "--workers", "1", "--request-timeout", "30", "--no-shrink",
-         "--report", "junit", "--report-dir", str(tmp_path), *extra],
-        capture_output=True, text=True, timeout=900)
+        [sys.executable, "-m", "schemathesis.cli", "run", base + "/openapi.json", "--checks", "not_a_server_error",
+         "--max-examples", "25", "--seed", "1", "--workers", "1", "--request-timeout", "30", "--no-shrink",
+         "--generation-allow-x00", "true", "--report", "junit,har", "--report-dir", str(tmp_path), *extra],
+        capture_output=True, text=True, timeout=900, env=env)
 
 
-def _assert_clean(result: subprocess.CompletedProcess) -> None:
+def _assert_clean(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     counts = re.search(r"(\d+) generated, (\d+) passed", result.stdout)
     assert counts and counts[1] == counts[2] and int(counts[1]) >= 100, result.stdout[-3000:]
+    # what was sent (the HAR report): the schema's methods and others (405, or 401 for a write
+    # without the token), and NUL in path parameters
+    (har,) = tmp_path.glob("har-*.json")
+    sent = [(e["request"]["method"], e["request"]["url"]) for e in json.loads(har.read_text())["log"]["entries"]]
+    assert {method for method, _ in sent} >= {"GET", "POST", "PUT", "PATCH", "DELETE"}
+    for route in (r"/api/workloads/[^/]*%00[^/]*/series", r"/api/runs/[^/]*%00"):
+        assert any(re.search(route, url) for _, url in sent), route
 
 
 def test_fuzzing_the_read_api_finds_no_server_errors(filled_server, tmp_path):
     """Schemathesis against the live app on real runs (no token: writes answer 401)."""
     base, _, _ = filled_server
     result = _fuzz(base, tmp_path)
-    _assert_clean(result)
+    _assert_clean(result, tmp_path)
 
 
 def test_fuzzing_with_the_token_finds_no_server_errors(fresh_pg_url, tmp_path):
     """Schemathesis with the write token, on a database of its own (it may store records)."""
     with live_server(fresh_pg_url, tmp_path / "srv") as base:
         result = _fuzz(base, tmp_path, "--header", "Authorization: Bearer s3cret-token")
-    _assert_clean(result)
+    _assert_clean(result, tmp_path)
 
 
 def _raw(base: str, head: str, body: bytes) -> bytes:
