@@ -7,6 +7,7 @@ disadvantage) fall on both sides equally, unlike running all of A then all of B.
 
 from __future__ import annotations
 
+import io
 import json
 import random
 from dataclasses import dataclass, field
@@ -65,7 +66,8 @@ def parse_output(stdout: str, max_samples: int | None = None) -> tuple[tuple[flo
     """
     samples: list[float] = []
     records: list[dict] = []
-    for number, line in enumerate(stdout.splitlines(), start=1):
+    # line by line: a list of every line of a large output would hold it twice in memory
+    for number, line in enumerate(io.StringIO(stdout), start=1):
         if not line.strip():
             continue
         where = f"output line {number}"
