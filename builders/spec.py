@@ -148,7 +148,9 @@ class TvmSourceBuildConfig(BuildSpec):
     ``cmake`` entries become ``set(KEY VALUE)`` lines of ``config.cmake`` (``USE_LLVM``,
     ``USE_CUDA``, ...). ``submodule_rewrites`` maps URL prefixes to mirrors (git's
     ``url.<mirror>.insteadOf <prefix>``). ``python_packages`` go into the artifact's venv;
-    ``{ffi_version}`` is replaced by the tag of the ``3rdparty/tvm-ffi`` submodule.
+    ``{ffi_version}`` is replaced by the release of the ``3rdparty/tvm-ffi`` submodule's tag, or
+    by the submodule's own source when it sits between tags. ``keep`` copies repository paths
+    into the artifact's ``src/``; ``check_import`` is imported after each build.
     """
 
     kind: Literal["tvm-source"] = "tvm-source"
@@ -160,6 +162,11 @@ class TvmSourceBuildConfig(BuildSpec):
     python_dir: str = "python"
     python_packages: list[str] = Field(
         default_factory=lambda: ["numpy", "apache-tvm-ffi=={ffi_version}", "tornado", "psutil", "cloudpickle"])
+    keep: list[Annotated[str, Field(pattern=r"^[^/].*")]] = Field(
+        default_factory=list, description="repository paths copied into the artifact's src/ "
+        "(scripts that script:repo: workloads and command workloads read)")
+    check_import: str = Field(default="tvm", description="Python module imported with each new build (for "
+                              "tvm with LLVM, a small module is compiled too); empty: no check")
     submodule_rewrites: dict[str, str] = Field(default_factory=dict)
     submodules: list[str] | None = Field(
         default=None, description="submodule paths to check out (recursively); default: all")
@@ -172,9 +179,10 @@ class TvmSourceBuildConfig(BuildSpec):
     def hashed(self) -> dict[str, Any]:
         """What changes the artifact (not limits, mirrors, parallelism or packing)."""
         payload = self.model_dump(exclude={"submodule_rewrites", "submodules", "jobs", "cache_limit_gb",
-                                           "timeout_s", "pack_deltas"})
-        if not payload["env"]:  # keeps the keys of builds made before `env` existed
-            del payload["env"]
+                                           "timeout_s", "pack_deltas", "check_import"})
+        for newer in ("env", "keep"):  # keeps the keys of builds made before these existed
+            if not payload[newer]:
+                del payload[newer]
         return payload
 
     def workspace_hash(self) -> str:
@@ -206,10 +214,12 @@ BuildConfig = Annotated[
 
 
 class CommandWorkloadConfig(StrictModel):
-    """A workload run as a command inside the build's artifact directory.
+    """A workload run as a command, by default inside the build's artifact directory.
 
     Each invocation prints one JSON object per line with ``runtime_ms`` (or a whole
-    TVM v0.1 record whose ``runtime_raw`` holds the samples).
+    TVM v0.1 record whose ``runtime_raw`` holds the samples). On a ``tvm-wheel`` or
+    ``tvm-source`` build the command runs with that build's Python first on ``PATH`` and its
+    variables set (``builders/environment.py``), so ``["python", "bench.py"]`` uses that build.
     """
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:\-]+$")
@@ -219,6 +229,8 @@ class CommandWorkloadConfig(StrictModel):
     pass_env: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
         default_factory=list, description="names of abwatch's own environment variables passed to the "
         "workload (read when it runs, never stored); nothing else of that environment is passed")
+    cwd: str | None = Field(default=None, description="directory the command runs in (relative to the "
+                            "config file); default: the build's artifact directory")
     timeout_s: float | None = Field(default=None, gt=0)
     # None: the defaults below. A workload printing without bound once filled 2 GB of memory
     # and a 400 MB database from one small compare; past either limit the invocation is an error.
@@ -248,6 +260,9 @@ MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
     "te:conv2d": ("out_channels", "kernel"),
     "onnx": (),
 }
+# Model sources whose options are the user's own (passed to their function as keywords).
+OPEN_OPTIONS = ("script",)
+SCRIPT_REPO = "script:repo:"  # a script read from the build's own source tree (tvm-source ``keep``)
 # What ``treatment_options`` may override for the treatment side.
 TREATMENT_OVERRIDES = ("options", "dtype")
 
@@ -255,8 +270,12 @@ TREATMENT_OVERRIDES = ("options", "dtype")
 class TvmWorkloadConfig(StrictModel):
     """A TVM model compiled once per build and timed by the harness worker in that build.
 
-    ``model``: ``builtin:<mlp|cnn|resnet18|transformer>``, ``te:<matmul|conv2d>`` or
-    ``onnx:<path>`` (with ``md5``). ``treatment_options`` apply to the treatment side only
+    ``model``: ``builtin:<mlp|cnn|resnet18|transformer>``, ``te:<matmul|conv2d>``,
+    ``onnx:<path>`` (with ``md5``) or ``script:<path>``: a Python file defining
+    ``workload(**options)`` that returns an ``IRModule`` or ``(IRModule, inputs)``
+    (``script:repo:<path>`` reads it from the build's source tree; see docs/workloads.md).
+    A ``script:<path>``'s SHA-256 (``script_sha256``, filled in when the config is read) is
+    part of the workload's identity: a changed script starts a new series. ``treatment_options`` apply to the treatment side only
     (``{dtype = "float16"}``, ``{options = {hidden = 640}}``), to study or provoke a difference
     on purpose; only the keys in :data:`TREATMENT_OVERRIDES` and each model's
     :data:`MODEL_OPTIONS` are accepted.
@@ -264,8 +283,10 @@ class TvmWorkloadConfig(StrictModel):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:\-]+$")
     kind: Literal["tvm"] = "tvm"
-    model: str = Field(pattern=r"^(builtin|te|onnx):.+")
+    model: str = Field(pattern=r"^(builtin|te|onnx|script):.+")
     md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    script_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                                      description="script: models: the file's SHA-256 (default: read from it)")
     input_shape: list[int] | None = None
     dtype: str = "float32"
     options: dict[str, Any] = Field(default_factory=dict)
@@ -304,10 +325,13 @@ class TvmWorkloadConfig(StrictModel):
     def _onnx_needs_md5(self) -> TvmWorkloadConfig:
         if self.model.startswith("onnx:") and self.md5 is None:
             raise ValueError("an onnx: model needs its md5")
-        known = MODEL_OPTIONS.get("onnx" if self.model.startswith("onnx:") else self.model)
+        source = self.model.partition(":")[0]
+        if source in OPEN_OPTIONS:
+            return self
+        known = MODEL_OPTIONS.get("onnx" if source == "onnx" else self.model)
         if known is None:
             raise ValueError(f"model: unknown model {self.model!r} "
-                             f"(known: {', '.join(sorted(MODEL_OPTIONS))}:<path>)")
+                             f"(known: {', '.join(sorted(MODEL_OPTIONS))}:<path>, script:<path>)")
         for where, options in (("options", self.options),
                                ("treatment_options.options", self.treatment_options.get("options", {}))):
             for key in options:

@@ -7,7 +7,9 @@ workspace) shares object files across workspaces. The result — the libraries a
 the ``python/`` package — goes into the artifact cache with every file stored once by content,
 so neighbouring commits share their unchanged libraries. The artifact runs with
 ``PYTHONPATH=<artifact>/python TVM_LIBRARY_PATH=<artifact>/lib`` in a venv holding the
-apache-tvm-ffi release that matches the ``3rdparty/tvm-ffi`` submodule's tag.
+apache-tvm-ffi release of the ``3rdparty/tvm-ffi`` submodule's tag, or, when the submodule sits
+between tags, that package built from the submodule's own source; after each build the
+build's Python imports TVM and compiles a small module (``check_import``).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from abwatch.builders.base import Artifact, Builder, BuildFailed, repo_url, section
 from abwatch.builders.cache import ArtifactCache, flocked
+from abwatch.builders.environment import build_environment, build_python
 from abwatch.builders.procs import child_env, run_process
 from abwatch.builders.repo import RepoMirror
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmSourceBuildConfig
@@ -187,32 +191,34 @@ class TvmSourceBuilder(Builder):
             if (src / self.config.python_dir).is_dir():
                 shutil.copytree(src / self.config.python_dir, staging / "python", symlinks=True,
                                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info"))
-            python = self._venv(self._ffi_version(src), log)
+            for kept in self.config.keep:  # scripts of script:repo: and command workloads
+                _copy_into(src, kept, staging / "src")
+            ffi = _ffi_state(src)
+            python = self._venv(ffi, log)
             info = {"python": python, "env_paths": {"PYTHONPATH": "python", "TVM_LIBRARY_PATH": "lib"},
-                    "sha": sha, "libraries": [p.name for p in libraries]}
+                    "sha": sha, "libraries": [p.name for p in libraries],
+                    **({"tvm_ffi_submodule": ffi.describe} if ffi else {})}
             (staging / ARTIFACT_INFO).write_text(json.dumps(info, sort_keys=True))
+            self._check(staging, ffi, log)
             # one series per workspace: older builds of this configuration are packed against this one
             series = self.config.workspace_hash() if self.config.pack_deltas else None
             return self.cache.put_deduplicated(key, staging, {"sha": sha, "builder": self.kind}, series=series)
 
-    @staticmethod
-    def _ffi_version(src: Path) -> str | None:
-        ffi = src / "3rdparty" / "tvm-ffi"
-        if not (ffi / ".git").exists():
-            return None
-        out = subprocess.run(["git", "-C", str(ffi), "describe", "--tags", "--abbrev=0"],
-                             capture_output=True, text=True).stdout.strip()
-        return out.lstrip("v") or None
+    def _venv(self, ffi: FfiState | None, log: list[str]) -> str:
+        """The shared venv with ``python_packages``; its python path.
 
-    def _venv(self, ffi_version: str | None, log: list[str]) -> str:
-        """The shared venv with ``python_packages`` (``{ffi_version}`` filled in); its python path."""
+        ``{ffi_version}`` in a requirement becomes the submodule's release when the submodule
+        sits at a release tag; between tags the package is built from the submodule's own
+        source instead (a release's Python side may not match the library built here).
+        """
         packages = []
         for requirement in self.config.python_packages:
             if "{ffi_version}" in requirement:
-                if ffi_version is None:
-                    log.append(f"note: no 3rdparty/tvm-ffi tag; skipping {requirement}\n")
+                if ffi is None:
+                    log.append(f"note: no 3rdparty/tvm-ffi submodule; skipping {requirement}\n")
                     continue
-                requirement = requirement.replace("{ffi_version}", ffi_version)
+                requirement = (requirement.replace("{ffi_version}", ffi.release) if ffi.release
+                               else str(self._ffi_source(ffi, log)))
             packages.append(requirement)
         digest = hashlib.sha256(json.dumps(packages).encode()).hexdigest()[:12]
         venv = self.workspace.parent / f"venv-{digest}"
@@ -224,6 +230,91 @@ class TvmSourceBuilder(Builder):
                            "--no-input", *packages], log, "pip install")
             (venv / ".abwatch-complete").write_text(json.dumps(packages))
         return str(venv / "bin" / "python")
+
+    def _ffi_source(self, ffi: FfiState, log: list[str]) -> Path:
+        """A clean copy of the submodule's tree at its commit (kept: venvs are keyed by it)."""
+        target = self.workspace.parent / f"tvm-ffi-src-{ffi.sha[:12]}"
+        if not (target / ".abwatch-complete").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(ffi.path, target, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+            (target / ".abwatch-complete").write_text(ffi.describe)
+            log.append(f"note: 3rdparty/tvm-ffi is at {ffi.describe}, between release tags: its Python "
+                       "package is built from the submodule's source\n")
+        return target
+
+    def _check(self, staging: Path, ffi: FfiState | None, log: list[str]) -> None:
+        """Import ``check_import`` with the new build (and for ``tvm`` with LLVM, compile a small
+        module): a build whose Python side does not match its libraries fails here, naming both
+        tvm-ffi versions, instead of failing every workload later."""
+        if not self.config.check_import:
+            return
+        compiles = self.config.check_import == "tvm" and self.config.cmake.get("USE_LLVM", "OFF").upper() != "OFF"
+        env = child_env(self.config.env, build_environment(staging))
+        argv = [str(build_python(staging)), "-c", CHECK, self.config.check_import, "1" if compiles else ""]
+        log.append(f"$ {' '.join(argv[:2])} <check of {self.config.check_import}>\n")
+        proc = run_process(argv, cwd=staging, env=env, timeout_s=600, merge_stderr=True)
+        log.append(proc.stdout)
+        if proc.returncode == 0 and not proc.timed_out:
+            return
+        installed = next((line.split(" ", 1)[1] for line in proc.stdout.splitlines()
+                          if line.startswith("apache-tvm-ffi ")), "not installed")
+        tail = proc.stdout.strip().splitlines()[-1:] or ["timed out" if proc.timed_out else "no output"]
+        raise BuildFailed(f"the build does not work with its Python: import {self.config.check_import} failed "
+                          f"({tail[0][:300]}); tvm-ffi: submodule {ffi.describe if ffi else 'absent'}, "
+                          f"Python package apache-tvm-ffi {installed}", "", 0.0)
+
+
+# Run by the build's Python after a build: versions first, then the import (and a compile).
+CHECK = """
+import importlib, importlib.metadata, sys
+try:
+    print("apache-tvm-ffi", importlib.metadata.version("apache-tvm-ffi"), flush=True)
+except importlib.metadata.PackageNotFoundError:
+    print("apache-tvm-ffi not installed", flush=True)
+module = importlib.import_module(sys.argv[1])
+if sys.argv[2]:
+    from tvm import te
+    a = te.placeholder((8,), "float32", "a")
+    b = te.compute((8,), lambda i: a[i] + 1.0, name="b")
+    module.compile(module.IRModule({"main": te.create_prim_func([a, b])}), target="llvm")
+print("check passed", flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class FfiState:
+    """Where the ``3rdparty/tvm-ffi`` submodule stands: its commit, ``git describe``, and the
+    release it is (``None`` between tags, as apache/tvm often pins it)."""
+
+    path: Path
+    sha: str
+    describe: str
+    release: str | None
+
+
+def _ffi_state(src: Path) -> FfiState | None:
+    ffi = src / "3rdparty" / "tvm-ffi"
+    if not (ffi / ".git").exists():
+        return None
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ffi), *args], capture_output=True, text=True).stdout.strip()
+
+    sha, describe = git("rev-parse", "HEAD"), git("describe", "--tags") or "untagged"
+    exact = git("describe", "--tags", "--exact-match")
+    return FfiState(ffi, sha, describe, exact.lstrip("v") or None)
+
+
+def _copy_into(src: Path, kept: str, into: Path) -> None:
+    """Copy the kept file or directory ``kept`` of the checkout ``src`` into ``into``."""
+    source, target = src / kept, into / kept
+    if not source.exists():
+        raise BuildFailed(f"build.keep: {kept} is not in this commit", "", 0.0)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_dir():
+        shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    else:
+        shutil.copy2(source, target)
 
 
 def _cmake_value(value: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from abwatch.builders.environment import ArtifactInfoError, build_environment
 from abwatch.builders.procs import child_env, passed, run_process
 from abwatch.builders.spec import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig
 from abwatch.runners.base import DeviceInfo, InvocationResult, Runner
@@ -40,7 +41,12 @@ class CpuRunner(Runner):
             options = workload.overrides(side)
             return self.tvm.run(artifact_dir, workload, timeout_s, side, options)
         try:
-            proc = run_process(workload.command, cwd=artifact_dir, env=child_env(passed(workload.pass_env), workload.env),
+            # a TVM build's Python first on PATH, with its variables: `python bench.py` uses this build
+            env = child_env(build_environment(artifact_dir), passed(workload.pass_env), workload.env)
+        except ArtifactInfoError as exc:
+            return InvocationResult("error", (), 0.0, str(exc))
+        try:
+            proc = run_process(workload.command, cwd=workload.cwd or artifact_dir, env=env,
                                timeout_s=timeout_s, max_output=workload.output_limit)
         except OSError as exc:
             return InvocationResult("error", (), 0.0, f"cannot start {workload.command[0]!r}: {exc.strerror}")

@@ -11,6 +11,7 @@ build's failure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 from typing import cast
 
+from abwatch.builders.environment import ArtifactInfoError, build_environment, build_python
 from abwatch.builders.procs import child_env, kill_tree
 from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig, TvmWorkloadConfig
 from abwatch.runners.base import InvocationResult, OutputTensor, TvmMetrics, WorkerReady
@@ -37,10 +39,14 @@ class Worker:
     """One harness worker process and its line-based JSON conversation."""
 
     def __init__(self, artifact: Path, spec: dict, env: dict[str, str]) -> None:
-        info = json.loads((artifact / ARTIFACT_INFO).read_text())
-        python = artifact / info["python"]  # relative to the artifact, or absolute
-        paths = {name: str(artifact / rel) for name, rel in info.get("env_paths", {}).items()}
-        env = child_env(info.get("env", {}), paths, env)
+        try:
+            python = build_python(artifact)
+        except ArtifactInfoError as exc:
+            raise WorkerError(str(exc)) from None
+        if python is None:
+            raise WorkerError(f"{artifact} is not a TVM build (no {ARTIFACT_INFO}): a tvm workload needs "
+                              "a tvm-wheel or tvm-source build")
+        env = child_env(build_environment(artifact), env)
         self.proc = subprocess.Popen(
             [str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
@@ -55,13 +61,15 @@ class Worker:
         self.send(spec)
 
     def _pump(self) -> None:
-        for line in self.stdout:
-            self.lines.put(line)
+        with self.stdout:  # each reader closes its pipe at end of file: no descriptor outlives the worker
+            for line in self.stdout:
+                self.lines.put(line)
         self.lines.put(None)
 
     def _drain(self) -> None:
-        for line in self.stderr_pipe:
-            self.stderr = (self.stderr + [line])[-50:]
+        with self.stderr_pipe:
+            for line in self.stderr_pipe:
+                self.stderr = (self.stderr + [line])[-50:]
 
     def send(self, obj: dict) -> None:
         """Write one request."""
@@ -110,6 +118,8 @@ class Worker:
         """Stop the worker and any children it started."""
         kill_tree(self.proc.pid)
         self.proc.wait()
+        with contextlib.suppress(OSError):  # a pipe the worker broke: nothing left to flush
+            self.stdin.close()
 
 
 class TvmSessions:
@@ -131,7 +141,7 @@ class TvmSessions:
         overrides = dict(side_options)
         options = {**workload.options, **overrides.pop("options", {})}
         return {
-            "model": workload.model, "md5": workload.md5, "input_shape": workload.input_shape,
+            "model": workload.model, "md5": workload.md5, "script_sha256": workload.script_sha256, "input_shape": workload.input_shape,
             "dtype": overrides.pop("dtype", workload.dtype), "options": options, "target": self.target,
             "device": self.device, "number": workload.number, "repeat": workload.samples, "seed": 0,
             "rpc": self.rpc,

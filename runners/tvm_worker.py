@@ -1,8 +1,8 @@
 """The TVM harness worker: runs inside one build's Python, compiles a workload once, then
 serves timing batches over stdin/stdout (one JSON object a line each way).
 
-It imports only TVM, numpy, the standard library (and onnx for onnx: models): never
-abwatch, which lives in another environment. Protocol:
+It imports only TVM, numpy, the standard library (and onnx for onnx: models; a script:
+model's own imports): never abwatch, which lives in another environment. Protocol:
 
     -> {"model": ..., "input_shape": ..., "dtype": ..., "options": {...}, "target": {...},
         "device": "cpu"|"cuda", "number": N, "repeat": R, "seed": S, "rpc": null|{...},
@@ -156,6 +156,105 @@ def _relax_module(spec: dict, rng: np.random.Generator):
     raise ValueError(f"unknown model kind {kind!r}")
 
 
+class ScriptError(Exception):
+    """A script workload that cannot be loaded or returned the wrong thing; names file and line."""
+
+
+def _script_path(spec: dict) -> str:
+    """The script's file: a path in the config's world, or ``script:repo:`` in the build's src/."""
+    name = spec["model"].partition(":")[2]
+    if name.startswith("repo:"):
+        return os.path.join(os.environ["ABWATCH_ARTIFACT"], "src", name[len("repo:"):])
+    return name
+
+
+def _where(path: str, exc: BaseException) -> str:
+    """``path:line`` of the innermost frame of ``exc`` that lies in the script (or just ``path``)."""
+    if isinstance(exc, SyntaxError) and exc.filename == path:
+        return f"{path}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+    return f"{path}:{frames[-1].lineno}" if frames else path
+
+
+def _script_module(spec: dict, rng: np.random.Generator):
+    """Run the user's script, call its ``workload(**options)``; (IRModule, inputs, its digest).
+
+    Every failure of the user's code becomes a :class:`ScriptError` naming the file and line.
+    """
+    import importlib.util
+
+    import tvm
+
+    path = _script_path(spec)
+    try:
+        with open(path, "rb") as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()
+    except OSError as exc:
+        raise ScriptError(f"{path}: cannot read the script: {exc.strerror}") from None
+    if spec.get("script_sha256") and digest != spec["script_sha256"]:
+        raise ScriptError(f"{path}: changed since the config was read (SHA-256 {digest[:12]}, "
+                          f"expected {spec['script_sha256'][:12]}); run again to start a new series")
+    # A real module in sys.modules: TVMScript's parser reads a function's source through it.
+    loader_spec = importlib.util.spec_from_file_location("abwatch_workload", path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise ScriptError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[loader_spec.name] = module
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # its neighbours import as they would
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - the user's code: any failure is reported as theirs
+        raise ScriptError(f"{_where(path, exc)}: {type(exc).__name__}: {exc}") from None
+    function = getattr(module, "workload", None)
+    if not callable(function):
+        raise ScriptError(f"{path}: defines no function workload(**options)")
+    try:
+        result = function(**spec.get("options", {}))
+    except Exception as exc:  # noqa: BLE001 - as above
+        raise ScriptError(f"{_where(path, exc)}: workload() raised {type(exc).__name__}: {exc}") from None
+    mod, inputs = (result if isinstance(result, tuple) and len(result) == 2 else (result, None))
+    if not isinstance(mod, tvm.IRModule):
+        raise ScriptError(f"{path}: workload() returned {type(result).__name__}, expected an IRModule "
+                          "or a tuple (IRModule, inputs)")
+    if inputs is not None:
+        if not isinstance(inputs, (list, tuple)) or not all(isinstance(x, np.ndarray) for x in inputs):
+            raise ScriptError(f"{path}: workload()'s inputs must be a list of numpy arrays")
+        inputs = list(inputs)
+    return mod, inputs, digest
+
+
+def _entry(path: str, mod):
+    """The function a script module is timed by: ``main``, or its only function."""
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    if "main" in names:
+        return "main"
+    from tvm import relax
+
+    relax_functions = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
+    if len(relax_functions) == 1:
+        return relax_functions[0]
+    raise ScriptError(f"{path}: the module has no 'main' function (it has: {', '.join(sorted(names))})")
+
+
+def _parameters(path: str, func, relax_function: bool) -> list[tuple[list[int], str]]:
+    """Shapes and dtypes of ``func``'s parameters (a PrimFunc's buffers), to make inputs from."""
+    out = []
+    for param in func.params:
+        if relax_function:  # TVM 0.26+ types a parameter as `ty`; older releases as `struct_info`
+            info = getattr(param, "ty", None) or getattr(param, "struct_info", None)
+            shape, dtype = getattr(info, "shape", None), getattr(info, "dtype", None)
+            shape = getattr(shape, "values", shape)
+        else:  # a buffer parameter: through buffer_map, or (newer TIR) the parameter itself
+            buffer = getattr(func, "buffer_map", {}).get(param, param)
+            shape, dtype = getattr(buffer, "shape", None), getattr(buffer, "dtype", None)
+        try:
+            out.append(([int(d) for d in shape], str(dtype)))
+        except (TypeError, ValueError):
+            raise ScriptError(f"{path}: parameter {param.name_hint!r} has no static shape; return "
+                              "(module, inputs) from workload() to give its inputs") from None
+    return out
+
+
 def _te_function(spec: dict):
     """A single TE operator as a PrimFunc, with its input shapes."""
     from tvm import te, topi
@@ -176,6 +275,15 @@ def _te_function(spec: dict):
         out = topi.nn.conv2d_nchw(data, weight, stride=1, padding=ksize // 2, dilation=1)
         return te.create_prim_func([data, weight, out]), [tuple(shape), weight.shape], out.shape
     raise ValueError(f"unknown te: operator {name!r} (matmul, conv2d)")
+
+
+def _random(rng: np.random.Generator, shape: list[int], dtype: str) -> np.ndarray:
+    """Seeded inputs of ``shape``: normal values for floats, small non-negative ones for integers."""
+    if dtype.startswith(("int", "uint")):
+        return rng.integers(0, 8, size=shape).astype(dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    return rng.standard_normal(shape).astype(dtype)
 
 
 def _features(args) -> dict:
@@ -213,7 +321,19 @@ class Workload:
         self.target = str(target)
         kind = spec["model"].partition(":")[0]
         load, export = spec.get("load"), spec.get("export")
-        if kind == "te":
+        self.script_sha256 = None
+        if kind == "script":
+            mod, self.inputs, self.script_sha256 = _script_module(spec, rng)
+            path = _script_path(spec)
+            self.entry = _entry(path, mod)
+            func = mod[self.entry]
+            self.is_vm, self.params = isinstance(func, relax.Function), []
+            if self.inputs is None:
+                self.inputs = [_random(rng, shape, dtype) for shape, dtype in _parameters(path, func, self.is_vm)]
+            if not self.is_vm:  # a PrimFunc writes its results into its last argument(s)
+                self.out_shape = list(self.inputs[-1].shape)
+                self.out_array = self.inputs.pop()
+        elif kind == "te":
             func, in_shapes, out_shape = _te_function(spec)
             self.inputs = [rng.standard_normal([int(d) for d in s]).astype(spec["dtype"]) for s in in_shapes]
             self.out_shape = [int(d) for d in out_shape]
@@ -243,7 +363,10 @@ class Workload:
             self.call = self.vm[self.entry]
             self.timer = self.vm.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"])
         else:
-            self.out = tvm.runtime.empty(self.out_shape, spec["dtype"], self.dev)
+            if kind == "script":
+                self.out = tvm.runtime.tensor(self.out_array, self.dev)
+            else:
+                self.out = tvm.runtime.empty(self.out_shape, spec["dtype"], self.dev)
             self.args.append(self.out)
             lib = getattr(lib, "mod", lib)  # an Executable wraps the runtime module
             self.call = lib[self.entry]
@@ -267,7 +390,7 @@ class Workload:
         """One timing batch: ``repeat`` samples of ``number`` calls each, and per-op times."""
         samples = [t * 1000.0 for t in self.timer(*self.args).results]
         if not self.is_vm:  # a single operator: the whole call is the operator
-            name = self.spec["model"].partition(":")[2]
+            name = self.entry if self.script_sha256 else self.spec["model"].partition(":")[2]
             return {"samples": samples, "ops": {name: float(np.median(samples)) * 1000},
                     "op_features": {name: _features(self.args)}}
         features: dict = {}
@@ -323,6 +446,9 @@ def main() -> int:
     spec = json.loads(sys.stdin.readline())
     try:
         workload = Workload(spec)
+    except ScriptError as exc:  # the user's script: their file and line, not this worker's traceback
+        send({"error": f"script workload failed: {exc}"})
+        return 1
     except Exception as exc:  # noqa: BLE001 - any compile failure is reported, not raised
         send({"error": f"compile failed: {type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-4000:]})
         return 1
@@ -332,7 +458,8 @@ def main() -> int:
           "target": workload.target,
           "features": {name: bool(tvm.runtime.enabled(name)) for name in ("llvm", "cuda", "rpc")},
           "input_shapes": [list(x.shape) for x in workload.inputs],
-          "num_threads": os.environ.get("TVM_NUM_THREADS")})
+          "num_threads": os.environ.get("TVM_NUM_THREADS"),
+          **({"script_sha256": workload.script_sha256} if workload.script_sha256 else {})})
     for line in sys.stdin:
         command = json.loads(line).get("cmd")
         try:

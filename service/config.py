@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import os
 import tomllib
-from pathlib import Path
+import hashlib
+from pathlib import Path, PurePosixPath
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 # The models builders and runners share live in builders.spec (the bottom layer); the
 # config re-uses them, and service code may import them from here or from there.
 from abwatch.builders.spec import (  # noqa: F401  (re-exported)
-    BUILD_KINDS, MODEL_OPTIONS, TREATMENT_OVERRIDES, WORKLOAD_KINDS, BuildConfig, CommandBuildConfig,
+    BUILD_KINDS, MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, WORKLOAD_KINDS, BuildConfig, CommandBuildConfig,
     CommandWorkloadConfig, RepoConfig, RunnerConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
     TvmWorkloadConfig, UsageError, WorkloadConfig, StrictModel,
 )
@@ -195,8 +196,16 @@ class Config(StrictModel):
             seen.add(workload.name)
         if self.build.kind in ("command", "tvm-source") and self.repo is None:
             raise ValueError(f"a {self.build.kind} build needs [repo]")
-        if self.build.kind == "tvm-wheel" and any(w.kind == "command" for w in self.workloads):
-            raise ValueError("a tvm-wheel build runs tvm workloads only")
+        for workload in self.workloads:
+            if workload.kind == "tvm" and workload.model.startswith(SCRIPT_REPO):
+                kept = self.build.keep if isinstance(self.build, TvmSourceBuildConfig) else None
+                path = PurePosixPath(workload.model.removeprefix(SCRIPT_REPO))
+                if kept is None:
+                    raise ValueError(f"workload {workload.name!r}: script:repo: reads the build's source tree, "
+                                     "which only a tvm-source build keeps (use script:<path> for a file here)")
+                if not any(path == PurePosixPath(k) or PurePosixPath(k) in path.parents for k in kept):
+                    raise ValueError(f"workload {workload.name!r}: {path} is not under build.keep "
+                                     f"({', '.join(kept) or 'empty'}): add it there so the build keeps it")
         if self.runner.kind != "cpu" and any(w.kind == "command" for w in self.workloads):
             raise ValueError(f"the {self.runner.kind} runner runs tvm workloads only")
         return self
@@ -250,16 +259,43 @@ def parse_config(data: dict, source: str, base_dir: Path) -> Config:
     if not config.cache_dir.is_absolute():
         updates["cache_dir"] = (base_dir / config.cache_dir).resolve()
     _check_cache_dir(updates.get("cache_dir", config.cache_dir), source)
-    workloads = [
-        w.model_copy(update={"model": "onnx:" + str((base_dir / w.model[5:]).resolve())})
-        if w.kind == "tvm" and w.model.startswith("onnx:") and not Path(w.model[5:]).is_absolute() else w
-        for w in config.workloads
-    ]
+    workloads = [_resolved(w, index, source, base_dir) for index, w in enumerate(config.workloads)]
     if workloads != config.workloads:
         updates["workloads"] = workloads
     config = config.model_copy(update=updates)
     config._source = source
     return config
+
+
+def _resolved(workload: CommandWorkloadConfig | TvmWorkloadConfig, index: int, source: str,
+              base_dir: Path) -> CommandWorkloadConfig | TvmWorkloadConfig:
+    """``workload`` with its local paths made absolute against ``base_dir`` (the config's
+    directory) and a ``script:`` file's SHA-256 read, so the file's content is part of the
+    workload's identity."""
+    if workload.kind == "command":
+        if workload.cwd is None or Path(workload.cwd).is_absolute():
+            return workload
+        return workload.model_copy(update={"cwd": str((base_dir / workload.cwd).resolve())})
+    source_kind, _, path = workload.model.partition(":")
+    if source_kind == "onnx" and not Path(path).is_absolute():
+        return workload.model_copy(update={"model": "onnx:" + str((base_dir / path).resolve())})
+    if source_kind != "script" or workload.model.startswith(SCRIPT_REPO):
+        return workload
+    script = (base_dir / path).resolve()
+    key = f"{source}: workloads[{index}] ({workload.name}): model"
+    try:
+        content = script.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {script}: {exc.strerror}") from None
+    try:  # a syntax error is found here, before anything is built
+        compile(content, str(script), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        line = f":{exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        raise ConfigError(f"{key}: {script}{line}: {type(exc).__name__}: {getattr(exc, 'msg', exc)}") from None
+    digest = hashlib.sha256(content).hexdigest()
+    if workload.script_sha256 not in (None, digest):
+        raise ConfigError(f"{key}: {script} has SHA-256 {digest}, the config says {workload.script_sha256}")
+    return workload.model_copy(update={"model": f"script:{script}", "script_sha256": digest})
 
 
 def _check_cache_dir(path: Path, source: str) -> None:

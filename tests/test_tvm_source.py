@@ -93,7 +93,7 @@ def project(tmp_path_factory):
 
 def make_config(project, cache: Path, **build) -> Config:
     work, mirrors, _ = project
-    options = {"cmake": {"USE_LLVM": "OFF"}, "python_packages": [],
+    options = {"cmake": {"USE_LLVM": "OFF"}, "python_packages": [], "check_import": "",
                "submodule_rewrites": {FAKE_REMOTE: f"{mirrors}/"}, **build}
     return Config(repo=RepoConfig(url=str(work)), cache_dir=cache, build=TvmSourceBuildConfig(**options),
                   workloads=[CommandWorkloadConfig(name="w", command=["true"])])
@@ -232,6 +232,7 @@ url = {json.dumps(str(work))}
 kind = "tvm-source"
 cmake = {{USE_LLVM = "OFF"}}
 python_packages = []
+check_import = "tvmshaped"
 submodule_rewrites = {{{json.dumps(FAKE_REMOTE)} = {json.dumps(str(mirrors) + "/")}}}
 [[workloads]]
 name = "ls"
