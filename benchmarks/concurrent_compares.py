@@ -26,7 +26,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from abwatch.service.demo import make_demo_repo
+from abwatch.service.cli.demo import make_demo_repo
 
 ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 ONCE = ("repositories", "commits", "devices", "workloads")
@@ -80,7 +80,7 @@ def main() -> None:
             pairs = [("v1.0", "v1.1"), ("v1.1", "v1.0")]
             started = time.monotonic()
             procs = [subprocess.Popen(
-                [args.python, "-m", "abwatch.service.cli", "compare", "--config", str(configs[i]),
+                [args.python, "-m", "abwatch.service.cli.main", "compare", "--config", str(configs[i]),
                  "--control", pairs[i % 2][0], "--treatment", pairs[i % 2][1], "--json", "--db", url],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(args.processes)]
             results = [(p.returncode, err, out) for p in procs for out, err in [p.communicate()]]

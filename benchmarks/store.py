@@ -32,8 +32,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from abwatch.service import db, queries
-from abwatch.service.store import copy_rows, write_samples
+from abwatch.service.read import queries
+from abwatch.service.store import db
+from abwatch.service.store.rows import copy_rows, write_samples
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ("rasp4b-01", "jetson-orin-02", "c6i-xlarge-03", "rk3588-04")

@@ -45,7 +45,7 @@ def git(work: Path, *args: str) -> str:
 def watch_once(config: str, db: str) -> tuple[int, float, str]:
     """One ``abwatch watch --once`` pass: exit status, wall seconds, stderr tail."""
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "abwatch.service.cli", "watch", "--config", config, "--once",
+    proc = subprocess.run([sys.executable, "-m", "abwatch.service.cli.main", "watch", "--config", config, "--once",
                            "--db", db], capture_output=True, text=True)
     return proc.returncode, time.monotonic() - started, proc.stderr[-3000:]
 

@@ -25,8 +25,9 @@ ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 
 def _work(url: str, device: str, job_ms: float) -> None:
     """One worker process: run ``device``'s jobs until none is queued or running."""
-    from abwatch.service import db, queue
-    from abwatch.service.models import Job, JobStatus
+    from abwatch.service.store import db
+    from abwatch.service.watch import queue
+    from abwatch.service.store.models import Job, JobStatus
 
     engine = db.make_engine(url)
 
@@ -60,8 +61,9 @@ def main() -> None:
     parser.add_argument("--admin-url", default=ADMIN_URL)
     args = parser.parse_args()
 
-    from abwatch.service import db, queue
-    from abwatch.service.models import Job
+    from abwatch.service.store import db
+    from abwatch.service.watch import queue
+    from abwatch.service.store.models import Job
 
     admin = create_engine(args.admin_url, isolation_level="AUTOCOMMIT")
     name = f"abwatch_queue_bench_{uuid.uuid4().hex[:8]}"

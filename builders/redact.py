@@ -19,7 +19,7 @@ def mask_url(url: str) -> str:
     ``git@host:repo`` (no secret in them) are returned unchanged. Query parameters named
     like a credential (``?private_token=...``) are masked too.
 
-    This is also a repository's stored identity (:func:`abwatch.service.store.get_repository`):
+    This is also a repository's stored identity (:func:`abwatch.service.store.rows.get_repository`):
     one repository reached with different credentials is one row.
     """
     try:

@@ -3,7 +3,7 @@
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from abwatch.service.models import Base
+from abwatch.service.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

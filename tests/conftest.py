@@ -19,8 +19,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from abwatch.service import db
-from abwatch.service.demo import Step, make_demo_repo
+from abwatch.service.store import db
+from abwatch.service.cli.demo import Step, make_demo_repo
 
 PG_ADMIN_URL = os.environ.get(
     "ABWATCH_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
@@ -221,7 +221,7 @@ def filled_pg_url(pg_admin, bench_repo, tmp_path_factory):
     base→noop (same), noop→slower (a regression, then verified), slower→faster (faster).
     Returns ``(url, {"same": run_id, "regression": run_id, "verify": run_id, "faster": run_id})``.
     """
-    from abwatch.service.cli import main
+    from abwatch.service.cli.main import main
 
     url = _create_database(pg_admin)
     work = tmp_path_factory.mktemp("filled")
@@ -291,7 +291,7 @@ max_body_mb = {max_body_mb}
         env["ABWATCH_API_TOKEN"] = token
     log = open(work / "server.log", "w")  # noqa: SIM115 - the server writes it until the block ends
     process = subprocess.Popen(
-        [sys.executable, "-m", "abwatch.service.cli", "serve", "--config", str(config), "--db", url,
+        [sys.executable, "-m", "abwatch.service.cli.main", "serve", "--config", str(config), "--db", url,
          "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:

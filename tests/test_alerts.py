@@ -11,10 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from sqlalchemy import select
 
-from abwatch.service import alerts, db, triage
-from abwatch.service.cli import main
+from abwatch.service.notify import alerts
+from abwatch.service.read import triage
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
 from abwatch.service.config import AlertsConfig
-from abwatch.service.models import AlertDelivery, DeliveryStatus, Regression, Run
+from abwatch.service.store.models import AlertDelivery, DeliveryStatus, Regression, Run
 
 SECRET = "webhook-secret"
 
@@ -174,7 +176,7 @@ def test_a_watch_alerts_the_range_then_the_bisected_culprit(receiver, tmp_path, 
     then bisection names the commit and a `culprit` alert says which, by whom, in how many steps;
     a later pass sends neither again."""
     from tests.test_watch import shas, step, write_watch_config
-    from abwatch.service.demo import make_demo_repo
+    from abwatch.service.cli.demo import make_demo_repo
 
     repo = tmp_path / "repo"
     make_demo_repo(repo, (step("base", "Baseline"),))

@@ -13,7 +13,7 @@ from pathlib import Path
 import requests
 from sqlalchemy import text
 
-from abwatch.service import db
+from abwatch.service.store import db
 from conftest import live_server
 
 DATA = Path(__file__).resolve().parent / "data"

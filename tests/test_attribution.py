@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from abwatch.service.attribution import describe, op_table
+from abwatch.service.compare.attribution import describe, op_table
 
 
 def test_operator_rows_say_what_the_operator_is():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from abwatch.runners.harness import OutputError, parse_output
-from abwatch.service.cli import main
+from abwatch.service.cli.main import main
 
 SEED = Path(__file__).parent / "data" / "seed_record_v0_1.json"
 

@@ -15,10 +15,13 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.service import bisect, compile_time, db, driver, lifecycle, outcome, stats, watch
+from abwatch.service import stats
+from abwatch.service.compare import compile_time, driver, lifecycle, outcome
+from abwatch.service.store import db
+from abwatch.service.watch import bisect, poll as watch
 from abwatch.service.config import load_config
-from abwatch.service.demo import make_demo_repo
-from abwatch.service.models import BisectionStep, Comparison, Run
+from abwatch.service.cli.demo import make_demo_repo
+from abwatch.service.store.models import BisectionStep, Comparison, Run
 
 from tests.test_watch import shas, step, write_watch_config
 
@@ -56,9 +59,10 @@ def test_each_step_is_judged_by_the_judge_given(tmp_path, sqlite_url):
         assert regression.culprit_commit.sha == tags["fast"] and regression.group_id == regression.id
         steps = {s.commit.sha: s for s in session.scalars(
             select(BisectionStep).where(BisectionStep.regression_id == regression.id))}
-        # the judge's reading, not the run time's, is stored: "regression (bad)" where it ran faster
-        assert steps[tags["fast"]].verdict == "regression (bad)" and steps[tags["fast"]].change_pct < -15
-        assert all(s.verdict.endswith("(good)") for sha, s in steps.items() if sha != tags["fast"])
+        # the judge's reading, not the run time's, is stored: a regression on the bad side where it ran faster
+        fast = steps[tags["fast"]]
+        assert (fast.verdict.value, fast.side.value) == ("regression", "bad") and fast.change_pct < -15
+        assert all(s.side.value == "good" for sha, s in steps.items() if sha != tags["fast"])
         assert tags["n2"] not in steps  # the bad end is never tried
     engine.dispose()
 

@@ -98,7 +98,7 @@ def test_unknown_ref_and_bad_repository(bench_repo, tmp_path):
 
 
 def test_mirror_sees_new_commits_after_fetch(tmp_path):
-    from abwatch.service.demo import Step, make_demo_repo
+    from abwatch.service.cli.demo import Step, make_demo_repo
 
     make_demo_repo(tmp_path / "src", (Step("one", "one"),))
     mirror = RepoMirror(str(tmp_path / "src"), tmp_path / "cache")

@@ -144,7 +144,7 @@ def test_rebuilt_object_with_a_bad_hash_is_an_error(tmp_path):
 def test_cache_command_lists_and_shrinks(tmp_path, capsys):
     import json
 
-    from abwatch.service.cli import main
+    from abwatch.service.cli.main import main
 
     config = tmp_path / "c.toml"
     config.write_text(f'cache_dir = "{tmp_path / "cache"}"\n[repo]\nurl = "."\n[build]\ncommand = ["true"]\n'

@@ -9,7 +9,8 @@ import json
 import subprocess
 import sys
 
-from abwatch.service import cli, db
+from abwatch.service.cli import main as cli
+from abwatch.service.store import db
 
 HEAVY = ("sqlalchemy", "scipy", "numpy", "alembic", "fastapi", "rich", "pydantic", "git", "requests")
 
@@ -28,7 +29,7 @@ print(json.dumps(sorted(sys.modules)))
 def test_help_and_version_import_nothing_heavy():
     for argv in (["--version"], ["--help"], ["compare"]):  # the last: a usage error from the parser
         loaded = _modules_after(f"""
-from abwatch.service import cli
+from abwatch.service.cli import main as cli
 try:
     cli.main({argv!r})
 except SystemExit:
@@ -41,7 +42,7 @@ def test_read_commands_do_not_import_the_numerical_or_web_stack(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
     db.upgrade(url)
     for argv in (["regressions", "--db", url], ["status", "--db", url], ["runs", "--db", url]):
-        loaded = _modules_after(f"from abwatch.service import cli\nassert cli.main({argv!r}) == 0")
+        loaded = _modules_after(f"from abwatch.service.cli import main as cli\nassert cli.main({argv!r}) == 0")
         assert not {m for m in loaded if m.split(".")[0] in ("scipy", "fastapi", "uvicorn", "tvm")}, argv
 
 
@@ -61,7 +62,7 @@ def test_help_lists_every_exit_code(capsys):
 
 
 def test_config_errors_found_after_loading_name_the_file(tmp_path, capsys):
-    from abwatch.service.demo import make_demo_repo
+    from abwatch.service.cli.demo import make_demo_repo
     from tests.test_watch import step, write_watch_config
 
     make_demo_repo(tmp_path / "repo", (step("base", "Baseline"),))

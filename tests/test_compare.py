@@ -7,9 +7,9 @@ import json
 import pytest
 from sqlalchemy import func, select
 
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.models import (
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.store.models import (
     Build, BuildStatus, Comparison, Invocation, InvocationStatus, Record, Regression, Run,
     RunStatus, Sample,
 )
@@ -238,7 +238,7 @@ def test_easy_verdicts_stop_at_the_first_look(capsys, write_config, sqlite_url):
 
 def test_noise_history_sets_the_starting_repetitions(capsys, write_config, sqlite_url):
     from abwatch.service import stats
-    from abwatch.service.models import NoiseProfile, Workload
+    from abwatch.service.store.models import NoiseProfile, Workload
 
     config = write_config(noise_aware=True, run_extra="max_repetitions = 40")
     code, first, err = compare(capsys, config, sqlite_url, "base", "noop")
@@ -263,7 +263,7 @@ def test_noise_history_sets_the_starting_repetitions(capsys, write_config, sqlit
 
 
 def first_device(session) -> int:
-    from abwatch.service.models import Device
+    from abwatch.service.store.models import Device
 
     return session.scalars(select(Device.id)).first()
 
@@ -301,7 +301,7 @@ def test_history_command_lists_the_measured_commits(capsys, write_config, sqlite
 
 def test_a_run_stopped_by_an_unexpected_error_is_marked_failed(write_config, sqlite_url, monkeypatch):
     """Fault injection (the one way to make abwatch itself fail mid-run): the run must not stay 'running'."""
-    from abwatch.service import driver
+    from abwatch.service.compare import driver
     from abwatch.service.config import load_config
 
     def explode(verdicts):

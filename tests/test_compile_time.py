@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from abwatch.service import compile_time, stats
+from abwatch.service import stats
+from abwatch.service.compare import compile_time
 
 
 def _judged(change: float, seed: int) -> compile_time.CompileJudged:

@@ -19,20 +19,21 @@ import git
 import pytest
 from sqlalchemy import func, select, text
 
-from abwatch.service import db, locks, noise
-from abwatch.service.models import (
+from abwatch.service.compare import noise
+from abwatch.service.store import db, locks
+from abwatch.service.store.models import (
     Build, Comparison, Commit, Device, NoiseProfile, Regression, RegressionEvent, Repository, Run, RunStatus, RunType, Workload,
 )
-from abwatch.service.verdict import RegressionState
+from abwatch.service.stats.verdict import RegressionState
 from abwatch.builders.repo import RepoMirror
 from abwatch.builders.spec import CommitInfo
 from abwatch.service.stats import Outcome
-from abwatch.service.store import get_commit, get_repository, get_workload
+from abwatch.service.store.rows import get_commit, get_repository, get_workload
 from tests.test_compare import compare
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
-ABWATCH = [sys.executable, "-m", "abwatch.service.cli"]
+ABWATCH = [sys.executable, "-m", "abwatch.service.cli.main"]
 FAILURE_WORDS = ("Traceback", "UniqueViolation", "IntegrityError", "already exists", "internal error",
                  "database error", "deadlock")
 
@@ -256,7 +257,7 @@ def test_a_busy_device_makes_the_measuring_phase_wait_and_says_who_holds_it(kind
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.3)
         time.sleep(3)
-        from abwatch.service.models import Invocation
+        from abwatch.service.store.models import Invocation
 
         assert _count(url, Invocation) == 0
     finally:
@@ -270,7 +271,7 @@ def test_a_busy_device_makes_the_measuring_phase_wait_and_says_who_holds_it(kind
 
 
 def test_rerunning_a_pair_does_not_open_a_second_regression(session):
-    from abwatch.service import lifecycle
+    from abwatch.service.compare import lifecycle
 
     repository = get_repository(session, "/rerun")
     a = get_commit(session, repository, CommitInfo("a" * 40, "", "", None))
@@ -306,8 +307,8 @@ def test_a_queue_worker_and_a_compare_share_the_device_lock(write_config, fresh_
     to wait for itself (its compares measure under the lock the worker holds)."""
     import socket
 
-    from abwatch.service import queue
-    from abwatch.service.models import Invocation
+    from abwatch.service.watch import queue
+    from abwatch.service.store.models import Invocation
 
     db.upgrade(fresh_pg_url)
     engine = db.make_engine(fresh_pg_url)

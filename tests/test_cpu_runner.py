@@ -61,7 +61,7 @@ def test_one_device_name_for_comparisons_and_the_watch():
 
     from abwatch.builders.spec import RunnerConfig
     from abwatch.runners import GpuRunner, RpcRunner, RunnerUnavailable
-    from abwatch.service import watch
+    from abwatch.service.watch import poll as watch
     from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
 
     def config(runner: RunnerConfig) -> Config:

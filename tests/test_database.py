@@ -8,8 +8,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError, StatementError
 
-from abwatch.service import db
-from abwatch.service.models import Base, Device, Workload
+from abwatch.service.store import db
+from abwatch.service.store.models import Base, Device, Workload
 
 TABLES = {
     "repositories", "commits", "builds", "devices", "workloads", "runs", "invocations",
@@ -57,7 +57,7 @@ def test_ensure_schema_refuses_an_old_revision(sqlite_url):
 
 
 def test_enums_are_stored_by_value_and_checked(session):
-    from abwatch.service.models import Build, BuildStatus, Commit, Repository
+    from abwatch.service.store.models import Build, BuildStatus, Commit, Repository
 
     repo = Repository(url="/r")
     session.add(repo)
@@ -77,7 +77,7 @@ def test_enums_are_stored_by_value_and_checked(session):
 
 def test_regression_kinds_are_one_vocabulary_the_schema_checks(db_url):
     """A regression's kind is RegressionKind's value, and the database refuses any other word."""
-    from abwatch.service.verdict import RegressionKind
+    from abwatch.service.stats.verdict import RegressionKind
 
     db.upgrade(db_url)
     engine = db.make_engine(db_url)

@@ -26,9 +26,9 @@ from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from abwatch.service import db
+from abwatch.service.store import db
 from abwatch.service.config import load_config
-from abwatch.service.models import Job, Regression, WatchedCommit
+from abwatch.service.store.models import Job, Regression, WatchedCommit
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 

@@ -14,14 +14,16 @@ from datetime import datetime, UTC
 import pytest
 from rich.console import Console
 
-from abwatch.service import db, report, stats
-from abwatch.service import cli as cli_module
-from abwatch.service.cli import main
-from abwatch.service.building import BuildOutcome
-from abwatch.service.outcome import CompareOutcome, WorkloadResult
-from abwatch.service.models import Commit, Device, Regression, RegressionEvent, Repository, Workload
-from abwatch.service.verdict import RegressionState
-from abwatch.service.stored import StoredRun
+from abwatch.service import stats
+from abwatch.service.cli import report
+from abwatch.service.store import db
+from abwatch.service.cli import main as cli_module
+from abwatch.service.cli.main import main
+from abwatch.service.compare.building import BuildOutcome
+from abwatch.service.compare.outcome import CompareOutcome, WorkloadResult
+from abwatch.service.store.models import Commit, Device, Regression, RegressionEvent, Repository, Workload
+from abwatch.service.stats.verdict import RegressionState
+from abwatch.service.read.stored import StoredRun
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
@@ -249,7 +251,7 @@ def test_history_keeps_to_the_branch_first_parent_line(capsys, write_config, sql
     """A commit measured on another branch is left out unless --all-branches asks for it."""
     import git
 
-    from abwatch.service.demo import make_demo_repo
+    from abwatch.service.cli.demo import make_demo_repo
     from conftest import HISTORY
 
     path = tmp_path / "repo"
@@ -281,7 +283,7 @@ def test_history_keeps_to_the_branch_first_parent_line(capsys, write_config, sql
 
 
 def test_history_table_marks_the_step_and_draws_a_sparkline_on_a_terminal():
-    from abwatch.service.history import Point, Step
+    from abwatch.service.read.history import Point, Step
 
     at = datetime(2026, 1, 1, tzinfo=UTC)
     points = [Point(f"{i:040x}", f"commit {i}", at, 10.0 if i < 5 else 11.0, 1) for i in range(10)]

@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, UTC
 
 import numpy as np
 
-from abwatch.service import history
-from abwatch.service.models import Commit, Record, Repository, Run, RunStatus, RunType
+from abwatch.service.read import history
+from abwatch.service.store.models import Commit, Record, Repository, Run, RunStatus, RunType
 from abwatch.service.stats import change_points
 
 

@@ -16,17 +16,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from abwatch.builders.spec import CommitInfo, storable
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.demo import make_demo_repo
-from abwatch.service.models import (
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.cli.demo import make_demo_repo
+from abwatch.service.store.models import (
     BisectionStep, Commit, Regression, Run, RunStatus, RunType, WatchedCommit,
 )
 from tests.test_watch import shas, step, write_watch_config
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
-ABWATCH = [sys.executable, "-m", "abwatch.service.cli"]
+ABWATCH = [sys.executable, "-m", "abwatch.service.cli.main"]
 
 
 def literal_commit(repo_path, message: bytes, author: bytes, when: bytes, tag: str) -> str:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from sqlalchemy import func, select
 
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.interchange import COLUMNS
-from abwatch.service.models import Record
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.records.interchange import COLUMNS
+from abwatch.service.store.models import Record
 
 DATA = Path(__file__).resolve().parent / "data"
 OPAT = DATA / "aoe_result_opat_20231108120501123_pid4242.json"

@@ -81,3 +81,52 @@ def test_importing_builders_and_runners_loads_no_service_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "[]", f"builders/runners pulled in {out[0]}"
     assert "abwatch.builders.spec" in out[1] and "abwatch.runners.cpu" in out[1]
+
+
+# Inside service/: each package may import only the packages below it in the pipeline
+# (and the shared top-level modules config and exits). The read side serves the CLI, the
+# API, the dashboard and alerts alike, so nothing below it knows how things are shown.
+SERVICE_PACKAGES: dict[str, set[str]] = {
+    "stats": set(),
+    "store": {"stats"},
+    "records": {"stats", "store"},
+    "notify": {"stats", "store"},
+    "compare": {"stats", "store", "records", "notify"},
+    "read": {"stats", "store", "records", "compare"},
+    "watch": {"stats", "store", "records", "notify", "compare"},
+    "web": {"stats", "store", "records", "compare", "read"},
+    "cli": {"stats", "store", "records", "notify", "compare", "read", "watch", "web"},
+}
+SHARED = {"config", "exits"}
+
+
+def service_package_of(name: str) -> str | None:
+    """``compare`` for ``abwatch.service.compare.driver`` (and for the package itself)."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["abwatch", "service"] else None
+
+
+def test_service_packages_import_only_downward():
+    found = sorted(p.name for p in (ROOT / "service").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert found == sorted(SERVICE_PACKAGES), "a new package in service/ needs its place in SERVICE_PACKAGES"
+    wrong = []
+    for package, allowed in SERVICE_PACKAGES.items():
+        for path in sorted((ROOT / "service" / package).rglob("*.py")):
+            for line, name in imported_names(path):
+                target = service_package_of(name)
+                if target is not None and target not in allowed | SHARED | {package}:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line}: {package} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_shared_service_modules_import_no_package():
+    # config and exits sit below every package: they may import builders, never the service's packages
+    for module in SHARED:
+        names = [name for _, name in imported_names(ROOT / "service" / f"{module}.py")]
+        assert not [n for n in names if service_package_of(n) not in (None, *SHARED)], module
+
+
+def test_no_service_module_is_a_sprawl():
+    # a module a newcomer can read in one sitting; the largest today are about 400 lines
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "service").rglob("*.py")}
+    assert not {p: n for p, n in sizes.items() if n > 450}, sizes

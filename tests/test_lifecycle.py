@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from abwatch.service import lifecycle
-from abwatch.service.models import Comparison, Commit, Repository, Run, RunStatus, RunType, Workload
-from abwatch.service.verdict import RegressionState
+from abwatch.service.compare import lifecycle
+from abwatch.service.store.models import Comparison, Commit, Repository, Run, RunStatus, RunType, Workload
+from abwatch.service.stats.verdict import RegressionState
 from abwatch.service.stats import Outcome
 
 S = RegressionState

@@ -18,10 +18,11 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from abwatch.service import alerts, db
-from abwatch.service.cli import main
+from abwatch.service.notify import alerts
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
 from abwatch.service.config import AlertsConfig
-from abwatch.service.models import AlertDelivery, DeliveryStatus, Regression, utcnow
+from abwatch.service.store.models import AlertDelivery, DeliveryStatus, Regression, utcnow
 
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
@@ -148,7 +149,7 @@ webhooks = ["{trickler}"]
 timeout_s = 5
 deadline_s = 300
 """)
-    proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli", "worker", "--config", str(config),
+    proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "worker", "--config", str(config),
                              "--device", "outbox-box", "--db", url],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:

@@ -12,9 +12,9 @@ import git
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.models import Comparison, Run, Sample, Workload
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.store.models import Comparison, Run, Sample, Workload
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 

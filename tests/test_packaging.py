@@ -30,10 +30,10 @@ def test_wheel_installs_only_the_abwatch_namespace(tmp_path):
     probe = f"""
 import importlib.util, json, sys
 sys.path.insert(0, {str(target)!r})
-import abwatch.service.cli, abwatch.builders, abwatch.runners, abwatch.migrations
-from abwatch.service import db
+import abwatch.service.cli.main, abwatch.builders, abwatch.runners, abwatch.migrations
+from abwatch.service.store import db
 db.upgrade("sqlite:///" + {str(tmp_path / "x.db")!r})  # the migrations ship in the package
-print(json.dumps({{"cli": abwatch.service.cli.__file__,
+print(json.dumps({{"cli": abwatch.service.cli.main.__file__,
                   "flat": [n for n in ("service", "builders", "runners", "migrations")
                            if importlib.util.find_spec(n) is not None]}}))
 """
@@ -44,7 +44,7 @@ print(json.dumps({{"cli": abwatch.service.cli.__file__,
     found = json.loads(done.stdout)
     assert found["cli"].startswith(str(target)) and found["flat"] == []
     entry_points = next(target.glob("abwatch-*.dist-info")) / "entry_points.txt"
-    assert "abwatch = abwatch.service.cli:main" in entry_points.read_text()
+    assert "abwatch = abwatch.service.cli.main:main" in entry_points.read_text()
 
 
 def test_change_points_need_none_of_otavas_integrations():

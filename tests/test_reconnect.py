@@ -14,10 +14,10 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.demo import make_demo_repo
-from abwatch.service.models import Job, JobStatus
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.cli.demo import make_demo_repo
+from abwatch.service.store.models import Job, JobStatus
 from tests.test_watch import step, write_watch_config
 
 
@@ -45,7 +45,7 @@ def test_an_idle_worker_reconnects_after_its_connections_are_dropped(tmp_path, f
     config = write_watch_config(tmp_path, repo, 'control = "previous"')
     db.upgrade(fresh_pg_url)
     log = open(tmp_path / "worker.log", "w+")  # noqa: SIM115 - the worker writes it while it runs
-    worker = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli", "worker", "--config", config,
+    worker = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "worker", "--config", config,
                                "--device", "bench-box", "--db", fresh_pg_url], stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
@@ -71,7 +71,7 @@ def test_a_command_whose_connection_dies_names_the_real_cause(write_config, fres
                                                               monkeypatch):
     """The connection dies between two of the command's queries; the message names the
     OperationalError, not the PendingRollbackError a later use of the session raises."""
-    from abwatch.service import stored
+    from abwatch.service.read import stored
 
     real = stored.list_runs
 

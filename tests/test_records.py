@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from abwatch.service.cli import main
-from abwatch.service.models import Record
-from abwatch.service.records import RecordError, export_records, import_records
+from abwatch.service.cli.main import main
+from abwatch.service.store.models import Record
+from abwatch.service.records.v01 import RecordError, export_records, import_records
 
 SEED = Path(__file__).parent / "data" / "seed_record_v0_1.json"
 

@@ -17,14 +17,14 @@ import git
 import pytest
 from sqlalchemy import func, inspect, select
 
-from abwatch.service import db
-from abwatch.service.models import Invocation, Regression, RegressionEvent, Run, RunStatus, RunType
-from abwatch.service.verdict import RegressionState
+from abwatch.service.store import db
+from abwatch.service.store.models import Invocation, Regression, RegressionEvent, Run, RunStatus, RunType
+from abwatch.service.stats.verdict import RegressionState
 from tests.test_compare import compare, run_cli
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
-ABWATCH = [sys.executable, "-m", "abwatch.service.cli"]
+ABWATCH = [sys.executable, "-m", "abwatch.service.cli.main"]
 
 
 def _start(args: list[str], env: dict | None = None) -> subprocess.Popen:

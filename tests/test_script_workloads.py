@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from abwatch.service.cli import main
+from abwatch.service.cli.main import main
 from tests.test_tvm import compare, write
 
 pytestmark = pytest.mark.slow  # real TVM builds and workers

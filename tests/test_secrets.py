@@ -19,10 +19,10 @@ import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.orm import Session
 
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.demo import make_demo_repo
-from abwatch.service.models import Commit, Repository, WatchedCommit
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.cli.demo import make_demo_repo
+from abwatch.service.store.models import Commit, Repository, WatchedCommit
 from tests.test_watch import step, write_watch_config
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers

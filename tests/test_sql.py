@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from abwatch.service import db, locks
-from abwatch.service.cli import main
+from abwatch.service.store import db, locks
+from abwatch.service.cli.main import main
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "sql.md"
 VIEWS = ("regression_history", "workload_series", "latest_status")

@@ -315,7 +315,7 @@ def test_paired_interval_is_symmetric_on_the_log_scale_despite_an_outlier_pair()
 
 
 def test_few_pooled_samples_get_the_hodges_lehmann_shift():
-    from abwatch.service.pooled import SMALL_POOLED_METHOD
+    from abwatch.service.stats.pooled import SMALL_POOLED_METHOD
 
     rng = np.random.default_rng(14)
     a, b = noisy(rng, 30, 10.0), noisy(rng, 30, 10.5)
@@ -338,7 +338,7 @@ def _loaded(rng, k, median, m=5, preempted=(0.5, 0.9)):
 
 
 def test_pooled_quantile_shift_matches_its_definition():
-    from abwatch.service.pooled import POOLED_METHOD, quantile_shift
+    from abwatch.service.stats.pooled import POOLED_METHOD, quantile_shift
 
     rng = np.random.default_rng(15)
     a, b = noisy(rng, 60, 10.0), noisy(rng, 60, 10.5)
@@ -390,7 +390,7 @@ def test_pooled_interval_is_symmetric_on_a_symmetric_process():
 
 
 def test_design_effect_sees_runs_in_record_order_only():
-    from abwatch.service.pooled import design_effect
+    from abwatch.service.stats.pooled import design_effect
 
     rng = np.random.default_rng(19)
     # one process in five runs clean, the others entirely pre-empted: fast samples come in runs
@@ -486,7 +486,7 @@ def test_a_verdict_goes_to_json_and_back_whole():
     import json
     import random
 
-    from abwatch.service.verdict import Verdict
+    from abwatch.service.stats.verdict import Verdict
 
     rng = random.Random(3)
     control = [10 + rng.random() for _ in range(40)]

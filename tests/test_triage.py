@@ -7,8 +7,9 @@ import json
 import pytest
 from sqlalchemy import text
 
-from abwatch.service import db, queries
-from abwatch.service.cli import main
+from abwatch.service.read import queries
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
 
 
 def test_triage_command_stores_who_when_why_and_sets_invalid_apart(write_config, tmp_path, capsys, monkeypatch):

@@ -15,10 +15,10 @@ from pathlib import Path
 from sqlalchemy import select
 
 from abwatch.builders import TvmWheelBuilder
-from abwatch.service import db
-from abwatch.service.cli import main
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
 from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
-from abwatch.service.models import Record, Regression
+from abwatch.service.store.models import Record, Regression
 
 from tests.conftest import free_port
 

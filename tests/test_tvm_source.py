@@ -20,10 +20,10 @@ from sqlalchemy import select
 
 from abwatch.builders import BuildFailed, TvmSourceBuilder
 from abwatch.builders.spec import ARTIFACT_INFO
-from abwatch.service import db
-from abwatch.service.cli import main
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
 from abwatch.service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
-from abwatch.service.models import Build, BuildStatus
+from abwatch.service.store.models import Build, BuildStatus
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 

@@ -14,10 +14,10 @@ import git
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.demo import Step, make_demo_repo
-from abwatch.service.models import BisectionStep, Job, Run, RunStatus, WatchedCommit
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.cli.demo import Step, make_demo_repo
+from abwatch.service.store.models import BisectionStep, Job, Run, RunStatus, WatchedCommit
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
@@ -142,7 +142,7 @@ def test_nightly_mode_bisects_to_each_culprit_within_the_build_bound(tmp_path, f
             assert len(r["bisection"]) == len(steps) > 0
     # every step names its commit and verdict; the culprit's own step says bad
     culprit_steps = [s for s in found[0]["bisection"] if s["sha"] == tags["slow3"]]
-    assert culprit_steps and "bad" in culprit_steps[0]["verdict"]
+    assert culprit_steps and culprit_steps[0]["side"] == "bad"
     engine.dispose()
 
 

@@ -14,10 +14,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.service import db, queries, watch
-from abwatch.service.cli import main
+from abwatch.service.read import queries
+from abwatch.service.store import db
+from abwatch.service.watch import poll as watch
+from abwatch.service.cli.main import main
 from abwatch.service.config import Config
-from abwatch.service.models import Job, WatchedCommit, WatchProgress
+from abwatch.service.store.models import Job, WatchedCommit, WatchProgress
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
@@ -242,7 +244,7 @@ def test_every_control_rule_the_config_accepts_is_registered():
     import pydantic
 
     from abwatch.service.config import WatchConfig
-    from abwatch.service.controls import CONTROL_RULES
+    from abwatch.service.watch.controls import CONTROL_RULES
 
     for name in CONTROL_RULES:
         WatchConfig(control=f"{name}:v1.0" if name == "fixed" else name)  # accepted

@@ -12,11 +12,11 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.daemon import pass_exit_code
-from abwatch.service.demo import make_demo_repo
-from abwatch.service.models import Job, WatchedCommit
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.watch.daemon import pass_exit_code
+from abwatch.service.cli.demo import make_demo_repo
+from abwatch.service.store.models import Job, WatchedCommit
 
 from tests.test_watch import shas, step, write_watch_config
 

@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.demo import make_demo_repo
-from abwatch.service.models import Comparison, Run, RunType, WatchedCommit
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.cli.demo import make_demo_repo
+from abwatch.service.store.models import Comparison, Run, RunType, WatchedCommit
 
 from tests.test_watch import regressions_json, shas, step, write_watch_config
 

@@ -17,10 +17,10 @@ import git
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.demo import make_demo_repo
-from abwatch.service.models import Commit, Job, Regression, Run, RunStatus, WatchedCommit
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.cli.demo import make_demo_repo
+from abwatch.service.store.models import Commit, Job, Regression, Run, RunStatus, WatchedCommit
 
 from tests.test_watch import step, write_watch_config
 
@@ -42,7 +42,7 @@ def test_a_long_running_watch_follows_a_growing_branch(tmp_path, db_url, capsys)
     make_demo_repo(repo, (step("base", "Baseline"),))
     config = write_config(tmp_path, repo)
     log = tmp_path / "watch.log"
-    proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli", "watch", "--config", config,
+    proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "watch", "--config", config,
                              "--db", db_url], stdout=log.open("w"), stderr=subprocess.STDOUT)
     engine = None
 

@@ -13,9 +13,9 @@ import json
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.models import Device, Record, Run, RunStatus, WatchedCommit
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.store.models import Device, Record, Run, RunStatus, WatchedCommit
 
 from tests import tvm_repo
 from tests.test_watch_workers import all_done, jobs, start_worker, stop, wait_for

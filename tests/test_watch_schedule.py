@@ -14,10 +14,10 @@ import sys
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.demo import make_demo_repo
-from abwatch.service.models import Job, WatchedCommit
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.cli.demo import make_demo_repo
+from abwatch.service.store.models import Job, WatchedCommit
 
 from tests.test_watch import shas, step, write_watch_config
 from tests.test_watch_workers import wait_for
@@ -35,7 +35,7 @@ def test_cron_ticks_test_the_branch_head_until_sigterm(tmp_path, sqlite_url):
     make_demo_repo(repo, (step("base", "Baseline"),))
     config = write_watch_config(tmp_path, repo, 'schedule = "*/5 * * * * *"')
     log = tmp_path / "watch.log"
-    proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli", "watch", "--config", config,
+    proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "watch", "--config", config,
                              "--db", sqlite_url], stdout=log.open("w"), stderr=subprocess.STDOUT)
     engine = db.make_engine(sqlite_url)
 

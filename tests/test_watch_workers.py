@@ -22,11 +22,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from abwatch.builders.cache import ArtifactCache
-from abwatch.service import db
-from abwatch.service.cli import main
-from abwatch.service.demo import Step, make_demo_repo
-from abwatch.service.models import Build, Invocation, Job, Regression, Run, RunStatus, WatchedCommit
-from abwatch.service.verdict import RegressionState
+from abwatch.service.store import db
+from abwatch.service.cli.main import main
+from abwatch.service.cli.demo import Step, make_demo_repo
+from abwatch.service.store.models import Build, Invocation, Job, Regression, Run, RunStatus, WatchedCommit
+from abwatch.service.stats.verdict import RegressionState
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
@@ -73,7 +73,7 @@ device = "bench-box"
 
 def start_worker(config: Path, url: str, log: Path, device: str | None = None) -> subprocess.Popen:
     """``abwatch worker`` as a process of its own."""
-    argv = [sys.executable, "-m", "abwatch.service.cli", "worker", "--config", str(config), "--db", url]
+    argv = [sys.executable, "-m", "abwatch.service.cli.main", "worker", "--config", str(config), "--db", url]
     if device:
         argv += ["--device", device]
     return subprocess.Popen(argv, stdout=log.open("a"), stderr=subprocess.STDOUT)

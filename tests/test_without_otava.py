@@ -43,7 +43,7 @@ def test_history_series_and_trend_page_work_without_apache_otava(filled_pg_url, 
     gone = subprocess.run([sys.executable, "-c", "import otava.analysis"], capture_output=True, text=True)
     assert gone.returncode != 0 and "No module named 'otava" in gone.stderr  # the blocker works
 
-    done = subprocess.run([sys.executable, "-m", "abwatch.service.cli", "history", "lcg-loop", "--json",
+    done = subprocess.run([sys.executable, "-m", "abwatch.service.cli.main", "history", "lcg-loop", "--json",
                            "--db", url], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     shown = json.loads(done.stdout)

@@ -9,9 +9,9 @@ from datetime import datetime, UTC
 import git
 from sqlalchemy import select, text
 
-from abwatch.service import db
-from abwatch.service.models import Comparison, Invocation, NoiseProfile, Regression, Sample, Workload
-from abwatch.service.store import workload_spec_hash
+from abwatch.service.store import db
+from abwatch.service.store.models import Comparison, Invocation, NoiseProfile, Regression, Sample, Workload
+from abwatch.service.store.rows import workload_spec_hash
 from tests.test_compare import compare, run_cli
 from tests.test_concurrency import _config
 
@@ -137,9 +137,9 @@ def test_migration_splits_a_shared_workload_row_and_keeps_every_row(db_url):
 
 def test_noise_profiles_belong_to_one_series(session):
     """Two repositories' ``mlp`` and a changed spec learn and read their own noise."""
-    from abwatch.service import noise
-    from abwatch.service.models import Device
-    from abwatch.service.store import get_repository, get_workload
+    from abwatch.service.compare import noise
+    from abwatch.service.store.models import Device
+    from abwatch.service.store.rows import get_repository, get_workload
 
     one, two = get_repository(session, "/noise-one"), get_repository(session, "/noise-two")
     series = [get_workload(session, one.id, "mlp", "command", {"command": ["./mlp"]}),

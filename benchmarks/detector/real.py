@@ -12,7 +12,7 @@ from abwatch.builders import CommandBuilder
 from abwatch.runners import CpuRunner
 from abwatch.runners.harness import CONTROL, interleaved_schedule
 from abwatch.service.config import CommandBuildConfig, CommandWorkloadConfig, Config, RepoConfig, RunnerConfig
-from abwatch.service.demo import Step, make_demo_repo
+from abwatch.service.cli.demo import Step, make_demo_repo
 
 WORK = 2_000_000  # ~2 ms a sample
 

@@ -17,7 +17,8 @@ import numpy as np
 from scipy import stats as sps
 from scipy.optimize import brentq
 
-from abwatch.service import pooled, stats
+from abwatch.service import stats
+from abwatch.service.stats import pooled
 
 
 @dataclass(frozen=True)

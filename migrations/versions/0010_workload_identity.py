@@ -33,8 +33,8 @@ SAMPLES_FK = 'fk_samples_invocation_id_invocations'
 
 
 def spec_hash(kind: str, spec: dict) -> str:
-    """The identity hash of a stored spec (the same function as abwatch.service.store's)."""
-    from abwatch.service.store import workload_spec_hash
+    """The identity hash of a stored spec (the same function as abwatch.service.store.rows's)."""
+    from abwatch.service.store.rows import workload_spec_hash
 
     return workload_spec_hash(kind, spec)
 

@@ -1,0 +1,357 @@
+"""What each ``abwatch`` command does: :func:`run` takes the parsed arguments of
+:mod:`service.cli`, dispatches, and turns every failure into a message and an exit code.
+
+Kept apart from the parser so that ``abwatch --help`` and ``--version`` import none of this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.console import Console
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from abwatch.builders.redact import mask_url
+from abwatch.builders.spec import UsageError
+from abwatch.service.cli import report
+from abwatch.service.compare import liveness
+from abwatch.service.read import stored
+from abwatch.service.store import db
+from abwatch.service.config import Config, ConfigError, load_config
+from abwatch.service.exits import EXIT_BUILD_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
+from abwatch.service.compare.outcome import DriverError, NothingToVerify
+from abwatch.service.store.models import Regression, Run
+from abwatch.service.stats.verdict import RegressionState
+
+# Each command imports the machinery it needs (the driver, the statistics, the web stack,
+# TVM's runners) when it runs: `abwatch regressions` imports none of that.
+
+
+# Commands that store something; only these create or migrate a schema.
+WRITING_COMMANDS = frozenset({"compare", "verify", "triage", "serve", "watch", "worker"})
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out the command ``args`` names; its exit code (README, "Operations")."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    liveness.stop_on_sigterm()
+    try:
+        return _dispatch(args, err)
+    except UsageError as exc:  # a bad config, ref, record, run id, device...: the message names it
+        err.print(f"abwatch: error: {exc}", markup=False)
+        return EXIT_USAGE
+    except KeyboardInterrupt as exc:
+        err.print(f"abwatch: interrupted ({exc or 'SIGINT'}); the run is marked interrupted, "
+                  "what it measured is kept", markup=False)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # the one place an unexpected error becomes a message and a code
+        if os.environ.get("ABWATCH_DEBUG"):
+            traceback.print_exc()
+        err.print(f"abwatch: {_describe(exc, getattr(args, 'db', None))}", markup=False)
+        return EXIT_INTERNAL
+
+
+def _describe(exc: Exception, db_arg: str | None) -> str:
+    """One line naming an unexpected error's cause: the database (password masked), the file."""
+    lost = db.lost_connection(exc)
+    if lost is not None:  # not the PendingRollbackError a later use of the session raised
+        exc = lost  # type: ignore[assignment]
+    if isinstance(exc, SQLAlchemyError):
+        where = mask_url(db.resolve_database_url(db_arg))
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        return f"database error at {where}: {type(exc).__name__}: {first}"
+    if isinstance(exc, OSError) and exc.filename:
+        return f"error: {exc.strerror or exc}: {exc.filename}"
+    return (f"internal error: {type(exc).__name__}: {mask_url(str(exc))} "
+            "(set ABWATCH_DEBUG=1 for the traceback)")
+
+
+def _dispatch(args: argparse.Namespace, err: Console) -> int:
+    if args.command == "demo-repo":
+        from abwatch.service.cli.demo import make_demo_repo
+        tags = make_demo_repo(args.path)
+        err.print(f"example repository at {args.path} with tags {', '.join(tags)}", markup=False)
+        return 0
+    out = report.stdout_console()
+    if args.command == "cache":
+        return _cache_command(args, err, out)
+    url = db.resolve_database_url(args.db)
+    if args.command == "db":
+        return _db_command(args, url, err)
+    config = load_config(args.config) if args.command in ("compare", "serve", "watch", "worker") else None
+    engine = db.open_database(url, write=args.command in WRITING_COMMANDS
+                              or (args.command == "records" and args.records_command == "import"))
+    for note in liveness.reap_quietly(engine):
+        err.print(f"abwatch: {note}", markup=False)
+    if args.command == "serve":
+        return _serve(args, config, engine)
+    if args.command in ("watch", "worker"):
+        return _watch_command(args, config, engine, err)
+    with db.session_scope(engine) as session:
+        return SESSION_COMMANDS[args.command](Call(args, session, out, err, config))
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a command that reads or writes the database is given."""
+
+    args: argparse.Namespace
+    session: Session
+    out: Console
+    err: Console
+    config: Config | None  # loaded before the database was opened, for the commands that take one
+
+
+def _compare_command(call: Call) -> int:
+    from abwatch.service.compare import driver
+
+    assert call.config is not None  # loaded before the database was opened
+    args = call.args
+    with report.RichProgress(call.err) as progress:
+        outcome = driver.run_compare(call.session, call.config, args.control, args.treatment, progress=progress)
+    # rendered from the stored rows, so `abwatch show` prints the very same report
+    report.print_outcome(call.out, stored.load_outcome(call.session, outcome.run_id), args.json, args.ops)
+    return outcome.exit_code
+
+
+def _show_command(call: Call) -> int:
+    report.print_outcome(call.out, stored.load_outcome(call.session, call.args.run_id), call.args.json,
+                         call.args.ops)
+    return 0
+
+
+def _runs_command(call: Call) -> int:
+    rows = stored.list_runs(call.session, call.args.limit)
+    print(json.dumps(report.runs_json(rows))) if call.args.json else report.print_runs(call.out, rows)
+    return 0
+
+
+def _regressions_command(call: Call) -> int:
+    query = select(Regression).order_by(Regression.id)
+    if call.args.state:
+        query = query.where(Regression.state == RegressionState(call.args.state))
+    regressions = list(call.session.scalars(query))
+    if call.args.json:
+        print(json.dumps([report.regression_json(r) for r in regressions]))
+    else:
+        report.print_regressions(call.out, regressions)
+    return 0
+
+
+def _status_command(call: Call) -> int:
+    from abwatch.service.read import queries
+
+    found = queries.watch_status(call.session)
+    print(json.dumps(found)) if call.args.json else report.print_status(call.out, found)
+    return 0
+
+
+# The commands that run in one database session, by name.
+SESSION_COMMANDS: dict[str, Callable[[Call], int]] = {
+    "compare": _compare_command,
+    "verify": lambda c: _verify_command(c.args, c.session, c.err, c.out),
+    "show": _show_command,
+    "runs": _runs_command,
+    "builds": lambda c: _builds_command(c.args, c.session, c.out),
+    "regressions": _regressions_command,
+    "status": _status_command,
+    "records": lambda c: _records_command(c.args, c.session, c.err),
+    "triage": lambda c: _triage_command(c.args, c.session, c.out),
+    "history": lambda c: _history_command(c.args, c.session, c.out, c.err),
+}
+
+
+def _watch_command(args: argparse.Namespace, config, engine, err: Console) -> int:
+    from abwatch.service.watch import daemon, poll as watch
+
+    if config.repo is None:
+        raise ConfigError(f"{args.config}: repo: a watch needs [repo]")
+    progress = report.LineProgress(err)
+    if args.command == "worker":
+        if engine.dialect.name != "postgresql":
+            raise ConfigError("abwatch worker needs PostgreSQL (--db or $ABWATCH_DATABASE_URL); "
+                              "on SQLite `abwatch watch` runs the jobs itself")
+        device = args.device or watch.device_names(config)[0]
+        return daemon.work(engine, config, device, progress=progress)
+    if args.once:
+        return daemon.once(engine, config, work=not args.no_work, progress=progress)
+    return daemon.forever(engine, config, work=not args.no_work, progress=progress)
+
+
+def _verify_command(args: argparse.Namespace, session, err: Console, out: Console) -> int:
+    from abwatch.service.compare import driver
+    from abwatch.service.notify import alerts
+
+    live = load_config(args.config).alerts if args.config else None  # a bad file fails before the work
+    try:
+        with report.RichProgress(err) as progress:
+            outcome, regressions = driver.run_verify(session, args.run_id, progress=progress)
+    except NothingToVerify as exc:
+        # not a usage error: the run exists and simply has nothing left to check
+        if args.json:
+            print(json.dumps({"run_id": args.run_id, "verified": None, "regressions": [], "message": str(exc)}))
+        err.print(f"abwatch: {exc}", markup=False)
+        return 0
+    if live is None:  # the run's own config: its env: webhooks can be sent, redacted URLs wait
+        live = Config.model_validate(session.get_one(Run, args.run_id).config).alerts
+    for sent in alerts.deliver_pending(driver.engine_of(session), live):
+        err.print(f"alert to {sent.webhook}: " + ("delivered" if sent.ok else f"not delivered ({sent.error})"),
+                  markup=False)
+    shown = stored.load_outcome(session, outcome.run_id)
+    if args.json:
+        print(json.dumps({**report.outcome_json(shown),
+                          "regressions": [report.regression_json(r) for r in regressions]}))
+    else:
+        report.print_outcome(out, shown, False, args.ops)
+        report.print_regressions(out, regressions)
+    confirmed = any(r.state == RegressionState.REGRESS for r in regressions)
+    return EXIT_BUILD_FAILED if outcome.exit_code == 3 else int(confirmed)
+
+
+def _builds_command(args: argparse.Namespace, session, out: Console) -> int:
+    if args.log is not None:
+        build = stored.get_build(session, args.log)
+        sys.stdout.write(build.log if build.log.endswith("\n") or not build.log else build.log + "\n")
+        return 0
+    rows = stored.list_builds(session, args.failed, args.limit)
+    print(json.dumps(report.builds_json(rows))) if args.json else report.print_builds(out, rows)
+    return 0
+
+
+def _cache_command(args: argparse.Namespace, err: Console, out: Console) -> int:
+    from abwatch.builders.cache import ArtifactCache
+
+    cache = ArtifactCache(load_config(args.config).cache_dir / "artifacts")
+    if args.limit_gb is not None:
+        removed = cache.evict(int(args.limit_gb * 2**30))
+        err.print(f"evicted {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}", markup=False)
+    entries, size = cache.describe(verify=args.verify), cache.size_bytes()
+    damaged = [e for e in entries if (e.check or "").startswith("damaged")]
+    if args.json:
+        print(json.dumps(report.cache_json(cache, entries, size)))
+    else:
+        report.print_cache(out, cache, entries, size)
+    for e in damaged:
+        err.print(f"abwatch: cache entry {e.key} is {e.check}", markup=False)
+    return 1 if damaged else 0
+
+
+def _serve(args: argparse.Namespace, config, engine) -> int:
+    import uvicorn
+
+    from abwatch.service.web.api import create_app
+
+    app = create_app(engine, config.server, config.alerts)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def _triage_command(args: argparse.Namespace, session, out: Console) -> int:
+    import getpass
+
+    from abwatch.service.read import triage
+
+    try:
+        changed = triage.triage(session, args.regression_id, args.status, who=args.who or getpass.getuser(),
+                                issue_url=args.issue, note=args.note)
+    except triage.TriageError as exc:
+        raise DriverError(str(exc)) from None
+    for r in changed:
+        out.print(f"regression {r.id} ({r.workload.name}): triaged as {args.status}", markup=False)
+    return 0
+
+
+def _db_command(args: argparse.Namespace, url: str, err: Console) -> int:
+    if args.db_command == "grant-readonly":
+        engine = db.make_engine(url)
+        db.ensure_schema(engine)
+        for statement in db.grant_readonly(engine, args.role):
+            print(statement)
+        return 0
+    if args.db_command == "upgrade":
+        db.upgrade(url, args.revision)
+    elif args.db_command == "downgrade":
+        if args.revision is None:
+            raise DriverError("db downgrade needs --revision (e.g. the one before `abwatch db current`); "
+                                     "--revision base drops every table and needs --yes")
+        if args.revision == "base" and not args.yes:
+            raise DriverError("db downgrade --revision base drops every table and all data in them; "
+                                     "add --yes to confirm")
+        db.downgrade(url, args.revision)
+    print(db.current_revision(db.make_engine(url)) or "(empty)")
+    return 0
+
+
+def _records_command(args: argparse.Namespace, session, err: Console) -> int:
+    from abwatch.service.records import interchange
+    from abwatch.service.records.v01 import RecordError, export_records, import_records
+
+    if args.records_command == "import":
+        if args.format == "aoe":
+            rows, skipped = interchange.import_aoe(session, args.file, args.hardware)
+        else:
+            rows, skipped = import_records(session, args.file)
+        err.print(f"imported {len(rows)} record(s) from {args.file}"
+                  + (f"; {skipped} already stored, skipped" if skipped else ""), markup=False)
+        return 0
+    if args.format == "parquet":
+        if not args.output:
+            raise RecordError("records export --format parquet: give the file to write with --output")
+        count = interchange.export_parquet(session, args.output, args.run_id, args.workload)
+    elif args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            count = export_records(session, handle, args.run_id, args.workload)
+    else:
+        count = export_records(session, sys.stdout, args.run_id, args.workload)
+    err.print(f"exported {count} record(s)", markup=False)
+    return 0
+
+
+def _history_command(args: argparse.Namespace, session, out: Console, err: Console) -> int:
+    from abwatch.service.read import history
+
+    # One series only: a workload of this name in another repository, or with another spec, is another series.
+    found = history.series_of(session, args.workload)
+    chosen = next((w for w in found if w.id == args.series), None) if args.series else (found[0] if found else None)
+    if args.series and chosen is None:
+        raise DriverError(f"workload {args.workload!r} has no series {args.series}; its series: "
+                          + (", ".join(str(w.id) for w in found) or "none"))
+    if len(found) > 1 and chosen is not None:
+        err.print(f"{args.workload}: {len(found)} series (repository, spec); showing {chosen.id}, choose with "
+                  "--series: " + "; ".join(f"{w.id}: {w.repository.url} spec {w.spec_hash[:12]}" for w in found),
+                  markup=False)
+    series_id = chosen.id if chosen else None
+    points = history.series(session, args.workload, args.device, series_id)
+    if not points:
+        raise DriverError(f"no history for workload {args.workload!r}"
+                                 + (f" on device {args.device!r}" if args.device else ""))
+    skipped = 0
+    line = None if args.all_branches else history.first_parent_line(session, args.workload, series_id)
+    if line is not None:
+        kept = history.on_line(points, line[1])
+        skipped, points = len(points) - len(kept), kept
+        if not points:
+            raise DriverError(f"no measured commit of {args.workload!r} is on {line[0]}'s first-parent "
+                                     "line; --all-branches shows them all")
+    note = None
+    try:
+        steps = history.steps(points, max_pvalue=args.max_pvalue)
+    except ImportError as exc:  # Apache Otava is installed apart: the series stands without its steps
+        steps, note = [], str(exc)
+        err.print(f"abwatch: no step changes: {note}", markup=False)
+    if args.json:
+        print(json.dumps({**report.history_json(args.workload, points, steps), "left_out": skipped, "note": note,
+                          "series_id": series_id, "repository": chosen.repository.url if chosen else None,
+                          "spec_hash": chosen.spec_hash if chosen else None}))
+        return 0
+    report.print_history(out, args.workload, points, steps, skipped)
+    return 0
+

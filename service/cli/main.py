@@ -1,0 +1,167 @@
+"""The ``abwatch`` command line: the parser, and :func:`main`, the console script.
+
+Exit status: :mod:`service.exits` (``abwatch --help`` lists them). Reports go to stdout;
+progress goes to stderr so ``--json`` stays clean. What each command does is
+:mod:`service.commands`, imported once the arguments are parsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import metadata
+from pathlib import Path
+from collections.abc import Sequence
+
+from abwatch.service.exits import MEANINGS
+from abwatch.service.stats.verdict import RegressionState, TriageStatus
+
+# Where the database is when --db does not say (service.db uses these; tests/test_cli_start.py
+# checks they agree): named here so that building the parser imports no database code.
+ENV_DATABASE_URL = "ABWATCH_DATABASE_URL"
+DEFAULT_DATABASE_URL = "sqlite:///abwatch.db"
+
+JSON_HELP = "print one JSON object (or array) on stdout instead of tables; progress stays on stderr"
+OPS_HELP = "print the per-operator table of every TVM workload, not only of regressions"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("abwatch")
+    except metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="abwatch", description="A/B performance-regression watch",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit status:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in MEANINGS.items()))
+    parser.add_argument("--version", action="version", version=f"abwatch {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_db(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--db", help=f"database URL (default: ${ENV_DATABASE_URL} or {DEFAULT_DATABASE_URL})")
+        return p
+
+    p = with_db(sub.add_parser("compare", help="A/B-compare two refs of the configured repository"))
+    p.add_argument("--config", required=True, type=Path, help="TOML config file")
+    p.add_argument("--control", required=True, help="baseline ref (branch, tag or sha; a release for tvm-wheel)")
+    p.add_argument("--treatment", required=True, help="ref under test")
+    p.add_argument("--ops", action="store_true", help=OPS_HELP)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("verify", help="re-run a benchmark run's suspected regressions"))
+    p.add_argument("run_id", type=int, help="the benchmark run whose regressions to verify")
+    p.add_argument("--config", type=Path,
+                   help="TOML config whose [alerts] webhooks are sent the alerts (the run's stored config "
+                        "names them redacted; without this only env: webhooks can be sent now)")
+    p.add_argument("--ops", action="store_true", help=OPS_HELP)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("watch", help="watch a branch: poll, queue, A/B-test, verify, bisect"))
+    p.add_argument("--config", required=True, type=Path, help="TOML config file with [repo] and [watch]")
+    p.add_argument("--once", action="store_true",
+                   help="one pass and its jobs, then exit: 0 nothing confirmed, 1 a regression confirmed, "
+                        "4 a job failed (named on stderr)")
+    p.add_argument("--no-work", action="store_true", help="only poll and queue; workers run the jobs")
+    p = with_db(sub.add_parser("worker", help="run queued watch jobs of one device (PostgreSQL)"))
+    p.add_argument("--config", required=True, type=Path, help="the watch's TOML config file")
+    p.add_argument("--device", help="device whose jobs to take (default: the config's runner device)")
+    p = with_db(sub.add_parser("status", help="watched branches, last tested commits, the queue per device"))
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("show", help="print an earlier run's report again, from the database"))
+    p.add_argument("run_id", type=int, help="the run to show (see `abwatch runs`)")
+    p.add_argument("--ops", action="store_true", help=OPS_HELP)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("runs", help="list runs, newest first"))
+    p.add_argument("--limit", type=int, default=20, help="how many runs (default: 20)")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("builds", help="list builds, newest first, or print one build's log"))
+    p.add_argument("--failed", action="store_true", help="only failed builds")
+    p.add_argument("--limit", type=int, default=20, help="how many builds (default: 20)")
+    p.add_argument("--log", type=int, metavar="ID", help="print the whole log of build ID")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("regressions", help="list regressions and their state changes"))
+    p.add_argument("--state", choices=[s.value for s in RegressionState], help="only regressions in this state")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("history", help="a workload's per-commit series and its step changes"))
+    p.add_argument("workload", help="workload name, as in the config")
+    p.add_argument("--device", help="device (record 'hardware') to restrict to")
+    p.add_argument("--max-pvalue", type=float, default=0.001,
+                   help="largest p-value at which a step change is reported (default: 0.001)")
+    p.add_argument("--series", type=int, metavar="ID",
+                   help="which series of the name (one per repository and spec; default: the newest measured)")
+    p.add_argument("--all-branches", action="store_true",
+                   help="every measured commit, not only the configured branch's first-parent line")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    p = with_db(sub.add_parser("triage", help="record a decision about a regression"))
+    p.add_argument("regression_id", type=int, help="the regression (see `abwatch regressions`)")
+    p.add_argument("--as", dest="status", required=True, choices=[s.value for s in TriageStatus],
+                   help="the decision")
+    p.add_argument("--issue", help="URL of the issue that tracks it")
+    p.add_argument("--note", default="", help="why")
+    p.add_argument("--who", default=None, help="who decided (default: the login name)")
+
+    p = with_db(sub.add_parser("serve", help="serve the REST API and the dashboard"))
+    p.add_argument("--config", required=True, type=Path, help="TOML config file ([server], [alerts])")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+
+    records = sub.add_parser("records", help="TVM benchmark records (schema v0.1)")
+    rsub = records.add_subparsers(dest="records_command", required=True)
+    p = with_db(rsub.add_parser("export", help="write stored records"))
+    p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl", help="output format (default: jsonl)")
+    p.add_argument("--run", type=int, dest="run_id", help="only this run's records")
+    p.add_argument("--workload", help="only this workload's records")
+    p.add_argument("--output", "-o", type=Path, help="file to write (default: stdout)")
+    p = with_db(rsub.add_parser("import", help="validate and store records (all or nothing; "
+                                               "records already stored are skipped)"))
+    p.add_argument("file", type=Path, help="JSON lines, a JSON array, or one JSON object (or an AOE report)")
+    p.add_argument("--format", choices=["jsonl", "aoe"], default="jsonl",
+                   help="jsonl: v0.1 records; aoe: an Ascend AOE tuning report (aoe_result_*.json)")
+    p.add_argument("--hardware", default="ascend", help="aoe: the device the report was tuned on")
+
+    dbp = sub.add_parser("db", help="database schema")
+    dsub = dbp.add_subparsers(dest="db_command", required=True)
+    with_db(dsub.add_parser("upgrade", help="migrate to the newest schema")).add_argument(
+        "--revision", default="head", help="revision to migrate to (default: head)")
+    p = with_db(dsub.add_parser("downgrade", help="migrate down to a revision (base drops every table)"))
+    p.add_argument("--revision", help="revision to migrate down to, e.g. 0003, or base")
+    p.add_argument("--yes", action="store_true", help="confirm a downgrade to base, which deletes all data")
+    with_db(dsub.add_parser("current", help="print the schema revision"))
+    p = with_db(dsub.add_parser("grant-readonly", help="let a PostgreSQL role read everything and change nothing"))
+    p.add_argument("role", help="the role to create or grant to")
+
+    p = sub.add_parser("cache", help="list the artifact cache (and optionally shrink it)")
+    p.add_argument("--config", required=True, type=Path, help="the config whose cache_dir to look at")
+    p.add_argument("--limit-gb", type=float, help="evict least recently used entries down to this size")
+    p.add_argument("--verify", action="store_true",
+                   help="check every entry against what it was stored with (sizes, times, content hashes); "
+                        "exit 1 if one is damaged (a build of it rebuilds it)")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p = sub.add_parser("demo-repo", help="create the bundled example's git repository")
+    p.add_argument("path", type=Path, help="where to create it")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``abwatch`` console script (exit codes: README, "Operations").
+
+    Parsing needs nothing but the standard library: ``--help``, ``--version`` and usage errors
+    answer before the database, statistics and web stacks are imported (:mod:`service.commands`).
+    """
+    args = _parser().parse_args(argv)
+    from abwatch.service.cli import commands
+
+    return commands.run(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""Rendering of what ``abwatch`` prints: reports, tables and the ``--json`` shapes.
+
+The command line (``service.cli``) parses and dispatches; everything a user reads comes from here,
+so a report looks the same whichever command prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from abwatch.service.compare.outcome import CompareOutcome, WorkloadResult
+from abwatch.service.stats.verdict import RegressionKind
+from abwatch.service.store.models import Regression
+from abwatch.service.read.serialize import (  # noqa: F401 - re-exported: commands use report.*_json
+    LOG_TAIL_LINES, builds_json, cache_json, decisive_p, history_json, log_tail, outcome_json, regression_json,
+    runs_json, short_sha,
+)
+from abwatch.service.read.stored import StoredRun
+from datetime import UTC
+
+PIPE_WIDTH = 100_000  # no terminal: never cut or wrap a value
+WIDE = 120  # from this terminal width on, tables show every column
+VERDICT_STYLE = {"regression": "bold red", "improvement": "green", "same": "dim", "unknown": "yellow"}
+
+
+class RichProgress:
+    """Progress on stderr: messages as lines, invocations as one bar per workload."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=console, transient=True)
+        self.tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> RichProgress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.stop()
+
+    def message(self, text: str) -> None:
+        """Print one line of progress."""
+        self.bar.console.print(text, markup=False, highlight=False)
+
+    def invocation(self, workload: str, done: int, total: int) -> None:
+        """Advance the workload's bar."""
+        if workload not in self.tasks:
+            self.tasks[workload] = self.bar.add_task(f"  {workload} (invocations)", total=total)
+        self.bar.update(self.tasks[workload], completed=done, total=total)
+        if done >= total:
+            self.bar.remove_task(self.tasks.pop(workload))
+
+
+def stdout_console() -> Console:
+    """The console reports go to: the terminal's width, or when piped no limit at all, so that
+    files and CI logs get every value whole."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
+
+
+def print_outcome(out: Console, stored: StoredRun, as_json: bool, ops: bool = False) -> None:
+    """The report of a run (``compare``, ``verify`` and ``show`` print the same): builds (with
+    the failed ones' log tails), the verdict table, and the TVM details; ``ops``: the operator
+    table of every TVM workload, not only of regressions."""
+    if as_json:
+        print(json.dumps(outcome_json(stored)))
+        return
+    outcome = stored.outcome
+    for b in outcome.builds:
+        note = " (cached)" if b.cached else ""
+        out.print(f"{b.side:9} {short_sha(b.ref)} {short_sha(b.sha)} {b.status}{note}", markup=False)
+    for b in outcome.builds:
+        if b.build_id in stored.failed_logs:
+            tail = log_tail(stored.failed_logs[b.build_id])
+            out.print(f"{b.side} build {b.build_id} failed; the end of its log:", markup=False)
+            for line in tail.splitlines() or ["(the build printed nothing)"]:
+                out.print(f"  | {line}", markup=False)
+            out.print(f"whole log: abwatch builds --log {b.build_id}", markup=False)
+    if stored.error and outcome.status == "failed":
+        out.print(f"run {outcome.run_id} stopped: {stored.error}", markup=False)
+    if outcome.results:
+        out.print(verdict_table(outcome, out.width))
+        for line in _footnotes(outcome):
+            out.print(line, markup=False)
+    for r in outcome.results:
+        if r.failure:
+            out.print(f"{r.workload}: {r.failure}", markup=False)
+        else:  # why this verdict, and why the run stopped adding samples there
+            stop = f"; stopped: {r.verdict.stop_reason}" if r.verdict.stop_reason else ""
+            out.print(f"{r.workload}: {r.verdict.reason}{stop}", markup=False)
+        print_tvm_details(out, r, ops)
+
+
+def verdict_table(outcome: CompareOutcome, width: int) -> Table:
+    """One row per workload. Under WIDE columns the medians are left out (they are in
+    ``--json``) and the CI is shorter, so the table fits an 80-column terminal whole."""
+    wide = width >= WIDE
+    table = Table(title=f"run {outcome.run_id} ({outcome.run_type}): {outcome.status}",
+                  box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD, show_edge=wide,
+                  padding=(0, 1), collapse_padding=not wide)
+    p_label = "p (BH)" if any(decisive_p(r.verdict)[1] == "BH-adjusted" for r in outcome.results) else "p"
+    # the workload's name gets the room it needs first; the regression column folds instead
+    longest = max((len(r.workload) for r in outcome.results), default=8)
+    table.add_column("workload", overflow="fold", min_width=min(longest, 24 if wide else 16))
+    table.add_column("verdict", no_wrap=True, min_width=len("improvement"))
+    table.add_column("change", no_wrap=True, justify="right")
+    table.add_column("CI", no_wrap=True)
+    table.add_column(p_label, no_wrap=True, justify="right")
+    if wide:
+        table.add_column("control ms", no_wrap=True, justify="right")
+        table.add_column("treatment ms", no_wrap=True, justify="right")
+    table.add_column("n", no_wrap=True, justify="right")
+    table.add_column("regression" if wide else "reg.", overflow="fold")
+    for r in outcome.results:
+        v = r.verdict
+        p = decisive_p(v)[0]
+        if v.ci_pct is None:
+            ci = "-"
+        elif wide:
+            ci = f"[{v.ci_pct[0]:+.2f}, {v.ci_pct[1]:+.2f}]"
+        else:
+            ci = f"{v.ci_pct[0]:+.1f}..{v.ci_pct[1]:+.1f}"
+        row = [r.workload, f"[{VERDICT_STYLE[v.verdict.value]}]{v.verdict.value}[/]",
+               "-" if v.change_pct is None else f"{v.change_pct:+.2f}%", ci, "-" if p is None else f"{p:.2g}"]
+        if wide:
+            row += ["-" if v.control_median_ms is None else f"{v.control_median_ms:.3f}",
+                    "-" if v.treatment_median_ms is None else f"{v.treatment_median_ms:.3f}"]
+        n = str(v.control_n) if v.control_n == v.treatment_n else f"{v.control_n}/{v.treatment_n}"
+        row += [n, regression_cell(r)]
+        table.add_row(*row)
+    return table
+
+
+def regression_cell(r) -> str:
+    """The regressions a workload's result opened (or, in a verify run, judged): speed and output."""
+    cells = [str(r.regression_id)] if r.regression_id is not None else []
+    compiled = (r.details or {}).get("compile") or {}
+    if compiled.get("regression_id") is not None:
+        cells.append(f"{compiled['regression_id']} compile")
+    if r.correctness_regression_id is not None:
+        cells.append(f"{r.correctness_regression_id} output")
+    return ", ".join(cells) or "-"
+
+
+def _footnotes(outcome: CompareOutcome) -> list[str]:
+    """What the table's p and samples columns mean, and the p-values it does not show."""
+    adjusted = [r for r in outcome.results if decisive_p(r.verdict)[1] == "BH-adjusted"]
+    lines = ["n: timing samples per side (control/treatment where they differ); not invocations, each gives several"]
+    if adjusted:
+        raw = ", ".join(f"{r.workload} {r.verdict.p_value:.2g}" for r in adjusted)
+        lines.append(f"p (BH): Benjamini-Hochberg-adjusted p, which decided the verdict; raw p: {raw}")
+    else:
+        lines.append("p: the raw p-value, which decided the verdict (no correction applied)")
+    return lines
+
+
+def print_tvm_details(out: Console, r: WorkloadResult, ops: bool = False) -> None:
+    """Compile times, the output error, and the operators that explain the change (for a
+    regression, or for every TVM workload with ``ops``)."""
+    details = r.details
+    if details is None:
+        return
+    compile_ms, error = details["compile_ms"], details["error"]
+    out.print(f"{r.workload}: compile {compile_ms['control']:.0f} ms -> {compile_ms['treatment']:.0f} ms; "
+              f"output max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g}"
+              + (" — OUTPUT MISMATCH (correctness regression)" if error["mismatch"] else ""), markup=False)
+    judged = details.get("compile")
+    if isinstance(judged, dict) and judged.get("verdict"):  # a verdict on compile time, where one was made
+        change = judged.get("change_pct")
+        ci = judged.get("ci_pct")
+        out.print(f"{r.workload}: compile time {judged['verdict']}"
+                  + (f" {change:+.2f}%" if isinstance(change, (int, float)) else "")
+                  + (f" (CI {ci[0]:+.1f}..{ci[1]:+.1f}%)" if isinstance(ci, (list, tuple)) and len(ci) == 2 else "")
+                  + (f"; median {judged['control_median_ms']:.0f} -> {judged['treatment_median_ms']:.0f} ms"
+                     f" over {judged['n'][0]} fresh compiles a side" if judged.get("n") and judged.get(
+                         "control_median_ms") is not None else "")
+                  + (f"; stopped: {judged['stop_reason']}" if judged.get("stop_reason") else ""),
+                  markup=False)
+    if not details.get("ops") or not (ops or r.verdict.verdict.value == "regression"):
+        return
+    title = "operators behind the change" if r.verdict.verdict.value == "regression" else "operators"
+    table = Table(title=f"{r.workload}: {title}", box=box.SIMPLE_HEAD)
+    table.add_column("operator", overflow="fold")
+    table.add_column("type", overflow="fold")
+    for column in ("control µs", "treatment µs", "change", "share"):
+        table.add_column(column, no_wrap=True, justify="right")
+    fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+    shown = details["ops"] if ops else details["ops"][:10]
+    for op in shown:
+        table.add_row(op["name"], op.get("features") or op["type"], fmt(op["control_us"], ".1f"),
+                      fmt(op["treatment_us"], ".1f"),
+                      fmt(op["change_pct"], "+.1f") + ("%" if op["change_pct"] is not None else ""),
+                      fmt(op["share_pct"], ".0f") + ("%" if op["share_pct"] is not None else ""))
+    out.print(table)
+    out.print("share: the operator's part of the total change", markup=False)
+
+
+def print_regressions(out: Console, rows: list[Regression]) -> None:
+    """The regressions table, then each one's state history (a line per change, never squeezed
+    into a column)."""
+    table = Table(title="regressions", box=box.SIMPLE_HEAD)
+    for column in ("id", "workload", "device", "kind", "state", "change"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("id", "kind", "state", "change"))
+    for r in rows:
+        change = "output" if r.kind == RegressionKind.CORRECTNESS else f"{r.change_pct:+.2f}%"
+        table.add_row(str(r.id), r.workload.name, r.device.name if r.device else "-", RegressionKind(r.kind).value, r.state.value,
+                      change)
+    out.print(table)
+    for r in rows:
+        culprit = r.culprit_commit
+        # the answer to "which commit did it?", once bisection found it
+        named = (f", culprit {short_sha(culprit.sha)} {culprit.summary or ''} ({culprit.author or 'unknown author'})"
+                 if culprit is not None else "")
+        out.print(f"regression {r.id}: {short_sha(r.control_commit.sha)}..{short_sha(r.treatment_commit.sha)}{named}",
+                  markup=False)
+        for e in r.events:
+            out.print(f"  {e.at:%Y-%m-%d %H:%M} {e.from_state.value if e.from_state else '-'}→{e.to_state.value}: "
+                      f"{e.reason}", markup=False)
+
+
+def print_runs(out: Console, rows) -> None:
+    """The runs, newest first, with their verdict counts."""
+    table = Table(title="runs (newest first; `abwatch show ID` for one)", box=box.SIMPLE_HEAD)
+    for column in ("id", "type", "status", "started", "control → treatment", "verdicts"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("id", "started"))
+    for r, counts in rows:
+        verdicts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "-"
+        table.add_row(str(r.id), r.run_type.value, r.status.value, f"{r.started_at:%Y-%m-%d %H:%M}",
+                      f"{short_sha(r.control_ref)} → {short_sha(r.treatment_ref)}", verdicts)
+    out.print(table)
+
+
+def print_builds(out: Console, rows) -> None:
+    """The builds, newest first; a failed one with its log's last line."""
+    table = Table(title="builds (newest first; `abwatch builds --log ID` for a whole log)", box=box.SIMPLE_HEAD)
+    for column in ("id", "commit", "builder", "status", "seconds", "created", "last log line"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("id", "commit", "created", "seconds"))
+    for b in rows:
+        last = (b.log or "").rstrip().rsplit("\n", 1)[-1] if b.status.value != "success" else ""
+        table.add_row(str(b.id), short_sha(b.commit.sha), b.builder, b.status.value,
+                      "-" if b.duration_s is None else f"{b.duration_s:.1f}", f"{b.created_at:%m-%d %H:%M}", last)
+    out.print(table)
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    """The series as one line of block characters, lowest to highest."""
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - low) / span * len(SPARK)))] for v in values)
+
+
+def print_history(out: Console, workload: str, points, found, skipped: int = 0) -> None:
+    """``abwatch history`` in text mode: a sparkline (on a terminal that can draw it), then one
+    row per commit, each step change marked at the first commit after it."""
+    out.print(f"{workload}: {len(points)} commits, {len(found)} step change(s)"
+              + (f"; {skipped} commit(s) off the branch's first-parent line left out (--all-branches)"
+                 if skipped else ""), markup=False)
+    if out.is_terminal and out.encoding.lower().startswith("utf") and len(points) > 1:
+        out.print(f"  {sparkline([p.median_ms for p in points])}", markup=False)
+    steps = {s.first_after.sha: s for s in found}
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("commit", no_wrap=True)
+    table.add_column("date", no_wrap=True)
+    table.add_column("median ms", justify="right", no_wrap=True)
+    table.add_column("runs", justify="right", no_wrap=True)
+    table.add_column("step", overflow="fold")
+    table.add_column("summary", overflow="fold")
+    for p in points:
+        s = steps.get(p.sha)
+        table.add_row(short_sha(p.sha), f"{p.committed_at:%Y-%m-%d %H:%M}" if p.committed_at else "-",
+                      f"{p.median_ms:.3f}", str(p.runs),
+                      f"◆ {s.change_pct:+.2f}% (p={s.p_value:.2g})" if s else "", p.summary)
+    out.print(table)
+    out.print("runs: the runs that measured the commit (median of their medians); ◆: a step change "
+              "starts at this commit", markup=False)
+
+
+def print_cache(out: Console, cache, entries, size: int) -> None:
+    """The artifact cache's entries as a table (keys whole: they fold, never get cut)."""
+    table = Table(title=f"{cache.root}: {len(entries)} entries, {size / 2**20:.1f} MiB on disk",
+                  box=box.SIMPLE_HEAD)
+    checked = any(e.check for e in entries)
+    for column in ("key", "builder", "sha", "last used", "files", "packed") + (("check",) if checked else ()):
+        table.add_column(column, overflow="fold")
+    for e in entries:
+        table.add_row(e.key, e.builder or "", short_sha(e.sha or ""), e.last_used[:19], str(e.files),
+                      str(e.packed_files), *((e.check or "",) if checked else ()))
+    out.print(table)
+
+
+class LineProgress:
+    """Progress as plain lines on stderr (long-running watch and worker logs)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def message(self, text: str) -> None:
+        """Print one line, time-stamped."""
+        from datetime import datetime
+        self.console.print(f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ} {text}", markup=False, highlight=False)
+
+    def invocation(self, workload: str, done: int, total: int) -> None:
+        """Invocations are not drawn in a log."""
+
+
+def print_status(out: Console, found: dict) -> None:
+    """``abwatch status``: watched branches, then the queue per device."""
+    table = Table(title="watched branches", box=box.SIMPLE_HEAD)
+    for column in ("repository", "branch", "device", "last seen", "last tested", "commits"):
+        table.add_column(column)
+    for w in found["watched"]:
+        commits = ", ".join(f"{k} {v}" for k, v in sorted(w["commits"].items()))
+        table.add_row(w["repository"], w["branch"], w["device"], short_sha(w["last_seen"] or "-"),
+                      short_sha(w["last_tested"] or "-"), commits)
+    out.print(table)
+    for w in found["watched"]:
+        if w["message"]:
+            out.print(f"{w['branch']} on {w['device']}: {w['message']}", markup=False)
+    for device, states in sorted(found["queue"].items()):
+        out.print(f"queue {device}: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items())), markup=False)
+    for r in found["running"]:
+        out.print(f"running job {r['job']} on {r['device']}: {short_sha(r['sha'] or '')} by {r['worker']}",
+                  markup=False)
+    out.print(f"open regressions: {found['open_regressions']}", markup=False)

@@ -1,0 +1,129 @@
+"""Builds as the database keeps them: one side, a pair for a run, or commits built ahead.
+
+A build is done apart from a measurement: :func:`build_commits` builds (or finds in the
+cache) commits with no run at all, so a worker can build ahead while a device is busy; a
+later run of the same commits takes them from the cache and reuses their build rows.
+:func:`build_pair` builds a run's two sides and holds both artifacts for its measurement.
+Each build row is committed as soon as it is written: builds take minutes, and a reader (or
+the next command, after a kill) sees every one that finished.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from abwatch.builders import Artifact, Builder, BuildFailed
+from abwatch.builders.spec import CommitInfo
+from abwatch.service.store.models import Build, BuildStatus, Run, RunStatus, Side, utcnow
+from abwatch.service.compare.progress import NullProgress, Progress
+from abwatch.service.store.rows import get_commits, get_repository, get_success_build
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """How one side's build went."""
+
+    side: str
+    ref: str
+    sha: str
+    status: str
+    cached: bool
+    build_id: int
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class BuiltPair:
+    """A run's two builds; ``paths`` holds the artifact directory of each side that built."""
+
+    builds: list[BuildOutcome]
+    paths: dict[Side, Path] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether both sides built (only then is the pair measured)."""
+        return all(b.status == BuildStatus.SUCCESS.value for b in self.builds)
+
+
+def build_commit(session: Session, builder: Builder, commit_id: int, info: CommitInfo,
+                 progress: Progress, label: str) -> tuple[Build, Artifact | None, str]:
+    """Build ``info`` (or take it from the cache) and store its build row (flushed, not committed).
+
+    Returns the row, the artifact (None when the build failed) and the failure's message.
+    """
+    progress.message(f"building {label} ({info.sha[:12]}) ...")
+    try:
+        artifact = builder.build(info.sha)
+    except BuildFailed as exc:
+        build = Build(commit_id=commit_id, builder=builder.kind, config_hash=builder.config_hash(),
+                      status=BuildStatus.BUILD_FAILED, log=exc.log, duration_s=exc.duration_s)
+        session.add(build)
+        session.flush()
+        progress.message(f"  {label}: build FAILED: {exc}")
+        return build, None, str(exc)
+    build = _success_row(session, commit_id, builder, artifact)
+    if artifact.healed:
+        progress.message(f"  {label}: WARNING: cached build {artifact.key} was damaged ({artifact.healed}); "
+                         f"built again in {artifact.duration_s:.1f}s")
+    else:
+        progress.message(f"  {label}: reused cached build {artifact.key}" if artifact.cached
+                         else f"  {label}: built in {artifact.duration_s:.1f}s")
+    return build, artifact, ""
+
+
+def build_commits(session: Session, builder: Builder, refs: list[str],
+                  progress: Progress | None = None) -> list[BuildOutcome]:
+    """Build each of ``refs`` apart from any run (a build worker's job); a row for each, committed.
+
+    Refs are resolved first, so an unknown ref fails before anything is built. The
+    artifacts stay in the cache; a later run of these commits reuses them and their rows.
+    """
+    progress = progress or NullProgress()
+    infos = [(ref, builder.resolve(ref)) for ref in refs]
+    repository = get_repository(session, builder.repository_url)
+    commits = get_commits(session, repository, [info for _, info in infos])
+    session.commit()
+    outcomes = []
+    for ref, info in infos:
+        build, artifact, message = build_commit(session, builder, commits[info.sha].id, info, progress, ref)
+        session.commit()
+        outcomes.append(BuildOutcome("", ref, info.sha, build.status.value,
+                                     artifact is not None and artifact.cached, build.id, message))
+    return outcomes
+
+
+def build_pair(session: Session, builder: Builder, run: Run, sides: dict[Side, tuple[str, CommitInfo]],
+               held: ExitStack, progress: Progress | None = None) -> BuiltPair:
+    """Build (or take from the cache) both sides of ``run``, each held in ``held`` until it closes.
+
+    Each side's build row is stored on the run and committed as it is done. If a side
+    fails, the run is finished as ``build_failed`` (the pair is never compared).
+    """
+    progress = progress or NullProgress()
+    outcomes, paths = [], {}
+    for side, (ref, info) in sides.items():
+        commit_id = run.control_commit_id if side is Side.CONTROL else run.treatment_commit_id
+        build, artifact, message = build_commit(session, builder, commit_id, info, progress, f"{side.value} {ref}")
+        if artifact is not None:
+            # held, the other side's build cannot pack or evict this one while it is measured
+            paths[side] = held.enter_context(builder.cache.hold(artifact.key))
+        outcomes.append(BuildOutcome(side.value, ref, info.sha, build.status.value,
+                                     artifact is not None and artifact.cached, build.id, message))
+        setattr(run, f"{side.value}_build_id", build.id)
+        session.commit()
+    pair = BuiltPair(outcomes, paths)
+    if not pair.ok:
+        run.status = RunStatus.BUILD_FAILED
+        run.error = "; ".join(b.message for b in outcomes if b.message)
+        run.finished_at = utcnow()
+        session.commit()
+    return pair
+
+
+def _success_row(session: Session, commit_id: int, builder: Builder, artifact: Artifact) -> Build:
+    """The build row of a successful artifact: the original one when it came from the cache."""
+    return get_success_build(session, commit_id, builder.kind, builder.config_hash(), artifact)

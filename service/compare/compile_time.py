@@ -1,0 +1,141 @@
+"""Compile time judged like run time, for ``tvm`` workloads.
+
+It is the compiler's speed that is measured, so every compile is a fresh process (a warm
+process would time TVM's caches, not the compiler): a worker of the side's build compiles
+the workload once and exits. Control and treatment compiles run in interleaved ABBA/BAAB
+pairs, and the same stopping rule as run time (:func:`stats.sequential_look`) judges their
+paired log ratios after each batch, up to ``run.compile_repetitions`` pairs and within what
+is left of ``run.max_seconds``. The verdict is kept in the comparison's details under
+``compile`` (nothing is written to the samples table, which holds run times); a slower
+compile opens a ``compile-time`` regression that goes through the usual lifecycle.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from collections.abc import Mapping
+
+from sqlalchemy.orm import Session
+
+from abwatch.runners.base import Runner
+from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
+from abwatch.service import stats
+from abwatch.service.compare import lifecycle
+from abwatch.service.stats.verdict import RegressionKind
+from abwatch.service.store.models import Comparison, Regression, Run, RunType
+from abwatch.service.compare.outcome import verdict_json
+
+KIND = RegressionKind.COMPILE_TIME
+FIRST_LOOK = stats.MIN_PAIRS  # fewer pairs cannot decide anything
+BATCH = 2
+
+
+@dataclass(frozen=True)
+class CompileJudged:
+    """The compile-time verdict of one workload and the compile times (ms) behind it."""
+
+    verdict: stats.Verdict
+    samples: dict[str, list[float]]
+    failure: str | None = None
+
+
+def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, seed: int,
+            rng: random.Random, progress, timeout_s: float) -> CompileJudged | None:
+    """Fresh-process compiles of both sides, interleaved, until the stopping rule stops;
+    None when compile time is not judged (not a TVM workload, or ``compile_repetitions`` 0)."""
+    most = config.run.compile_repetitions
+    if workload.kind != "tvm" or most < 1:
+        return None
+    budget = stats.Budget(max_seconds=config.run.max_seconds, max_pairs=most, batch=BATCH)
+    samples: dict[str, list[float]] = {CONTROL: [], TREATMENT: []}
+    groups: dict[str, list[int]] = {CONTROL: [], TREATMENT: []}
+    started, look = time.monotonic(), 0
+    schedule = interleaved_schedule(min(most, FIRST_LOOK), 0, rng)
+    progress.message(f"  {workload.name}: compile time: {len(schedule)} fresh-process compiles to start")
+    while True:
+        for slot in schedule:
+            result = runner.compile_time(artifacts[slot.side], workload, timeout_s, slot.side)
+            if result.status != "ok":
+                failure = f"{slot.side} compile {slot.position} {result.status}: {result.message}"
+                verdict = replace(stats.compare([], []), reason=f"not judged: {failure}",
+                                  stop_reason="compile failed", elapsed_s=time.monotonic() - started)
+                return CompileJudged(verdict, samples, failure)
+            samples[slot.side].extend(result.samples)
+            groups[slot.side].extend([slot.position] * len(result.samples))
+        look += 1
+        step = stats.sequential_look(
+            samples[CONTROL], samples[TREATMENT], groups[CONTROL], groups[TREATMENT], look=look,
+            elapsed_s=time.monotonic() - started, budget=budget, threshold_pct=config.stats.threshold_pct,
+            alpha=config.stats.alpha, confidence=config.stats.confidence,
+            equivalence_alpha=config.stats.equivalence_alpha, seed=seed)
+        if step.stop:
+            return CompileJudged(step.verdict, samples)
+        schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
+
+
+def details(judged: CompileJudged) -> dict:
+    """The ``compile`` object of a TVM comparison's details (and of ``--json``): the whole
+    verdict (:meth:`Verdict.to_dict`), the compiles' count per side as ``n``, the failure if
+    any, and every compile time."""
+    return {
+        **judged.verdict.to_dict(),
+        "n": [len(judged.samples[CONTROL]), len(judged.samples[TREATMENT])], "failure": judged.failure,
+        "control_ms": judged.samples[CONTROL], "treatment_ms": judged.samples[TREATMENT],
+    }
+
+
+def open_if_slower(session: Session, run: Run, comparison: Comparison, judged: CompileJudged | None,
+                   attach=None) -> int | None:
+    """Open a ``compile-time`` regression when a benchmark run found compiles slower (or note it
+    on the open one ``attach`` finds it the same as)."""
+    if judged is None or run.run_type != RunType.BENCHMARK or judged.verdict.verdict != stats.Outcome.REGRESSION:
+        return None
+    v = judged.verdict
+    regression: Regression = lifecycle.open_or_attach(
+        session, run, comparison, KIND, v, attach, reason=f"compile time {v.reason}")
+    if regression.run_id != run.id:  # a re-run of the pair, or attached: the one opened earlier stays as it was
+        return regression.id
+    assert v.change_pct is not None  # a regression verdict always carries its estimate
+    regression.change_pct = v.change_pct
+    regression.benchmark_verdict = {**verdict_json(v, run.id), "kind": KIND.value}
+    session.flush()
+    return regression.id
+
+
+def verdict_of(workload_details: Mapping[str, Any] | None) -> stats.Verdict:
+    """The compile-time verdict a comparison's details hold (``unknown`` when none was made),
+    as a :class:`stats.Verdict`, for verify to confirm or clear a ``compile-time`` regression."""
+    c = (workload_details or {}).get("compile") or {}
+    if not c.get("verdict") or c.get("failure"):
+        return replace(stats.compare([], []), reason=f"compile time not judged: {c.get('failure') or 'no compiles'}")
+    if "control_n" in c:  # kept whole (details)
+        return stats.Verdict.from_dict(c)
+    # written before the whole verdict was kept: its threshold and levels were not stored
+    return stats.Verdict(
+        stats.Outcome(c["verdict"]), c["change_pct"], tuple(c["ci_pct"]) if c["ci_pct"] else None, c["p_value"],
+        c["n"][0], c["n"][1], c["control_median_ms"], c["treatment_median_ms"], 0.0, 0.0, 0.0, c["reason"],
+        c.get("p_adjusted"), c.get("correction", "none"), c.get("stop_reason", ""), c.get("method", ""),
+        c.get("looks", 0), c.get("elapsed_s"))
+
+
+def judged(result) -> tuple[stats.Verdict, str | None]:
+    """A workload result's compile-time verdict, and why it was not judged (None when it was):
+    what bisection reads of each step for a ``compile-time`` regression (``result`` is a
+    :class:`service.outcome.WorkloadResult`)."""
+    if result.failure:  # the run itself failed: nothing was compiled for timing
+        return result.verdict, result.failure
+    found = (result.details or {}).get("compile") or {}
+    if not found.get("verdict"):
+        return verdict_of(result.details), "compile time not measured"
+    return verdict_of(result.details), found.get("failure")
+
+
+def adjust(judged: list[CompileJudged | None]) -> list[CompileJudged | None]:
+    """Benjamini-Hochberg across one run's compile-time verdicts (a family of its own)."""
+    present = [j for j in judged if j is not None]
+    adjusted = iter(stats.adjust_fdr([j.verdict for j in present]))
+    return [None if j is None else replace(j, verdict=next(adjusted)) for j in judged]

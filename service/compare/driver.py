@@ -1,0 +1,413 @@
+"""The A/B driver: resolve two refs, build both, run them interleaved, judge, store.
+
+:func:`run_compare` is the one path a comparison takes (``compare``, verify, the watch and
+bisection all call it): it resolves the refs, stores the run, builds the pair
+(:func:`service.building.build_pair`) and measures it (:func:`measure_pair`). The builder
+and runner are the config's unless the caller passes its own (a watch worker keeps one
+runner for many runs). :func:`run_verify` re-runs the pair of a benchmark run's suspected
+regressions and moves them to ``regress`` or ``cleared``.
+
+Transactions are short and the driver commits them itself, at the points where a reader
+(or the next command, after a kill) must see progress: run started, each build, each
+invocation, each workload judged, run finished. No transaction stays open while a build
+or a workload process runs.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+from collections.abc import Callable, Mapping
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from abwatch.builders import Builder, make_builder
+from abwatch.builders.redact import mask_url
+from abwatch.runners import make_runner
+from abwatch.runners.base import DeviceInfo, Runner
+from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
+from abwatch.service import stats
+from abwatch.service.compare import attribution, compile_time, lifecycle, liveness, noise
+from abwatch.service.notify import alerts
+from abwatch.service.store import locks
+from abwatch.service.compare.building import build_pair
+from abwatch.service.compare.outcome import (
+    AlreadyVerifying, CompareOutcome, DriverError, NothingToVerify, WorkloadResult, verdict_json,
+)
+from abwatch.service.config import CommandWorkloadConfig, Config, TvmWorkloadConfig
+from abwatch.service.store.models import (
+    Build, Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, Side, utcnow,
+)
+from abwatch.service.stats.verdict import RegressionState, RegressionKind
+from abwatch.service.compare.progress import NullProgress, Progress
+from abwatch.service.records.v01 import to_row
+from abwatch.service.compare.run_records import run_record
+from abwatch.service.store.rows import (
+    earlier_series, get_commits, get_device, get_repository, get_workload, write_samples,
+)
+
+MAX_REF_LENGTH = 256  # the refs' column width
+
+
+# Given the run, the comparison, the regression kind and the least change (%) the run's evidence
+# allows (its confidence interval's lower end), the open regression this slowdown is the same as
+# (the watch's pinned-base mode), or None to open a new one.
+Attach = Callable[[Session, Run, Comparison, RegressionKind, float], Regression | None]
+
+
+def engine_of(session: Session) -> Engine:
+    """The engine behind ``session`` (helpers that write in their own transactions use it)."""
+    bind = session.get_bind()
+    return bind if isinstance(bind, Engine) else bind.engine
+
+
+def masked_config(config: Config) -> dict:
+    """The config as stored with a run: JSON, with no secret in it: credentials in the
+    repository URL masked, webhooks by their labels (a webhook's URL is its secret)."""
+    data = config.model_dump(mode="json")
+    if data.get("repo"):  # configs of release wheels have no repository
+        data["repo"]["url"] = mask_url(data["repo"]["url"])
+    data["alerts"]["webhooks"] = [alerts.label(w) for w in data["alerts"]["webhooks"]]
+    return data
+
+
+def run_compare(
+    session: Session,
+    config: Config,
+    control_ref: str,
+    treatment_ref: str,
+    *,
+    run_type: RunType = RunType.BENCHMARK,
+    parent_run_id: int | None = None,
+    progress: Progress | None = None,
+    on_started: Callable[[Run], None] | None = None,
+    builder: Builder | None = None,
+    runner: Runner | None = None,
+    attach: Attach | None = None,
+) -> CompareOutcome:
+    """One A/B run of ``treatment_ref`` against ``control_ref``, stored in full.
+
+    ``on_started(run)`` is called once the run row is committed (verify moves its
+    regressions to ``verify`` there, naming the run that verifies them). ``builder`` and
+    ``runner`` default to those ``config`` names; a runner passed in is prepared here (its
+    device description goes on the run) and left to its owner to tear down. ``attach`` finds
+    the open regression a slowdown is the same as (then it is noted there, not opened again).
+    """
+    progress = progress or NullProgress()
+    # Everything that can fail on bad input happens before the first row is written.
+    for ref in (control_ref, treatment_ref):
+        if len(ref) > MAX_REF_LENGTH:
+            raise DriverError(f"ref {ref[:40]!r}... is {len(ref)} characters long; at most {MAX_REF_LENGTH}")
+    builder = builder if builder is not None else make_builder(config)
+    control, treatment = builder.resolve(control_ref), builder.resolve(treatment_ref)
+    owned = runner is None
+    runner = runner if runner is not None else make_runner(config)
+    try:
+        device_info = runner.prepare()
+        seed = config.run.seed if config.run.seed is not None else random.SystemRandom().randrange(2**31)
+        repository = get_repository(session, builder.repository_url)
+        commits = get_commits(session, repository, [control, treatment])
+        run = Run(
+            run_type=run_type, status=RunStatus.RUNNING, repository_id=repository.id,
+            control_ref=control_ref, treatment_ref=treatment_ref,
+            control_commit_id=commits[control.sha].id, treatment_commit_id=commits[treatment.sha].id,
+            device_id=get_device(session, device_info).id, parent_run_id=parent_run_id,
+            seed=seed, config=masked_config(config),
+        )
+        liveness.claim(run)
+        session.add(run)
+        session.commit()
+        progress.message(f"run {run.id} ({run_type.value}): {control_ref} -> {treatment_ref}")
+        try:
+            if on_started is not None:
+                on_started(run)
+            # both artifacts stay whole and in the cache until the run ends
+            with ExitStack() as held, liveness.Heartbeat(engine_of(session), run.id):
+                pair = build_pair(session, builder, run, {Side.CONTROL: (control_ref, control),
+                                                          Side.TREATMENT: (treatment_ref, treatment)}, held, progress)
+                if not pair.ok:  # build_pair finished the run as build_failed
+                    return CompareOutcome(run.id, run_type.value, run.status.value, pair.builds)
+                results = measure_pair(session, config, runner, run, device_info, pair.paths, progress, attach)
+                return CompareOutcome(run.id, run_type.value, run.status.value, pair.builds, results)
+        except BaseException as exc:
+            # Whatever stopped the run (Ctrl-C, SIGTERM, a bug), it must not stay 'running'
+            # forever; every invocation that finished is committed already and stays.
+            session.rollback()
+            if isinstance(exc, KeyboardInterrupt):
+                run.status, run.error = RunStatus.INTERRUPTED, f"interrupted ({exc or 'SIGINT'})"
+            else:
+                run.status, run.error = RunStatus.FAILED, f"{type(exc).__name__}: {exc}"
+            run.finished_at = utcnow()
+            session.commit()
+            progress.message(f"run {run.id} {run.status.value}; the invocations it finished are kept")
+            raise
+    finally:
+        if owned:
+            runner.teardown()
+
+
+def measure_pair(session: Session, config: Config, runner: Runner, run: Run, device_info: DeviceInfo,
+                 artifacts: Mapping[Side, Path], progress: Progress | None = None,
+                 attach: Attach | None = None) -> list[WorkloadResult]:
+    """Measure every workload of ``config`` on the built pair, judge, store, and finish ``run``.
+
+    ``run`` is stored with both build ids; ``artifacts`` are the built sides' directories,
+    held by the caller until this returns. The measuring holds the device's lock (builds
+    run without it). The run ends ``completed``, or ``incomplete`` when a workload could
+    not be judged.
+    """
+    progress = progress or NullProgress()
+    rng = random.Random(run.seed)
+    device = device_info.name
+    # Two measurements on one device at once corrupt each other: one measuring phase per
+    # device, whichever process.
+    with locks.device_lock(engine_of(session), device, f"abwatch run {run.id}", config.cache_dir / "locks",
+                           on_wait=lambda who: progress.message(f"device {device} is busy, measured by {who}; "
+                                                                "waiting for it")):
+        measured = []
+        for workload in config.workloads:
+            m, verdict = _measure_workload(session, config, run, runner, workload, artifacts, rng, progress)
+            judged = None if m.failure else compile_time.measure(
+                runner, workload, artifacts, config, run.seed, rng, progress, workload.timeout_s or config.run.timeout_s)
+            measured.append((workload, m, verdict, judged))
+    verdicts = stats.adjust_fdr([verdict for _, _, verdict, _ in measured])
+    compiles = compile_time.adjust([judged for *_, judged in measured])  # a family of its own
+    results = [
+        _store_result(session, config, run, workload, m, verdict, device_info, progress, judged, attach)
+        for (workload, m, _, _), verdict, judged in zip(measured, verdicts, compiles, strict=True)
+    ]
+    unjudged = [r.workload for r in results if r.failure]
+    run.status = RunStatus.INCOMPLETE if unjudged else RunStatus.COMPLETED
+    if unjudged:
+        run.error = f"not judged (no valid samples): {', '.join(unjudged)}"
+    run.finished_at = utcnow()
+    session.commit()
+    return results
+
+
+def _measure_workload(session: Session, config: Config, run: Run, runner: Runner,
+                      workload: CommandWorkloadConfig | TvmWorkloadConfig, artifacts: Mapping[Side, Path],
+                      rng: random.Random,
+                      progress: Progress) -> tuple[Measurement, stats.Verdict]:
+    """Run interleaved batches until the verdict is decided or the budget is spent.
+
+    Every invocation and raw sample is stored as it happens. After each batch the stopping
+    rule (:func:`stats.sequential_look`, an anytime-valid confidence sequence) judges the
+    pairs so far and says whether to stop and how many pairs the next batch may have within
+    ``run.max_seconds`` and the optional ``run.max_repetitions``.
+    """
+    row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
+    earlier = earlier_series(session, row)
+    if earlier is not None and not session.scalar(select(Comparison.id).where(Comparison.workload_id == row.id).limit(1)):
+        progress.message(f"  {workload.name}: its spec changed (workload {earlier.id} -> {row.id}, spec "
+                         f"{earlier.spec_hash[:12]} -> {row.spec_hash[:12]}); a new series starts")
+    timeout = workload.timeout_s or config.run.timeout_s
+    budget = stats.Budget(max_seconds=config.run.max_seconds, max_pairs=config.run.max_repetitions,
+                          batch=config.run.step)
+    order, done = iter(range(10**9)), iter(range(1, 10**9))
+    planned = [0]  # invocations announced to the progress bar so far
+
+    def store(slot, result) -> None:
+        side = Side(slot.side)
+        invocation = Invocation(
+            run_id=run.id, workload_id=row.id, side=side, position=slot.position, warmup=slot.warmup,
+            status=InvocationStatus(result.status), wall_s=result.wall_s, message=result.message,
+        )
+        session.add(invocation)
+        session.flush()
+        # raw samples go through the bulk path (COPY on PostgreSQL): they are most of the data
+        write_samples(session, [(invocation.id, run.id, row.id, side.value, next(order), value, slot.warmup)
+                                for value in result.samples])
+        # One short transaction per invocation: a kill loses at most the one running now,
+        # and no transaction stays open while the next process runs.
+        session.commit()
+        progress.invocation(workload.name, next(done), planned[0])
+
+    paths = {side.value: path for side, path in artifacts.items()}
+    started = time.monotonic()
+    floor = config.run.repetitions if run.run_type == RunType.VERIFY else None
+    start, why = noise.starting_repetitions(session, config, row.id, run.device_id, floor)
+    session.commit()  # nothing stays open while the workload's processes run
+    progress.message(f"  {workload.name}: {why}")
+    schedule = interleaved_schedule(start, config.run.warmup, rng)
+    measurement, look = None, 0
+    while True:
+        planned[0] += len(schedule)
+        measurement = measure(runner, paths, workload, schedule, timeout, store, into=measurement)
+        session.commit()
+        look += 1
+        if measurement.failure is not None:
+            progress.message(f"  {workload.name}: {measurement.failure}")
+            verdict = replace(stats.compare([], [], threshold_pct=config.stats.threshold_pct),
+                              reason=f"not judged: {measurement.failure}")
+            return measurement, replace(verdict, stop_reason="invocation failed", looks=look,
+                                        elapsed_s=time.monotonic() - started)
+        step = stats.sequential_look(
+            measurement.samples[CONTROL], measurement.samples[TREATMENT],
+            measurement.groups[CONTROL], measurement.groups[TREATMENT],
+            look=look, elapsed_s=time.monotonic() - started, budget=budget,
+            threshold_pct=config.stats.threshold_pct, alpha=config.stats.alpha,
+            confidence=config.stats.confidence, resamples=config.stats.bootstrap_resamples, seed=run.seed,
+            equivalence_alpha=config.stats.equivalence_alpha,
+            plan_pairs=max(start, stats.DEFAULT_PLAN_PAIRS),  # fixed before any data: keeps it valid
+        )
+        if step.stop:
+            progress.invocation(workload.name, planned[0], planned[0])
+            return measurement, step.verdict
+        progress.message(f"  {workload.name}: look {look}: {step.verdict.reason}; adding {step.next_pairs} pairs")
+        schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
+
+
+def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig | TvmWorkloadConfig,
+                  m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress,
+                  judged: compile_time.CompileJudged | None = None, attach: Attach | None = None) -> WorkloadResult:
+    """Store the comparison, open regressions (speed, compile time, output) if found, write the records."""
+    row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
+    extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
+             if isinstance(workload, TvmWorkloadConfig) and m.failure is None else None)
+    if extra is not None and judged is not None:
+        extra["compile"] = compile_time.details(judged)
+    comparison = Comparison(
+        run_id=run.id, workload_id=row.id, verdict=verdict.verdict,
+        change_pct=verdict.change_pct,
+        ci_low_pct=verdict.ci_pct[0] if verdict.ci_pct else None,
+        ci_high_pct=verdict.ci_pct[1] if verdict.ci_pct else None,
+        p_value=verdict.p_value, control_median_ms=verdict.control_median_ms,
+        treatment_median_ms=verdict.treatment_median_ms,
+        control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
+        error=m.failure,
+        details={"verdict": verdict.to_dict(), **(extra or {})},
+    )
+    session.add(comparison)
+    session.flush()
+    regression_id = correctness_id = None
+    if verdict.verdict == stats.Outcome.REGRESSION and run.run_type == RunType.BENCHMARK:
+        regression = lifecycle.open_or_attach(session, run, comparison, RegressionKind.SPEED, verdict, attach)
+        if regression.run_id == run.id:  # opened now; a re-run of the pair finds the open one
+            regression.benchmark_verdict = verdict_json(verdict, run.id)
+        else:
+            progress.message(f"  {workload.name}: regression {regression.id} (run {regression.run_id}) "
+                             "is open for this pair (or is this slowdown, seen again) already")
+        regression_id = regression.id
+    compile_id = compile_time.open_if_slower(session, run, comparison, judged, attach)
+    if compile_id is not None and extra is not None:  # a new dict, so the JSON column sees the change
+        comparison.details = {**comparison.details, "compile": {**extra["compile"], "regression_id": compile_id}}
+        extra["compile"] = comparison.details["compile"]
+    if judged is not None:
+        progress.message(f"  {workload.name}: compile time {judged.verdict.verdict.value} — {judged.verdict.reason}")
+    if extra is not None and extra["error"]["mismatch"] and isinstance(workload, TvmWorkloadConfig):
+        # A wrong answer is its own regression, whatever the speed verdict says.
+        error = extra["error"]
+        progress.message(f"  {workload.name}: OUTPUT MISMATCH max_abs={error['max_abs']} max_rel={error['max_rel']}")
+        if run.run_type == RunType.BENCHMARK:
+            why = (f"outputs differ: {error['reason']}" if error["max_abs"] is None or error["max_rel"] is None
+                   else f"outputs differ: max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g} "
+                   f"(rtol {workload.rtol:g}, atol {workload.atol:g})")
+            correctness_id = lifecycle.open_regression(session, run, comparison, kind=RegressionKind.CORRECTNESS,
+                                                       reason=why).id
+    if verdict.verdict == stats.Outcome.SAME:
+        noise.learn(session, row.id, run.device_id, m.samples, m.groups)
+    for side in (Side.CONTROL, Side.TREATMENT):
+        samples = m.samples[side.value]
+        if samples:
+            raw = [{"runtime_ms": v, "invocation": g} for v, g in zip(samples, m.groups[side.value], strict=True)]
+            build = session.get(Build, run.control_build_id if side is Side.CONTROL else run.treatment_build_id)
+            if build is None:  # measured sides were built; the run row names their builds
+                raise DriverError(f"run {run.id}: no build row for its {side.value} side")
+            record = run_record(config, run, build, side.value, workload, samples, raw,
+                                m.records[side.value], device_info, extra)
+            session.add(to_row(record, run.id, side))
+    session.commit()
+    progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
+    return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,
+                          correctness_id, extra)
+
+
+def run_verify(session: Session, run_id: int, *, progress: Progress | None = None) -> tuple[CompareOutcome, list]:
+    """Re-run the pair of ``run_id`` with more repetitions; confirm or clear its regressions."""
+    progress = progress or NullProgress()
+    original = session.get(Run, run_id)
+    if original is None:
+        raise DriverError(f"run {run_id} does not exist")
+    pending = lifecycle.pending_for_run(session, run_id)
+    if not pending:
+        raise NothingToVerify(f"nothing to verify: run {run_id} has no suspected regressions (state 'benchmark')")
+    config = Config.model_validate(original.config)
+    names = {r.workload.name for r in pending}
+    repetitions = max(config.run.repetitions + 1, round(config.run.repetitions * config.run.verify_factor))
+    config = config.model_copy(update={
+        "workloads": [w for w in config.workloads if w.name in names],
+        "run": config.run.model_copy(update={
+            "repetitions": repetitions,
+            # the cap grows with them: the stored config must validate again (bisection reads it)
+            "max_repetitions": None if config.run.max_repetitions is None
+            else max(config.run.max_repetitions, repetitions),
+            "seed": None,
+        }),
+    })
+
+    claimed: list = []
+
+    def started(verify_run: Run) -> None:
+        # The event names the verify run: if its process dies, the next command that opens
+        # the database sees the run is not running and returns these to `benchmark`.
+        # Each regression is locked and must still be suspected: of two verifies started at
+        # once, the second finds them in `verify` and stops before building anything.
+        for regression in sorted(pending, key=lambda r: r.id):
+            try:
+                lifecycle.transition(session, regression, RegressionState.VERIFY, verify_run,
+                                     f"verification of run {run_id} started (verify run {verify_run.id})",
+                                     expect=RegressionState.BENCHMARK)
+            except lifecycle.TransitionError as exc:
+                session.rollback()
+                raise AlreadyVerifying(f"nothing to verify: {exc}; another verify took it first") from None
+        session.commit()
+        claimed.extend(pending)
+
+    # The exact commits of the original run, even if its refs have moved since.
+    try:
+        outcome = run_compare(session, config, original.control_commit.sha, original.treatment_commit.sha,
+                              run_type=RunType.VERIFY, parent_run_id=run_id, progress=progress,
+                              on_started=started)
+    except BaseException:
+        session.rollback()
+        for regression in claimed:  # only what this verify took: another verify's stay its own
+            try:
+                lifecycle.transition(session, regression, RegressionState.BENCHMARK, None,
+                                     "verification could not finish; back to suspected",
+                                     expect=RegressionState.VERIFY)
+            except lifecycle.TransitionError:
+                continue
+        session.commit()
+        raise
+    verify_run = session.get(Run, outcome.run_id)
+    by_name = {r.workload: r for r in outcome.results}
+    for regression in pending:
+        result = by_name.get(regression.workload.name)
+        first = f"benchmark run {run_id}: {regression.change_pct:+.2f}%"
+        if result is None or result.failure:
+            why = "verify run's build failed" if result is None else result.failure
+            lifecycle.transition(session, regression, RegressionState.BENCHMARK, verify_run,
+                                 f"{first}; verify run {outcome.run_id} could not judge it ({why})",
+                                 expect=RegressionState.VERIFY)
+            continue
+        v = result.verdict
+        if regression.kind == compile_time.KIND:  # judged again on the verify run's compiles
+            v = compile_time.verdict_of(result.details)
+        regression.verify_verdict = verdict_json(v, outcome.run_id)
+        second = f"verify run {outcome.run_id}: {v.verdict.value} {v.change_pct:+.2f}%" if v.change_pct is not None \
+            else f"verify run {outcome.run_id}: {v.verdict.value}"
+        state = RegressionState.REGRESS if v.verdict == stats.Outcome.REGRESSION else RegressionState.CLEARED
+        word = "reproduced" if state is RegressionState.REGRESS else "not reproduced"
+        lifecycle.transition(session, regression, state, verify_run, f"{word}; {first}; {second}",
+                             expect=RegressionState.VERIFY)
+    confirmed = [r.id for r in pending if r.state == RegressionState.REGRESS]
+    # recorded with the transitions (the outbox); the caller sends them after its work
+    if alerts.enqueue(session, confirmed, "regress", config.alerts):
+        progress.message(f"{len(confirmed)} regression(s) to alert {len(config.alerts.webhooks)} webhook(s) of")
+    session.commit()
+    return outcome, pending

@@ -1,0 +1,114 @@
+"""What a comparison returns to its caller, and the exit codes of every command: plain values.
+
+Kept apart from :mod:`service.driver` (which builds, measures and judges) so that what reports
+a run — the CLI's tables and JSON, ``show`` from stored rows — does not import the building,
+measuring and statistics machinery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from abwatch.service.exits import EXIT_BUILD_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_REGRESSION
+from abwatch.service.store.models import RunStatus
+from abwatch.builders.spec import UsageError
+from abwatch.service.stats.verdict import Outcome, Verdict
+
+if TYPE_CHECKING:
+    from abwatch.service.compare.attribution import TvmDetails
+    from abwatch.service.compare.building import BuildOutcome
+
+# The exit codes of every abwatch command (README, "Operations").
+
+
+class DriverError(UsageError):
+    """A request the driver cannot carry out (bad run id, nothing to verify, ...)."""
+
+
+class NothingToVerify(DriverError):
+    """The run exists but has no suspected regression left to verify: not an error of the caller."""
+
+
+class AlreadyVerifying(NothingToVerify):
+    """Another verify started on the same regressions a moment earlier and took them."""
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    """One workload's verdict in a run."""
+
+    workload: str
+    verdict: Verdict
+    comparison_id: int
+    regression_id: int | None
+    failure: str | None
+    correctness_regression_id: int | None = None
+    details: TvmDetails | None = None  # TVM workloads that were compared
+
+
+@dataclass(frozen=True)
+class CompareOutcome:
+    """Everything a caller needs to report a run."""
+
+    run_id: int
+    run_type: str
+    status: str
+    builds: list[BuildOutcome]
+    results: list[WorkloadResult] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """3 if a build failed, 1 if any regression, 4 if a workload could not be judged, else 0."""
+        if self.status == RunStatus.BUILD_FAILED.value:
+            return EXIT_BUILD_FAILED
+        if any(r.verdict.verdict == Outcome.REGRESSION or r.correctness_regression_id
+               for r in self.results):
+            return EXIT_REGRESSION
+        if self.status == RunStatus.INCOMPLETE.value:
+            return EXIT_INCOMPLETE
+        return EXIT_OK
+
+    def to_json(self) -> dict:
+        """The ``--json`` object of ``abwatch compare``."""
+        return {
+            "run_id": self.run_id,
+            "run_type": self.run_type,
+            "status": self.status,
+            "results": [result_json(r) for r in self.results],
+            "builds": [
+                {"ref": b.ref, "sha": b.sha, "status": b.status, "cached": b.cached, "side": b.side}
+                for b in self.builds
+            ],
+        }
+
+
+def verdict_json(v: Verdict, run_id: int) -> dict:
+    """A verdict a regression keeps as evidence: :meth:`Verdict.to_dict`, the run that made it,
+    and both sides' sample counts as ``n``."""
+    return {"run_id": run_id, **v.to_dict(), "n": [v.control_n, v.treatment_n]}
+
+
+def result_json(result: WorkloadResult) -> dict:
+    v = result.verdict
+    return {
+        "workload": result.workload,
+        "verdict": v.verdict.value,
+        "change_pct": v.change_pct,
+        "ci_pct": list(v.ci_pct) if v.ci_pct else None,
+        "p_value": v.p_value,
+        "p_adjusted": v.p_adjusted,
+        "correction": v.correction,
+        "stop_reason": v.stop_reason,
+        "looks": v.looks,
+        "elapsed_s": v.elapsed_s,
+        "control": {"median_ms": v.control_median_ms, "n": v.control_n},
+        "treatment": {"median_ms": v.treatment_median_ms, "n": v.treatment_n},
+        "regression_id": result.regression_id,
+        "reason": v.reason,
+        "failure": result.failure,
+        **({"ops": result.details["ops"], "error": result.details["error"],
+            "compile_ms": result.details["compile_ms"], "compile": result.details.get("compile"),
+            "correctness_regression_id": result.correctness_regression_id}
+           if result.details is not None else {}),
+    }

@@ -1,0 +1,85 @@
+"""The TVM v0.1 record of one side of one workload in a run."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from abwatch.runners.base import DeviceInfo, WorkerReady
+from abwatch.service.compare.attribution import TvmDetails
+from abwatch.service.config import Config
+from abwatch.service.store.models import Build, Run
+from abwatch.service.records.v01 import BenchmarkRecord
+
+
+def engine_name(config: Config) -> str:
+    """``tvm`` for TVM builds or workloads; else the watched repository's name."""
+    if config.build.kind.startswith("tvm") or any(w.kind == "tvm" for w in config.workloads):
+        return "tvm"
+    if config.repo is None:  # only release builds go without a repository, and those are tvm
+        return "unknown"
+    return config.repo.url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "unknown"
+
+
+def _workload_fields(workload, worker: WorkerReady | None) -> tuple[dict, dict]:
+    """(workload_args, workload_metadata) of a command or TVM workload."""
+    if workload.kind == "command":
+        return {"command": workload.command}, {"kind": "command"}
+    args = {"model": workload.model, "dtype": workload.dtype, "options": workload.options,
+            "input_shapes": (worker or {}).get("input_shapes"), "number": workload.number,
+            "repeat": workload.samples}
+    return args, {"kind": "tvm", "md5": workload.md5}
+
+
+def run_record(config: Config, run: Run, build: Build, side: str, workload, samples: list[float],
+               raw: list[dict], given: list[dict], device_info: DeviceInfo, tvm: TvmDetails | None) -> BenchmarkRecord:
+    """Build the record; ``given`` are records the workload printed itself (their dict fields
+    fill in what abwatch does not know), ``tvm`` the TVM details of the comparison."""
+    commit = run.control_commit if side == "control" else run.treatment_commit
+    extra: dict = {}
+    for record in given:
+        for key, value in record.items():
+            if isinstance(value, dict):
+                extra.setdefault(key, {}).update(value)
+    worker = tvm["workers"][side] if tvm else None
+    args, meta = _workload_fields(workload, worker)
+    metrics = {**extra.get("metrics", {}), "runtime_ms_median": statistics.median(samples), "n": len(samples)}
+    runtime_config = {**extra.get("runtime_config", {}), **device_info.runtime_config}
+    engine_config = {**extra.get("engine_config", {}), "builder": build.builder, "build_config_hash": build.config_hash}
+    if workload.kind == "command":
+        runtime_config["env"] = workload.env
+    if tvm and worker is not None:
+        metrics.update(compilation_ms=tvm["compile_ms"][side], max_abs_error=tvm["error"]["max_abs"],
+                       max_rel_error=tvm["error"]["max_rel"],
+                       ops={op["name"]: op["control_us"] if side == "control" else op["treatment_us"]
+                            for op in tvm["ops"]},
+                       op_features=tvm["op_features"].get(side, {}))
+        runtime_config.update(num_threads=worker.get("num_threads"), target=worker.get("target"))
+        engine_config.update(tvm_version=worker.get("tvm_version"), features=worker.get("features"),
+                             target=worker.get("target"))
+    return BenchmarkRecord(
+        workload=workload.name,
+        engine=engine_name(config),
+        engine_version=commit.sha,
+        hardware=device_info.name,
+        runtime_ms_mean=statistics.fmean(samples),
+        runtime_ms_std=statistics.stdev(samples) if len(samples) > 1 else 0.0,
+        timestamp=time.time(),
+        schema_version="0.1",
+        metadata={**extra.get("metadata", {}), "run_id": run.id, "run_type": run.run_type.value, "side": side,
+                  "ref": run.control_ref if side == "control" else run.treatment_ref,
+                  "commit_summary": commit.summary},
+        workload_args={**extra.get("workload_args", {}), **args},
+        workload_metadata={**extra.get("workload_metadata", {}), **meta},
+        engine_config=engine_config,
+        compilation_config={**extra.get("compilation_config", {}), "build_id": build.id,
+                            "build_duration_s": build.duration_s, "artifact_key": build.artifact_key},
+        software_config=device_info.software_config,
+        runtime_config=runtime_config,
+        hardware_config=device_info.hardware_config,
+        execution_config={"repetitions": len({r["invocation"] for r in raw}), "warmup": config.run.warmup,
+                          "timeout_s": workload.timeout_s or config.run.timeout_s,
+                          "order": "interleaved ABBA/BAAB blocks", "seed": run.seed},
+        metrics=metrics,
+        runtime_raw=raw,
+    )

@@ -1,0 +1,298 @@
+"""Alerts: a webhook POST to each configured webhook when a regression is confirmed or fixed.
+
+Payload (JSON, ``Content-Type: application/json``)::
+
+    {"event": "regress" | "culprit" | "fixed",
+     "text": "<one line a person reads; Slack's incoming webhooks show it as the message>",
+     "regression": {"id", "workload", "device", "kind", "state", "change_pct", "good_sha",
+                    "bad_sha", "culprit_sha", "culprit_summary", "culprit_author", "steps",
+                    "run_id", "url"},
+     "sent_at": "<ISO 8601 time>", "delivery": "<uuid, the same for every attempt>"}
+
+Headers: ``X-Abwatch-Event``, ``X-Abwatch-Delivery`` and, when the environment variable
+named by ``alerts.secret_env`` holds a secret, ``X-Abwatch-Signature-256: sha256=<hex>``,
+the HMAC-SHA256 of the exact body bytes with that secret (GitHub's scheme; receivers
+compare it in constant time).
+
+**An outbox.** A delivery is an ``alert_deliveries`` row, written ``pending`` in the same
+transaction as the state change it tells of (:func:`enqueue`), before anything is sent; an
+alert is never lost to a crash, a hung receiver or a signal. :func:`deliver_pending` sends the
+pending rows whose time has come, side by side, each retried ``alerts.attempts`` times with
+doubling waits (a connection error, a timeout, a 429 or a 5xx), the whole round cut at
+``alerts.deadline_s`` (a receiver that answers 200 and then sends one byte every few seconds
+defeats a per-read timeout, not this); a delivery that did not get through stays ``pending``
+for a later round (the watch's next pass, a worker's next job) until ``alerts.retry_for_s``
+has passed, when it is ``given_up``; a 4xx other than 429 gives up at once. Sending runs in
+daemon threads that nothing waits for past the deadline or a stop request, so SIGTERM ends
+the process at once and the delivery stays pending.
+
+**Webhooks are secrets** (a Slack URL's path is its token): a webhook is stored and shown by
+its label (:func:`label`): ``env:NAME`` for a URL read from the environment variable NAME at
+send time, else the URL redacted to its host and a short hash. A round finds each row's URL by
+its label in the config of the process that sends it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta, UTC
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+import requests
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, object_session, sessionmaker
+
+from abwatch.builders.redact import redact_endpoint
+from abwatch.service.config import AlertsConfig
+from abwatch.service.store.models import AlertDelivery, BisectionStep, DeliveryStatus, Regression, utcnow
+from abwatch.service.stats.verdict import SILENCED_TRIAGE, RegressionKind
+
+SIGNATURE_HEADER = "X-Abwatch-Signature-256"
+EVENTS = ("regress", "culprit", "fixed")
+ROUND_ROWS = 200  # deliveries one round takes at most; the rest wait for the next
+
+
+def sign(secret: str, body: bytes) -> str:
+    """The signature header's value for ``body``."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def verify_signature(secret: str, body: bytes, header: str) -> bool:
+    """What a receiver does: recompute and compare in constant time."""
+    return hmac.compare_digest(sign(secret, body), header or "")
+
+
+def payload(regression: Regression, event: str, dashboard_url: str | None = None) -> dict:
+    """The JSON document sent for ``regression`` reaching state ``event``."""
+    if event not in EVENTS:
+        raise ValueError(f"alert event {event!r}: expected one of {EVENTS}")
+    bad, good = regression.treatment_commit, regression.control_commit
+    device = regression.device.name if regression.device else "?"
+    url = f"{dashboard_url.rstrip('/')}/regressions/{regression.id}" if dashboard_url else None
+    kind = "runtime" if regression.kind == RegressionKind.SPEED else RegressionKind(regression.kind).value
+    culprit = regression.culprit_commit  # None until bisection names it
+    session = object_session(regression)
+    steps = [] if session is None else [step.to_dict() for step in session.scalars(
+        select(BisectionStep).where(BisectionStep.regression_id == regression.id).order_by(BisectionStep.position))]
+    if event == "regress":
+        text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
+                f"({kind}) in {good.sha[:12]}..{bad.sha[:12]} \"{bad.summary}\" (regression #{regression.id}, "
+                + (f"confirmed; culprit {culprit.sha[:12]} \"{culprit.summary}\")" if culprit
+                   else "confirmed; culprit not named yet)"))
+    elif event == "culprit":
+        assert culprit is not None, "a culprit alert is recorded once bisection named it"
+        text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
+                f"({kind}) since {culprit.sha[:12]} \"{culprit.summary}\" by {culprit.author} "
+                f"(regression #{regression.id}, bisected in {len(steps)} step(s))")
+    else:
+        text = (f"abwatch: {regression.workload.name} on {device} is fixed: regression #{regression.id} "
+                f"({regression.change_pct:+.2f}% at {bad.sha[:12]}) no longer reproduces")
+    if url:
+        text += f" <{url}>"
+    return {
+        "event": event, "text": text,
+        "regression": {
+            "id": regression.id, "workload": regression.workload.name, "device": device, "kind": kind,
+            "state": regression.state.value, "change_pct": regression.change_pct,
+            "good_sha": good.sha, "bad_sha": bad.sha, "culprit_sha": culprit.sha if culprit else None,
+            "culprit_summary": culprit.summary if culprit else None,
+            "culprit_author": culprit.author if culprit else None, "steps": steps,
+            "run_id": regression.run_id, "url": url,
+        },
+        "sent_at": utcnow().isoformat(), "delivery": str(uuid.uuid4()),
+    }
+
+
+def label(webhook: str) -> str:
+    """How ``webhook`` (a config entry) is stored and shown: ``env:NAME`` as it is, a URL
+    redacted (:func:`~abwatch.builders.redact.redact_endpoint`); a label stays itself."""
+    if webhook.startswith("env:") or "/\u2026#" in webhook:
+        return webhook
+    return redact_endpoint(webhook)
+
+
+def _url(webhook: str) -> str | None:
+    """The URL a config entry names now (``env:NAME``: the variable's value), None if unset."""
+    if webhook.startswith("env:"):
+        return os.environ.get(webhook.removeprefix("env:")) or None
+    return None if "/\u2026#" in webhook else webhook
+
+
+def enqueue(session: Session, regression_ids: Iterable[int], event: str, config: AlertsConfig) -> int:
+    """Record a ``pending`` delivery of ``event`` for each regression and webhook, in the
+    caller's transaction (committed with the state change it tells of). A delivery already
+    recorded (the same regression, event and webhook) is not recorded again: a job taken up
+    again after a crash alerts once. Regressions triaged as expected or invalid are not
+    alerted. Returns how many were recorded."""
+    if event not in EVENTS:
+        raise ValueError(f"alert event {event!r}: expected one of {EVENTS}")
+    added = 0
+    for regression in (session.get(Regression, i) for i in regression_ids):
+        if regression is None or regression.triage in SILENCED_TRIAGE:
+            continue
+        document = payload(regression, event, config.dashboard_url)
+        for webhook in dict.fromkeys(label(w) for w in config.webhooks):
+            if session.scalar(select(AlertDelivery.id).where(
+                    AlertDelivery.regression_id == regression.id, AlertDelivery.event == event,
+                    AlertDelivery.webhook == webhook)) is not None:
+                continue
+            now = utcnow()
+            session.add(AlertDelivery(regression_id=regression.id, event=event, webhook=webhook,
+                                      status=DeliveryStatus.PENDING, attempts=0, payload=document,
+                                      at=now, next_at=now))
+            added += 1
+    session.flush()
+    return added
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one round did with one delivery."""
+
+    delivery_id: int
+    webhook: str
+    ok: bool
+    attempts: int
+    status_code: int | None
+    error: str | None
+    final: bool  # no use asking again (delivered, or a 4xx other than 429)
+
+
+class _Sender(threading.Thread):
+    """One delivery's attempts, in a daemon thread: nothing waits for it past the deadline."""
+
+    def __init__(self, row_id: int, webhook: str, url: str, document: dict, config: AlertsConfig,
+                 deadline: float) -> None:
+        super().__init__(daemon=True, name=f"alert-{row_id}")
+        self.row_id, self.webhook, self.url, self.document = row_id, webhook, url, document
+        self.config, self.deadline = config, deadline
+        self.result: Sent | None = None
+
+    def run(self) -> None:
+        body = json.dumps(self.document, sort_keys=True).encode()
+        headers = {"Content-Type": "application/json", "User-Agent": "abwatch-alerts",
+                   "X-Abwatch-Event": self.document["event"], "X-Abwatch-Delivery": self.document["delivery"]}
+        secret = os.environ.get(self.config.secret_env)
+        if secret:
+            headers[SIGNATURE_HEADER] = sign(secret, body)
+        status, error, number, final = None, None, 0, False
+        for number in range(1, self.config.attempts + 1):
+            try:
+                status = self._post(body, headers)
+                error = None if 200 <= status < 300 else f"HTTP {status}"
+            except (requests.RequestException, TimeoutError) as exc:
+                status, error = None, self._scrub(f"{type(exc).__name__}: {exc}")[:500]
+            final = error is None or (status is not None and 400 <= status < 500 and status != 429)
+            if final:
+                break
+            wait = self.config.backoff_s * 2 ** (number - 1)
+            if number == self.config.attempts or time.monotonic() + wait >= self.deadline:
+                break
+            time.sleep(wait)
+        self.result = Sent(self.row_id, self.webhook, error is None, number, status, error, final)
+
+    def _scrub(self, text: str) -> str:
+        """``text`` (an exception's words, which quote the URL or its path) without the secret."""
+        path = urlsplit(self.url).path
+        text = text.replace(self.url, self.webhook)
+        return text.replace(path, "/\u2026") if len(path) > 1 else text
+
+    def _post(self, body: bytes, headers: dict[str, str]) -> int:
+        """POST and read the answer, within the round's deadline however slowly it comes."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no time left in this round")
+        timeout = min(self.config.timeout_s, left)
+        with requests.post(self.url, data=body, headers=headers, timeout=(timeout, timeout),
+                           allow_redirects=False, stream=True) as response:
+            for _ in response.iter_content(4096):  # a trickling body is cut at the deadline
+                if time.monotonic() > self.deadline:
+                    raise TimeoutError(f"HTTP {response.status_code}, but the body was still coming "
+                                       "at the delivery deadline")
+            return response.status_code
+
+
+def deliver_pending(engine: Engine, config: AlertsConfig, *, stop: threading.Event | None = None) -> list[Sent]:
+    """Send the pending deliveries whose time has come; at most ``alerts.deadline_s`` in all.
+
+    Rows are claimed first (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, their next attempt moved
+    past this round), so two processes never send one delivery at once. No session is open
+    while sending. ``stop`` set (SIGTERM in the long-running loops) ends the wait at once; what
+    was not sent stays pending. Never raises for a delivery failure.
+    """
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    urls = {label(w): _url(w) for w in config.webhooks}
+    started = time.monotonic()
+    deadline = started + config.deadline_s
+    with sessions() as session:
+        query = (select(AlertDelivery).where(AlertDelivery.status == DeliveryStatus.PENDING,
+                                             AlertDelivery.next_at <= utcnow())
+                 .order_by(AlertDelivery.id).limit(ROUND_ROWS))
+        if session.get_bind().dialect.name == "postgresql":
+            query = query.with_for_update(skip_locked=True)
+        rows = session.scalars(query).all()
+        senders, unknown = [], []
+        for row in rows:
+            url = urls.get(row.webhook)
+            if url is None:
+                unknown.append(row)
+                continue
+            row.next_at = utcnow() + timedelta(seconds=config.deadline_s + 60)  # claimed for this round
+            senders.append(_Sender(row.id, row.webhook, url, row.payload, config, deadline))
+        for row in unknown:  # another process (one whose config names it) will send it
+            row.error = (f"{row.webhook}: not among this process's webhooks (or its variable is unset); "
+                         "a process whose [alerts] webhooks name it sends it")
+        session.commit()
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        while sender.is_alive() and time.monotonic() < deadline and not (stop and stop.is_set()):
+            sender.join(timeout=0.2)
+    results = [s.result or Sent(s.row_id, s.webhook, False, 1, None,
+                                f"no answer within the delivery deadline ({config.deadline_s:g} s)", False)
+               for s in senders if not (stop and stop.is_set() and s.result is None)]
+    _store(sessions, results, config)
+    return results
+
+
+def _store(sessions: sessionmaker, results: list[Sent], config: AlertsConfig) -> None:
+    """Each round's outcome on its row: delivered, pending again (with a later time), or given up."""
+    with sessions() as session:
+        for sent in results:
+            row = session.get(AlertDelivery, sent.delivery_id)
+            if row is None:
+                continue
+            now = utcnow()
+            row.attempts += sent.attempts
+            row.status_code, row.error = sent.status_code, sent.error
+            created = row.at if row.at.tzinfo else row.at.replace(tzinfo=UTC)
+            if sent.ok:
+                row.status, row.delivered_at, row.next_at = DeliveryStatus.DELIVERED, now, None
+            elif sent.final or now - created > timedelta(seconds=config.retry_for_s):
+                row.status, row.next_at = DeliveryStatus.GIVEN_UP, None
+            else:  # the next round, after a wait that grows with the attempts made
+                row.next_at = now + timedelta(seconds=min(3600.0, config.backoff_s * 2 ** min(row.attempts, 12)))
+        session.commit()
+
+
+def notify(engine: Engine, regression_ids: Iterable[int], event: str, config: AlertsConfig) -> list[Sent]:
+    """Record ``event`` for each regression (committed at once) and run a delivery round.
+
+    For callers outside a transaction (triage, tests); the watch records its alerts with the
+    state change (:func:`enqueue`) and sends them after the job.
+    """
+    if not config.webhooks:
+        return []
+    with Session(engine) as session:
+        enqueue(session, regression_ids, event, config)
+        session.commit()
+    return deliver_pending(engine, config)
+

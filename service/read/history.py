@@ -1,0 +1,122 @@
+"""History: one value per commit for a workload, and the commits where it stepped.
+
+"When did resnet-18 on this board get slower, and which commit did it?" The series is
+built from the records abwatch's own runs stored (each carries the commit sha as
+``engine_version`` and the median as ``metrics.runtime_ms_median``), ordered by commit
+time; :func:`service.stats.change_points` finds the steps.
+"""
+
+from __future__ import annotations
+
+import statistics as pystats
+from dataclasses import dataclass
+from datetime import datetime
+
+from pathlib import Path
+
+import git
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from abwatch.service import stats
+from abwatch.service.store.models import Commit, Comparison, Record, Run, Workload
+from abwatch.builders.repo import RepoError, RepoMirror
+
+
+@dataclass(frozen=True)
+class Point:
+    """The workload's median time at one commit (median over every run that measured it)."""
+
+    sha: str
+    summary: str
+    committed_at: datetime | None
+    median_ms: float
+    runs: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step change and the commit range it starts in."""
+
+    last_before: Point
+    first_after: Point
+    change_pct: float
+    p_value: float
+
+
+def series_of(session: Session, workload: str) -> list[Workload]:
+    """The series named ``workload`` (one per repository and spec), the most recently measured first."""
+    newest = func.max(Comparison.run_id)
+    rows = session.execute(
+        select(Workload, newest).join(Comparison, Comparison.workload_id == Workload.id)
+        .where(Workload.name == workload).group_by(Workload.id).order_by(newest.desc())).all()
+    return [row for row, _ in rows]
+
+
+def series(session: Session, workload: str, hardware: str | None = None,
+           series_id: int | None = None) -> list[Point]:
+    """The per-commit medians of ``workload`` (optionally on one device), oldest commit first.
+
+    ``series_id`` (a workload row, see :func:`series_of`) keeps only the runs that measured
+    that series: one repository, one spec. Commits are looked up in the repository of the
+    run that measured them, never by sha alone.
+    """
+    query = (select(Record, Run.repository_id).join(Run, Run.id == Record.run_id)
+             .where(Record.workload == workload))
+    if series_id is not None:
+        query = query.where(Record.run_id.in_(select(Comparison.run_id).where(Comparison.workload_id == series_id)))
+    if hardware is not None:
+        query = query.where(Record.hardware == hardware)
+    by_sha: dict[tuple[int, str], list[float]] = {}
+    for record, repository_id in session.execute(query):
+        median = record.fields.get("metrics", {}).get("runtime_ms_median")
+        if record.engine_version and isinstance(median, (int, float)):
+            by_sha.setdefault((repository_id, record.engine_version), []).append(float(median))
+    if not by_sha:
+        return []
+    commits = {(c.repository_id, c.sha): c for c in session.scalars(
+        select(Commit).where(Commit.sha.in_({sha for _, sha in by_sha}),
+                             Commit.repository_id.in_({r for r, _ in by_sha})))}
+    points = [
+        Point(sha, commits[key].summary if key in commits else "",
+              commits[key].committed_at if key in commits else None,
+              pystats.median(values), len(values))
+        for key, values in by_sha.items() for sha in [key[1]]
+    ]
+    # commit time orders the history; ties (same second) keep the sha order stable
+    return sorted(points, key=lambda p: (p.committed_at is None, p.committed_at or datetime.min, p.sha))
+
+
+def first_parent_line(session: Session, workload: str, series_id: int | None = None) -> tuple[str, set[str]] | None:
+    """(branch, shas) of the configured branch's first-parent line, as of the newest run that
+    measured ``workload`` (of series ``series_id``, if given); None where there is no git
+    history (release builds) or no mirror."""
+    query = select(Run).join(Record, Record.run_id == Run.id).where(Record.workload == workload)
+    if series_id is not None:
+        query = query.where(Run.id.in_(select(Comparison.run_id).where(Comparison.workload_id == series_id)))
+    run = session.scalar(query.order_by(Run.id.desc()).limit(1))
+    if run is None:
+        return None
+    config = run.config or {}
+    build, repo = config.get("build", {}), config.get("repo") or {}
+    if build.get("kind") == "tvm-wheel" or not repo.get("url") or not config.get("cache_dir"):
+        return None
+    branch = repo.get("branch", "main")
+    try:
+        mirror = RepoMirror(repo["url"], Path(config["cache_dir"]))
+        if not (mirror.path / "HEAD").exists():
+            return None  # never fetched here: nothing to filter by, and no reason to clone now
+        return branch, set(mirror.repo.git.rev_list("--first-parent", f"refs/heads/{branch}").split())
+    except (RepoError, git.GitCommandError):
+        return None
+
+
+def on_line(points: list[Point], line: set[str]) -> list[Point]:
+    """The points whose commit is on the line."""
+    return [p for p in points if p.sha in line]
+
+
+def steps(points: list[Point], **options) -> list[Step]:
+    """The step changes of a series and the commit ranges they start in."""
+    found = stats.change_points([p.median_ms for p in points], **options)
+    return [Step(points[c.index - 1], points[c.index], c.change_pct, c.p_value) for c in found]

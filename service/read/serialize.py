@@ -1,0 +1,102 @@
+"""The JSON shapes of what abwatch stores: one serializer per thing, shared by the CLI's
+``--json``, the HTTP API, the dashboard and alerts, so they cannot drift apart."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from abwatch.builders.redact import mask_url
+from abwatch.service.read.stored import StoredRun
+from abwatch.service.stats.verdict import RegressionKind
+from abwatch.service.store.models import Regression
+
+LOG_TAIL_LINES = 25
+
+
+def decisive_p(v) -> tuple[float | None, str]:
+    """The p-value that decided a verdict and its label: BH-adjusted across the run's
+    workloads when a correction was applied, else the raw one."""
+    if v.correction != "none" and v.p_adjusted is not None:
+        return v.p_adjusted, "BH-adjusted"
+    return v.p_value, "raw"
+
+
+def outcome_json(stored: StoredRun) -> dict:
+    """The ``--json`` object of ``compare``, ``verify`` and ``show``: the outcome, which p
+    decided each verdict, and the failed builds' logs."""
+    data = stored.outcome.to_json()
+    for result, r in zip(data["results"], stored.outcome.results, strict=True):
+        result["p_decisive"] = "p_adjusted" if decisive_p(r.verdict)[1] == "BH-adjusted" else "p_value"
+        result["n_counts"] = "samples"
+        result.setdefault("correctness_regression_id", r.correctness_regression_id)
+    for build, b in zip(data["builds"], stored.outcome.builds, strict=True):
+        build["build_id"] = b.build_id
+        if b.build_id in stored.failed_logs:
+            build["log_tail"] = log_tail(stored.failed_logs[b.build_id])
+    return data
+
+
+def log_tail(log: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a build log."""
+    return "\n".join(log.rstrip().splitlines()[-lines:])
+
+
+def regression_json(r: Regression) -> dict:
+    """The ``--json`` shape of a regression with its state history."""
+    return {
+        "id": r.id, "workload": r.workload.name,
+        "repository": mask_url(r.workload.repository.url) if r.workload.repository else None, "kind": RegressionKind(r.kind).value, "state": r.state.value, "change_pct": r.change_pct,
+        "run_id": r.run_id, "control_sha": r.control_commit.sha, "treatment_sha": r.treatment_commit.sha,
+        "benchmark_verdict": r.benchmark_verdict, "verify_verdict": r.verify_verdict,
+        "device": r.device.name if r.device else None,
+        "range": {"good": r.control_commit.sha, "bad": r.treatment_commit.sha},
+        "culprit": ({"sha": r.culprit_commit.sha, "summary": r.culprit_commit.summary,
+                     "author": r.culprit_commit.author} if r.culprit_commit else None),
+        "bisection": [step.to_dict() for step in r.bisection],
+        "group": r.group_id,
+        "events": [
+            {"from": e.from_state.value if e.from_state else None, "to": e.to_state.value,
+             "run_id": e.run_id, "reason": e.reason, "at": e.at.isoformat()}
+            for e in r.events
+        ],
+    }
+
+
+def short_sha(sha: str) -> str:
+    """A git sha cut to 12 characters; anything else (a release version) whole."""
+    return sha[:12] if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha) else sha
+
+
+def runs_json(rows) -> list[dict]:
+    """The ``--json`` shape of ``abwatch runs``."""
+    return [{"id": r.id, "run_type": r.run_type.value, "status": r.status.value,
+             "control_ref": r.control_ref, "treatment_ref": r.treatment_ref,
+             "control_sha": r.control_commit.sha, "treatment_sha": r.treatment_commit.sha,
+             "device": r.device.name if r.device else None, "parent_run_id": r.parent_run_id,
+             "started_at": r.started_at.isoformat() if r.started_at else None,
+             "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+             "verdicts": counts} for r, counts in rows]
+
+
+def builds_json(rows) -> list[dict]:
+    """The ``--json`` shape of ``abwatch builds``."""
+    return [{"id": b.id, "sha": b.commit.sha, "builder": b.builder, "status": b.status.value,
+             "cached": b.cached, "duration_s": b.duration_s, "artifact_key": b.artifact_key,
+             "created_at": b.created_at.isoformat() if b.created_at else None,
+             "log_tail": log_tail(b.log or "", 5)} for b in rows]
+
+
+def history_json(workload: str, points, found) -> dict:
+    """The ``--json`` shape of ``abwatch history``."""
+    return {
+        "workload": workload,
+        "series": [{"sha": p.sha, "median_ms": p.median_ms, "runs": p.runs,
+                    "committed_at": p.committed_at.isoformat() if p.committed_at else None} for p in points],
+        "steps": [{"last_before": s.last_before.sha, "first_after": s.first_after.sha,
+                   "change_pct": s.change_pct, "p_value": s.p_value} for s in found],
+    }
+
+
+def cache_json(cache, entries, size: int) -> dict:
+    """The ``--json`` shape of ``abwatch cache``."""
+    return {"root": str(cache.root), "bytes": size, "entries": [asdict(e) for e in entries]}

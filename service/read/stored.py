@@ -1,0 +1,159 @@
+"""Runs and builds as the database keeps them: what ``show``, ``runs`` and ``builds`` read.
+
+:func:`load_outcome` rebuilds a run's :class:`~service.outcome.CompareOutcome` from its stored
+rows alone. ``compare`` and ``verify`` render their report from it too, so ``abwatch show RUN``
+prints, byte for byte, what the command that made the run printed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, cast
+
+from sqlalchemy import exists, or_, select
+from sqlalchemy.orm import Session
+
+from abwatch.service.compare.building import BuildOutcome
+from abwatch.service.compare.outcome import CompareOutcome, DriverError, WorkloadResult
+from abwatch.service.store.models import (
+    Build, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType,
+)
+from abwatch.service.stats.verdict import Verdict, RegressionKind
+
+if TYPE_CHECKING:  # a TypedDict: at run time it is a dict, and attribution imports NumPy
+    from abwatch.service.compare.attribution import TvmDetails
+
+# comparisons.details holds the whole verdict under "verdict" (Verdict.to_dict), beside the
+# workload's own details (tvm: compile_ms, ops, error, workers). Rows written before that kept
+# the verdict's fields that have no column flat among those details: these keys.
+LEGACY_VERDICT_KEYS = frozenset({
+    "verdict", "reason", "threshold_pct", "alpha", "confidence", "p_adjusted", "correction", "stop_reason",
+    "method", "looks", "elapsed_s",
+})
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A run as stored: its outcome, and what a report adds (refs, times, the failed builds' logs)."""
+
+    outcome: CompareOutcome
+    control_ref: str
+    treatment_ref: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    parent_run_id: int | None
+    failed_logs: dict[int, str] = field(default_factory=dict)  # build id -> log, failed builds only
+
+
+def load_outcome(session: Session, run_id: int) -> StoredRun:
+    """The stored run ``run_id`` as the driver's outcome; a clear error if there is none."""
+    run = session.get(Run, run_id)
+    if run is None:
+        raise DriverError(f"run {run_id} does not exist (see `abwatch runs`)")
+    builds, logs = [], {}
+    for side, build_id, ref, commit in (
+        ("control", run.control_build_id, run.control_ref, run.control_commit),
+        ("treatment", run.treatment_build_id, run.treatment_ref, run.treatment_commit),
+    ):
+        if build_id is None:
+            continue
+        build = session.get(Build, build_id)
+        if build is None:  # a foreign key: only a damaged database gets here
+            raise DriverError(f"run {run_id}: its {side} build {build_id} does not exist")
+        builds.append(BuildOutcome(side, ref, commit.sha, build.status.value,
+                                   _cached_for(session, run, side, build), build.id))
+        if build.status != BuildStatus.SUCCESS:
+            logs[build.id] = build.log or ""
+    speed, correctness = _regressions_by_workload(session, run)
+    results = []
+    comparisons = session.scalars(select(Comparison).where(Comparison.run_id == run.id).order_by(Comparison.id))
+    for c in comparisons:
+        results.append(WorkloadResult(
+            c.workload.name, _verdict(c), c.id, speed.get(c.workload_id), c.error,
+            correctness.get(c.workload_id), _tvm_details(c),
+        ))
+    outcome = CompareOutcome(run.id, run.run_type.value, run.status.value, builds, results)
+    return StoredRun(outcome, run.control_ref, run.treatment_ref, run.started_at, run.finished_at,
+                     run.error, run.parent_run_id, logs)
+
+
+def _tvm_details(c: Comparison) -> TvmDetails | None:
+    """The TVM details a comparison row stores beside its verdict, if it has them."""
+    extra = {k: v for k, v in (c.details or {}).items() if k not in LEGACY_VERDICT_KEYS}
+    # written by the driver from a TvmDetails; the row's JSON is that dict again
+    return cast("TvmDetails", extra) if "compile_ms" in extra else None
+
+
+def _verdict(c: Comparison) -> Verdict:
+    """The verdict a comparison row stores (rows of before the whole verdict was kept: from
+    its columns and the flat keys)."""
+    d = c.details or {}
+    if isinstance(d.get("verdict"), dict):
+        return Verdict.from_dict(d["verdict"])
+    ci = (c.ci_low_pct, c.ci_high_pct) if c.ci_low_pct is not None and c.ci_high_pct is not None else None
+    return Verdict(
+        c.verdict, c.change_pct, ci, c.p_value, c.control_n, c.treatment_n,
+        c.control_median_ms, c.treatment_median_ms, d.get("threshold_pct", 0.0), d.get("alpha", 0.0),
+        d.get("confidence", 0.0), d.get("reason", ""), d.get("p_adjusted"), d.get("correction", "none"),
+        d.get("stop_reason", ""), d.get("method", ""), d.get("looks", 0), d.get("elapsed_s"),
+    )
+
+
+def _cached_for(session: Session, run: Run, side: str, build: Build) -> bool:
+    """Whether the run reused an existing build for ``side``.
+
+    A reused build keeps the row of the run that made it, so it is cached for this run when an
+    earlier run used the same row, when the treatment is the control's build (an A/A run), or
+    when the artifact came from the cache before any run recorded it.
+    """
+    if build.status != BuildStatus.SUCCESS:
+        return False
+    if side == "treatment" and run.control_build_id == build.id:
+        return True
+    earlier = session.scalar(select(exists().where(
+        Run.id < run.id, or_(Run.control_build_id == build.id, Run.treatment_build_id == build.id))))
+    return bool(earlier or build.cached)
+
+
+def _regressions_by_workload(session: Session, run: Run) -> tuple[dict[int, int], dict[int, int]]:
+    """(speed, correctness) regression ids by workload id: the ones the run opened, or for a
+    verify run the ones it judged."""
+    if run.run_type == RunType.VERIFY:
+        query = select(Regression).where(
+            Regression.id.in_(select(RegressionEvent.regression_id).where(RegressionEvent.run_id == run.id)))
+    else:
+        query = select(Regression).where(Regression.run_id == run.id)
+    speed: dict[int, int] = {}
+    correctness: dict[int, int] = {}
+    for r in session.scalars(query.order_by(Regression.id)):
+        (correctness if r.kind == RegressionKind.CORRECTNESS else speed)[r.workload_id] = r.id
+    return speed, correctness
+
+
+def list_runs(session: Session, limit: int = 20) -> list[tuple[Run, dict[str, int]]]:
+    """The newest runs first, each with how many of its workloads got each verdict."""
+    runs = list(session.scalars(select(Run).order_by(Run.id.desc()).limit(limit)))
+    counts: dict[int, dict[str, int]] = {r.id: {} for r in runs}
+    if runs:
+        for run_id, verdict in session.execute(
+                select(Comparison.run_id, Comparison.verdict).where(Comparison.run_id.in_(counts))):
+            counts[run_id][verdict.value] = counts[run_id].get(verdict.value, 0) + 1
+    return [(r, counts[r.id]) for r in runs]
+
+
+def list_builds(session: Session, failed: bool = False, limit: int = 20) -> list[Build]:
+    """The newest builds first (only failed ones if ``failed``)."""
+    query = select(Build).order_by(Build.id.desc()).limit(limit)
+    if failed:
+        query = query.where(Build.status != BuildStatus.SUCCESS)
+    return list(session.scalars(query))
+
+
+def get_build(session: Session, build_id: int) -> Build:
+    """One build; a clear error if there is none."""
+    build = session.get(Build, build_id)
+    if build is None:
+        raise DriverError(f"build {build_id} does not exist (see `abwatch builds`)")
+    return build

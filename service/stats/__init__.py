@@ -1,0 +1,72 @@
+"""Statistics: pure functions over plain sequences of milliseconds; no database, no I/O.
+
+The package's public API is re-exported here, so callers write ``stats.compare(...)``:
+
+- :mod:`.core`: one comparison (:func:`compare`), the decision rule, FDR adjustment, planning;
+- :mod:`.sequential`: the stopping rule (:func:`sequential_look`, :class:`Budget`);
+- :mod:`.changepoints`: step changes in a series (:func:`change_points`);
+- :mod:`.pooled`: estimators for samples without process groups;
+- :mod:`.verdict`: the result types (:class:`Verdict`, :class:`Outcome`, regression states).
+"""
+
+# Importing this package must stay cheap: models import .verdict, and every CLI command
+# imports models, while .core needs NumPy and SciPy (about a second). The API is therefore
+# resolved on first use (PEP 562); type checkers see the plain imports below.
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "changepoints": ("OTAVA_MISSING", "StepChange", "change_points"),
+    "core": ("DEFAULT_ALPHA", "DEFAULT_CONFIDENCE", "DEFAULT_PLAN_PAIRS", "DEFAULT_RESAMPLES",
+             "DEFAULT_THRESHOLD_PCT", "MIN_PAIRS", "MIN_SAMPLES", "TRIM", "_decide", "_small_sample", "adjust_fdr",
+             "compare", "cs_multiplier", "cs_p_value", "planned_repetitions", "process_cv", "trimmed_mean_se"),
+    "sequential": ("Budget", "Look", "sequential_look"),
+    "verdict": ("DEFAULT_EQUIVALENCE_ALPHA", "Outcome", "Verdict"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = [
+    "Budget",
+    "DEFAULT_ALPHA",
+    "DEFAULT_CONFIDENCE",
+    "DEFAULT_EQUIVALENCE_ALPHA",
+    "DEFAULT_PLAN_PAIRS",
+    "DEFAULT_RESAMPLES",
+    "DEFAULT_THRESHOLD_PCT",
+    "Look",
+    "MIN_PAIRS",
+    "MIN_SAMPLES",
+    "OTAVA_MISSING",
+    "Outcome",
+    "StepChange",
+    "TRIM",
+    "Verdict",
+    "_decide",
+    "_small_sample",
+    "adjust_fdr",
+    "change_points",
+    "compare",
+    "cs_multiplier",
+    "cs_p_value",
+    "planned_repetitions",
+    "process_cv",
+    "sequential_look",
+    "trimmed_mean_se",
+]
+
+if TYPE_CHECKING:
+    from abwatch.service.stats.changepoints import OTAVA_MISSING, StepChange, change_points
+    from abwatch.service.stats.core import (
+        DEFAULT_ALPHA, DEFAULT_CONFIDENCE, DEFAULT_PLAN_PAIRS, DEFAULT_RESAMPLES, DEFAULT_THRESHOLD_PCT, MIN_PAIRS,
+        MIN_SAMPLES, TRIM, _decide, _small_sample, adjust_fdr, compare, cs_multiplier, cs_p_value,
+        planned_repetitions, process_cv, trimmed_mean_se,
+    )
+    from abwatch.service.stats.sequential import Budget, Look, sequential_look
+    from abwatch.service.stats.verdict import DEFAULT_EQUIVALENCE_ALPHA, Outcome, Verdict
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

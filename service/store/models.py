@@ -1,0 +1,381 @@
+"""Database models: everything abwatch knows, stored so that people can query it with SQL.
+
+The schema is created only by the Alembic migrations in ``migrations/``; this module
+describes it for the ORM. Enums are stored by value as plain strings with a CHECK
+constraint, so SQLite and PostgreSQL hold the same text.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from abwatch.service.stats.verdict import Outcome, RegressionKind, RegressionState, TriageStatus
+
+from abwatch.service.store.base import Base, _enum, utcnow  # noqa: F401 - utcnow: re-exported
+
+
+class BuildStatus(str, enum.Enum):
+    """Outcome of building one commit."""
+
+    SUCCESS = "success"
+    BUILD_FAILED = "build_failed"
+
+
+class RunType(str, enum.Enum):
+    """FAI-PEP's run types: a normal run, a re-run to confirm, a confirmed regression's run."""
+
+    BENCHMARK = "benchmark"
+    VERIFY = "verify"
+    REGRESS = "regress"
+
+
+class RunStatus(str, enum.Enum):
+    """Where one A/B run is."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    BUILD_FAILED = "build_failed"
+    FAILED = "failed"  # stopped by an unexpected error (recorded in ``error``)
+    INCOMPLETE = "incomplete"  # finished, but at least one workload could not be judged
+    INTERRUPTED = "interrupted"  # stopped by SIGINT/SIGTERM; what was measured is kept
+    ABANDONED = "abandoned"  # its process died (kill -9, power loss); found by a later command
+
+
+class Side(str, enum.Enum):
+    """Which build of the pair."""
+
+    CONTROL = "control"
+    TREATMENT = "treatment"
+
+
+class InvocationStatus(str, enum.Enum):
+    """Outcome of one workload process."""
+
+    OK = "ok"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+class Repository(Base):
+    """A git repository under watch."""
+
+    __tablename__ = "repositories"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    url: Mapped[str] = mapped_column(String(1024), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Commit(Base):
+    """One commit of a repository."""
+
+    __tablename__ = "commits"
+    __table_args__ = (UniqueConstraint("repository_id", "sha"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    repository_id: Mapped[int] = mapped_column(ForeignKey("repositories.id"))
+    sha: Mapped[str] = mapped_column(String(64), index=True)
+    summary: Mapped[str] = mapped_column(Text, default="")
+    author: Mapped[str] = mapped_column(String(256), default="")
+    committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    repository: Mapped[Repository] = relationship()
+
+
+class Build(Base):
+    """One build of a commit with one builder configuration.
+
+    A successful build is stored once per artifact key: whoever finds the artifact in the
+    cache (another process, a later run) points at the same row.
+    """
+
+    __tablename__ = "builds"
+    __table_args__ = (Index("uq_builds_artifact_key_success", "artifact_key", unique=True,
+                            postgresql_where=text("status = 'success'"),
+                            sqlite_where=text("status = 'success'")),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    commit_id: Mapped[int] = mapped_column(ForeignKey("commits.id"), index=True)
+    builder: Mapped[str] = mapped_column(String(64))
+    config_hash: Mapped[str] = mapped_column(String(64))
+    status: Mapped[BuildStatus] = mapped_column(_enum(BuildStatus, "build_status"))
+    artifact_key: Mapped[str | None] = mapped_column(String(128))
+    cached: Mapped[bool] = mapped_column(Boolean, default=False)
+    log: Mapped[str] = mapped_column(Text, default="")
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    # build metrics: incremental or clean, steps compiled, ccache hits and hit rate
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    commit: Mapped[Commit] = relationship()
+
+
+class Device(Base):
+    """A machine (or board) that runs workloads."""
+
+    __tablename__ = "devices"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(256), unique=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    hardware_config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class Workload(Base):
+    """One series of measurements: a named thing to time in one repository, with one spec.
+
+    The identity is (repository, name, spec hash): two configs (or two repositories) with a
+    workload called ``mlp`` get two rows, and so does a workload whose spec changed (a new
+    series starts). ``spec`` is the config entry that defines it and never changes.
+    """
+
+    __tablename__ = "workloads"
+    __table_args__ = (UniqueConstraint("repository_id", "name", "spec_hash"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    repository_id: Mapped[int] = mapped_column(ForeignKey("repositories.id"))
+    name: Mapped[str] = mapped_column(String(256), index=True)
+    spec_hash: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    repository: Mapped[Repository] = relationship()
+
+
+class Run(Base):
+    """One A/B run: a control build and a treatment build, interleaved on one device."""
+
+    __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_device_id_started_at", "device_id", "started_at"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_type: Mapped[RunType] = mapped_column(_enum(RunType, "run_type"))
+    status: Mapped[RunStatus] = mapped_column(_enum(RunStatus, "run_status"))
+    repository_id: Mapped[int] = mapped_column(ForeignKey("repositories.id"))
+    control_ref: Mapped[str] = mapped_column(String(256))
+    treatment_ref: Mapped[str] = mapped_column(String(256))
+    control_commit_id: Mapped[int] = mapped_column(ForeignKey("commits.id"))
+    treatment_commit_id: Mapped[int] = mapped_column(ForeignKey("commits.id"))
+    control_build_id: Mapped[int | None] = mapped_column(ForeignKey("builds.id"))
+    treatment_build_id: Mapped[int | None] = mapped_column(ForeignKey("builds.id"))
+    device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"))
+    parent_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    seed: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Who runs it, so a later command can tell a live run from one whose process died.
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    process_started_at: Mapped[float | None] = mapped_column(Float)  # epoch seconds (psutil)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    control_commit: Mapped[Commit] = relationship(foreign_keys=[control_commit_id])
+    treatment_commit: Mapped[Commit] = relationship(foreign_keys=[treatment_commit_id])
+    device: Mapped[Device | None] = relationship()
+
+
+class Invocation(Base):
+    """One workload process of one side; ``position`` is its place in the interleaved order."""
+
+    __tablename__ = "invocations"
+    # the target of samples' one foreign key, which also checks their run and workload
+    __table_args__ = (UniqueConstraint("id", "run_id", "workload_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    side: Mapped[Side] = mapped_column(_enum(Side, "side"))
+    position: Mapped[int] = mapped_column(Integer)
+    warmup: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[InvocationStatus] = mapped_column(_enum(InvocationStatus, "invocation_status"))
+    wall_s: Mapped[float] = mapped_column(Float)
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class Sample(Base):
+    """One raw timing, kept forever; warm-up invocations' samples are kept too, flagged."""
+
+    __tablename__ = "samples"
+    # One composite foreign key instead of three: PostgreSQL checks each sample row with a
+    # trigger per foreign key, and three checks made the bulk write 3x slower (measured in
+    # benchmarks/store.py); this one also proves run_id and workload_id match the invocation.
+    __table_args__ = (ForeignKeyConstraint(
+        ["invocation_id", "run_id", "workload_id"],
+        ["invocations.id", "invocations.run_id", "invocations.workload_id"]),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    invocation_id: Mapped[int] = mapped_column(index=True)
+    run_id: Mapped[int] = mapped_column(index=True)
+    workload_id: Mapped[int] = mapped_column()
+    side: Mapped[Side] = mapped_column(_enum(Side, "side"))
+    order_index: Mapped[int] = mapped_column(Integer)
+    runtime_ms: Mapped[float] = mapped_column(Float)
+    warmup: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+# What a workload's series reads from each comparison: kept in its index on PostgreSQL, so
+# a two-year series is an index-only scan instead of thousands of scattered heap pages.
+SERIES_COLUMNS = ["control_median_ms", "treatment_median_ms", "control_n", "treatment_n", "verdict",
+                  "change_pct", "ci_low_pct", "ci_high_pct"]
+
+
+class Comparison(Base):
+    """The statistics' verdict for one workload of one run."""
+
+    __tablename__ = "comparisons"
+    # (workload, newest run first) answers "latest verdict per workload and device" by index
+    __table_args__ = (UniqueConstraint("run_id", "workload_id"),
+                      Index("ix_comparisons_workload_id_run_id", "workload_id", "run_id",
+                            postgresql_include=SERIES_COLUMNS))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    verdict: Mapped[Outcome] = mapped_column(_enum(Outcome, "verdict"))  # the statistics' own enum
+    change_pct: Mapped[float | None] = mapped_column(Float)
+    ci_low_pct: Mapped[float | None] = mapped_column(Float)
+    ci_high_pct: Mapped[float | None] = mapped_column(Float)
+    p_value: Mapped[float | None] = mapped_column(Float)
+    control_median_ms: Mapped[float | None] = mapped_column(Float)
+    treatment_median_ms: Mapped[float | None] = mapped_column(Float)
+    control_n: Mapped[int] = mapped_column(Integer)
+    treatment_n: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    workload: Mapped[Workload] = relationship()
+
+
+# A regression is open in these states; one pair/workload/device/kind has at most one open.
+OPEN_REGRESSION_STATES = ("benchmark", "verify", "regress")
+OPEN_REGRESSION_SQL = "state IN ('benchmark', 'verify', 'regress')"  # uq_regressions_open's predicate
+_OPEN = text(OPEN_REGRESSION_SQL)
+
+
+class Regression(Base):
+    """A suspected or confirmed slowdown of one workload between two commits on one device.
+
+    ``version`` grows with every change of the row; the ORM checks it on each UPDATE, so two
+    processes that both read a regression cannot both move it (the second one's write finds
+    a newer version and fails instead of overwriting).
+    """
+
+    __tablename__ = "regressions"
+    # re-running a pair finds the open regression instead of opening a second one
+    __table_args__ = (Index("uq_regressions_open", "workload_id", "device_id", "control_commit_id",
+                            "treatment_commit_id", "kind", unique=True,
+                            postgresql_where=_OPEN, sqlite_where=_OPEN),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
+    device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"))
+    control_commit_id: Mapped[int] = mapped_column(ForeignKey("commits.id"))
+    treatment_commit_id: Mapped[int] = mapped_column(ForeignKey("commits.id"))
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    comparison_id: Mapped[int] = mapped_column(ForeignKey("comparisons.id"))
+    state: Mapped[RegressionState] = mapped_column(_enum(RegressionState, "regression_state"), index=True)
+    # the latest triage decision, if a person made one (the decisions are triage_events)
+    triage: Mapped[TriageStatus | None] = mapped_column(_enum(TriageStatus, "triage_status"))
+    kind: Mapped[RegressionKind] = mapped_column(_enum(RegressionKind, "regression_kind", 16),
+                                                 default=RegressionKind.SPEED, server_default="speed")
+    change_pct: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The verdicts behind the state: the benchmark run's, then the verify run's.
+    benchmark_verdict: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    verify_verdict: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Named by bisection (or the range itself when it is one commit); null while unknown.
+    culprit_commit_id: Mapped[int | None] = mapped_column(ForeignKey("commits.id"))
+    # Regressions with the same culprit on one device share a group: the lowest regression id.
+    group_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    workload: Mapped[Workload] = relationship()
+    device: Mapped[Device | None] = relationship()
+    control_commit: Mapped[Commit] = relationship(foreign_keys=[control_commit_id])
+    treatment_commit: Mapped[Commit] = relationship(foreign_keys=[treatment_commit_id])
+    culprit_commit: Mapped[Commit | None] = relationship(foreign_keys=[culprit_commit_id])
+    bisection: Mapped[list[BisectionStep]] = relationship(order_by="BisectionStep.position")
+    events: Mapped[list[RegressionEvent]] = relationship(
+        order_by="RegressionEvent.id", back_populates="regression"
+    )
+    triage_events: Mapped[list[TriageEvent]] = relationship(order_by="TriageEvent.id")
+    __mapper_args__ = {"version_id_col": version}
+
+
+class RegressionEvent(Base):
+    """One state change of a regression: when, from what, to what, by which run, why."""
+
+    __tablename__ = "regression_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    regression_id: Mapped[int] = mapped_column(ForeignKey("regressions.id"), index=True)
+    from_state: Mapped[RegressionState | None] = mapped_column(
+        _enum(RegressionState, "regression_event_from")
+    )
+    to_state: Mapped[RegressionState] = mapped_column(_enum(RegressionState, "regression_event_to"))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    reason: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    regression: Mapped[Regression] = relationship(back_populates="events")
+
+
+class TriageEvent(Base):
+    """One triage decision: who decided what about a regression, when, and why."""
+
+    __tablename__ = "triage_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    regression_id: Mapped[int] = mapped_column(ForeignKey("regressions.id"), index=True)
+    status: Mapped[TriageStatus] = mapped_column(_enum(TriageStatus, "triage_event_status"))
+    who: Mapped[str] = mapped_column(String(256))
+    issue_url: Mapped[str | None] = mapped_column(String(1024))
+    note: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class NoiseProfile(Base):
+    """Observed run-to-run noise of one workload on one device, learnt from its `same` verdicts.
+
+    ``process_cv`` is the coefficient of variation of per-process medians (the unit the
+    statistics use); it sets how many invocations the next run starts with.
+    """
+
+    __tablename__ = "noise_profiles"
+    __table_args__ = (UniqueConstraint("workload_id", "device_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    process_cv: Mapped[float] = mapped_column(Float)
+    observations: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Record(Base):
+    """A TVM benchmark record (schema v0.1), made by a run or imported from a file."""
+
+    __tablename__ = "records"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
+    side: Mapped[Side | None] = mapped_column(_enum(Side, "record_side"))
+    workload: Mapped[str] = mapped_column(String(256), index=True)
+    engine: Mapped[str] = mapped_column(String(64))
+    engine_version: Mapped[str | None] = mapped_column(String(128))
+    hardware: Mapped[str] = mapped_column(String(256))
+    runtime_ms_mean: Mapped[float] = mapped_column(Float)
+    runtime_ms_std: Mapped[float] = mapped_column(Float)
+    timestamp: Mapped[Any] = mapped_column(JSON)
+    schema_version: Mapped[str] = mapped_column(String(16))
+    fields: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # sha256 of the record's content: the same record imported twice is stored once
+    record_key: Mapped[str | None] = mapped_column(String(64), index=True, unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# The watch's tables live in .jobs; re-exported so that ``models`` names the whole schema.
+from abwatch.service.store.jobs import (  # noqa: E402, F401
+    AlertDelivery, BisectionStep, CommitStatus, DeliveryStatus, Job, JobStatus, StepSide, StepVerdict, WatchedCommit,
+    WatchProgress,
+)

@@ -1,0 +1,176 @@
+"""Get-or-create helpers that keep one row per repository, commit, device, workload and
+successful build, however many processes write at once; and the bulk write path for raw
+samples (COPY on PostgreSQL).
+
+Each get-or-create is ``INSERT ... ON CONFLICT DO NOTHING`` on the row's unique key, then a
+SELECT: two processes that meet the same new commit both succeed and get the same row (the
+second INSERT waits for the first one's transaction and then does nothing), where a
+select-then-insert would have failed one of them with a unique violation.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any, cast
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import ColumnElement, Table, TextClause, insert, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from abwatch.service.store.models import Base, Build, BuildStatus, Commit, Device, Repository, Workload, utcnow
+from abwatch.builders.redact import mask_url
+from abwatch.builders.spec import CommitInfo, spec_hash
+from abwatch.runners.base import DeviceInfo
+
+# Spec fields that do not change what is timed: changing them keeps the workload's series.
+NOT_IDENTITY = frozenset({"name", "timeout_s", "rtol", "atol"})
+
+
+def insert_ignoring_conflict(session: Session, model: type[Base], values: dict[str, Any],
+                             key: Sequence[str], where: ColumnElement | TextClause | None = None) -> None:
+    """``INSERT ... ON CONFLICT (key) DO NOTHING`` of one row, in the session's transaction.
+
+    ``where`` is the predicate of a partial unique index on ``key``.
+    """
+    dialect = session.get_bind().dialect.name
+    table = cast(Table, model.__table__)
+    statement: postgresql.Insert | sqlite.Insert
+    if dialect == "postgresql":
+        statement = postgresql.insert(table)
+    elif dialect == "sqlite":
+        statement = sqlite.insert(table)
+    else:  # pragma: no cover - make_engine accepts these two only
+        raise NotImplementedError(f"get-or-create on {dialect}")
+    session.execute(statement.values(**values).on_conflict_do_nothing(index_elements=list(key), index_where=where))
+
+
+def get_repository(session: Session, url: str) -> Repository:
+    """The row of the repository at ``url``, created on first sight.
+
+    A repository's identity is its URL with credentials masked (:func:`mask_url`), whoever
+    asks: the password is never stored, and the same repository reached by a compare, the
+    watch or a bisection (or with another token) is one row, one history.
+    """
+    url = mask_url(url)
+    insert_ignoring_conflict(session, Repository, {"url": url, "created_at": utcnow()}, ["url"])
+    return session.scalars(select(Repository).where(Repository.url == url)).one()
+
+
+def get_commit(session: Session, repository: Repository, info: CommitInfo) -> Commit:
+    """The row of commit ``info.sha`` in ``repository``, created on first sight.
+
+    A caller that creates several commits in one transaction creates them in sha order, so
+    two transactions never wait for each other's rows in opposite orders (a deadlock).
+    """
+    insert_ignoring_conflict(session, Commit, {
+        "repository_id": repository.id, "sha": info.sha, "summary": info.summary,
+        "author": info.author, "committed_at": info.committed_at}, ["repository_id", "sha"])
+    return session.scalars(
+        select(Commit).where(Commit.repository_id == repository.id, Commit.sha == info.sha)).one()
+
+
+def get_commits(session: Session, repository: Repository, infos: Iterable[CommitInfo]) -> dict[str, Commit]:
+    """``{sha: row}`` of several commits, created in sha order (see :func:`get_commit`)."""
+    unique = {info.sha: info for info in infos}
+    return {sha: get_commit(session, repository, unique[sha]) for sha in sorted(unique)}
+
+
+def get_device(session: Session, description: DeviceInfo) -> Device:
+    """The row of the device a runner described; its hardware description is refreshed."""
+    name, hardware = description.name, description.hardware_config
+    insert_ignoring_conflict(session, Device, {"name": name, "kind": description.kind,
+                                               "hardware_config": hardware}, ["name"])
+    row = session.scalars(select(Device).where(Device.name == name)).one()
+    if row.hardware_config != hardware:  # written only when it changed: no row lock otherwise
+        row.hardware_config = hardware
+        session.flush()
+    return row
+
+
+def workload_spec_hash(kind: str, spec: dict) -> str:
+    """The hash that, with the repository and the name, identifies a workload's series.
+
+    Fields that do not change what is timed (:data:`NOT_IDENTITY`) are left out, and so are
+    empty values (an empty ``env`` is the same as none), so a field that a newer abwatch adds
+    with an empty default does not start new series for every workload.
+    """
+    kept = {k: v for k, v in spec.items() if k not in NOT_IDENTITY and v not in (None, {}, [], "")}
+    return spec_hash({"kind": kind, **kept})
+
+
+def get_workload(session: Session, repository_id: int, name: str, kind: str, spec: dict) -> Workload:
+    """The row of workload ``name`` with this spec in this repository, created on first sight.
+
+    A changed spec is a new row (a new series); :func:`earlier_series` finds the one before.
+    """
+    digest = workload_spec_hash(kind, spec)
+    insert_ignoring_conflict(session, Workload, {
+        "repository_id": repository_id, "name": name, "spec_hash": digest, "kind": kind, "spec": spec},
+        ["repository_id", "name", "spec_hash"])
+    return session.scalars(select(Workload).where(
+        Workload.repository_id == repository_id, Workload.name == name, Workload.spec_hash == digest)).one()
+
+
+def earlier_series(session: Session, workload: Workload) -> Workload | None:
+    """The newest other series of the same name in the same repository (another spec), if any."""
+    return session.scalars(
+        select(Workload).where(Workload.repository_id == workload.repository_id, Workload.name == workload.name,
+                               Workload.id != workload.id)
+        .order_by(Workload.id.desc()).limit(1)).first()
+
+
+def get_success_build(session: Session, commit_id: int, builder_kind: str, config_hash: str, artifact) -> Build:
+    """The one row of a successful build's artifact: the first process that stored it made it,
+    every later run (this process or another, built here or found in the cache) shares it."""
+    insert_ignoring_conflict(session, Build, {
+        "commit_id": commit_id, "builder": builder_kind, "config_hash": config_hash,
+        "status": BuildStatus.SUCCESS, "artifact_key": artifact.key, "cached": artifact.cached,
+        "log": artifact.log, "duration_s": artifact.duration_s, "metrics": artifact.metrics or None,
+        "created_at": utcnow()}, ["artifact_key"], where=text("status = 'success'"))
+    return session.scalars(select(Build).where(Build.artifact_key == artifact.key,
+                                               Build.status == BuildStatus.SUCCESS)).one()
+
+
+def copy_rows(session: Session, table: str, columns: Sequence[str], rows: Iterable[Sequence]) -> int:
+    """Append many rows to ``table`` in the session's transaction, fast; return how many.
+
+    PostgreSQL gets one ``COPY ... FROM STDIN`` (CSV) on the session's own connection — an
+    order of magnitude faster than INSERTs for the raw samples; other databases get one
+    executemany. Values must be plain: strings, numbers, booleans, datetimes, None (JSON
+    columns as already-encoded text). ``table`` and ``columns`` are names from code, never input.
+    """
+    connection = session.connection()
+    if connection.dialect.name == "postgresql":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        count = 0
+        for row in rows:
+            writer.writerow([_NULL if value is None else value for value in row])
+            count += 1
+        if count:
+            buffer.seek(0)
+            raw = connection.connection.dbapi_connection
+            assert raw is not None  # a connection checked out of the pool has its DBAPI connection
+            cursor = raw.cursor()
+            try:
+                cursor.copy_expert(f"COPY {table} ({', '.join(columns)}) FROM STDIN "
+                                   f"WITH (FORMAT csv, NULL '{_NULL}')", buffer)
+            finally:
+                cursor.close()
+        return count
+    target = Base.metadata.tables[table]
+    batch = [dict(zip(columns, row, strict=True)) for row in rows]
+    if batch:
+        connection.execute(insert(target), batch)
+    return len(batch)
+
+
+_NULL = r"\N"
+SAMPLE_COLUMNS = ("invocation_id", "run_id", "workload_id", "side", "order_index", "runtime_ms", "warmup")
+
+
+def write_samples(session: Session, rows: Iterable[Sequence]) -> int:
+    """Store raw samples, each a tuple in :data:`SAMPLE_COLUMNS` order (side as its value)."""
+    return copy_rows(session, "samples", SAMPLE_COLUMNS, rows)

@@ -1,0 +1,238 @@
+"""Bisection: name the commit that caused a confirmed regression.
+
+The range is the first-parent commits after the regressions' control (good) up to their
+treatment (bad). Each step A/B-tests the commit nearest the middle against the good end
+through :func:`~service.driver.run_compare` (run type ``regress``, so no new regressions
+are opened); when that comparison cannot decide, the same commit is compared with the bad
+end (both builds are cached by then, so it costs no build). A commit that does not build, or
+whose benchmark hangs or crashes, is skipped (``git bisect skip``) and the next one nearest
+the middle is tried; a hung commit is never named culprit for hanging.
+
+Several workloads confirmed by one verify run are bisected together while they agree; when
+a step finds some of them slower and others not, they have different culprits, and each
+part goes on in its own half of the range. One culprit costs at most ceil(log2 N) + 1 builds
+(plus one per broken commit); each further culprit in the range only the builds its own
+half still needs. Every step is a :class:`~service.models.BisectionStep` of each regression
+it judged; the culprit and the group (regressions with the same culprit on one device) are
+stored on each regression.
+
+What "slower" means is the regression's kind: each step is judged by the verdict :data:`JUDGES`
+names for it — the run-time verdict for ``speed``, the compile-time verdict (the comparison's
+``compile`` details, :func:`service.compile_time.judged`) for ``compile-time``. The engine is
+the same; only the verdict it reads differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from abwatch.builders.repo import RepoMirror
+from abwatch.service import stats
+from abwatch.service.compare import compile_time, driver, outcome
+from abwatch.service.notify import alerts
+from abwatch.service.config import Config
+from abwatch.service.stats.verdict import RegressionKind
+from abwatch.service.store.models import BisectionStep, Regression, RunType, StepSide, StepVerdict
+from abwatch.service.store.rows import get_commit, get_repository
+
+BAD, GOOD, SKIP = StepSide.BAD.value, StepSide.GOOD.value, StepSide.SKIP.value
+
+# A step's verdict of one workload, and why it could not be judged (None when it could).
+Judge = Callable[[outcome.WorkloadResult], tuple[stats.Verdict, str | None]]
+
+
+def run_time(result: outcome.WorkloadResult) -> tuple[stats.Verdict, str | None]:
+    """The run-time verdict (``speed`` regressions)."""
+    return result.verdict, result.failure
+
+
+# The regression kinds bisection knows how to judge; a correctness regression is not bisected.
+JUDGES: dict[RegressionKind, Judge] = {
+    RegressionKind.SPEED: run_time,
+    RegressionKind.COMPILE_TIME: compile_time.judged,
+}
+
+
+def max_builds(n: int) -> int:
+    """The builds a range of ``n`` commits may take without broken commits: ceil(log2 n) + 1."""
+    return max(1, (n - 1).bit_length()) + 1 if n > 1 else 1
+
+
+@dataclass
+class _Part:
+    """Workloads still searched together, and their range: ``commits[lo]`` good, ``commits[hi]`` bad."""
+
+    names: set[str]
+    lo: int
+    hi: int
+    skipped: set[int] = field(default_factory=set)
+
+    def candidates(self) -> list[int]:
+        return [i for i in range(self.lo + 1, self.hi) if i not in self.skipped]
+
+
+def _sides(outcome: outcome.CompareOutcome, names: set[str], good_is_control: bool,
+           judge: Judge = run_time) -> dict[str, tuple]:
+    """Per workload: good, bad or None (undecided), with its verdict (as ``judge`` reads it) and change."""
+    found: dict[str, tuple] = {}
+    for r in outcome.results:
+        if r.workload not in names:
+            continue
+        v, failure = judge(r)
+        if failure:  # hung or crashed at the tried commit: it cannot be judged, like a broken build
+            found[r.workload] = (SKIP, "failed", None)
+            continue
+        slower = v.verdict == stats.Outcome.REGRESSION
+        undecided = v.verdict == stats.Outcome.UNKNOWN
+        if good_is_control:  # the tried commit is the treatment against the good end
+            side = BAD if slower else (None if undecided else GOOD)
+        else:  # against the bad end (the tried commit is the control): the bad end slower means good
+            side = GOOD if slower else (None if undecided else BAD)
+        found[r.workload] = (side, v.verdict.value, v.change_pct)
+    return found
+
+
+def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressions: list[Regression],
+                 parent_run_id: int, progress: driver.Progress | None = None,
+                 judge: Judge | None = None, good: str | None = None) -> dict[str, str]:
+    """Bisect the range of ``regressions`` (one verify run's confirmed ones, all of one kind).
+
+    Each step is judged by ``judge`` (default: :data:`JUDGES` of the regressions' kind) against
+    the good end ``good`` (default: the regressions' control; the watch gives a later one for a
+    slowdown beyond an earlier regression against a pinned base).
+    Returns ``{workload: culprit sha}`` for the workloads whose culprit was found.
+    """
+    progress = progress or driver.NullProgress()
+    first = regressions[0]
+    if judge is None:
+        if {r.kind for r in regressions} != {first.kind} or first.kind not in JUDGES:
+            raise ValueError(f"cannot bisect regressions of kinds {sorted({r.kind for r in regressions})} together")
+        judge = JUDGES[first.kind]
+    good, bad = good or first.control_commit.sha, first.treatment_commit.sha
+    commits = mirror.first_parents(good, bad)
+    if not commits or commits[-1] != bad:  # not on one first-parent line (e.g. a fixed: control)
+        commits = [bad]
+    by_name = {r.workload.name: r for r in regressions}
+    stored = session.get_one(driver.Run, parent_run_id).config
+    base_config = Config.model_validate(stored)
+    repository = get_repository(session, config.repository.url)
+    limit = config.watch.max_builds_per_range
+    positions = {r.id: session.scalar(select(func.count()).select_from(BisectionStep)
+                                      .where(BisectionStep.regression_id == r.id)) or 0 for r in regressions}
+    progress.message(f"bisecting {len(commits)} commit(s) {good[:12]}..{bad[:12]} for {sorted(by_name)}")
+    todo, culprits, builds = [_Part(set(by_name), -1, len(commits) - 1)], {}, 0
+
+    def compare(names: set[str], control: str, treatment: str) -> outcome.CompareOutcome:
+        run_config = base_config.model_copy(update={
+            "workloads": [w for w in base_config.workloads if w.name in names],
+            "run": base_config.run.model_copy(update={"seed": None})})
+        return driver.run_compare(session, run_config, control, treatment, run_type=RunType.REGRESS,
+                                  parent_run_id=parent_run_id, progress=progress)
+
+    while todo:
+        part = todo.pop()
+        candidates = part.candidates()
+        if not candidates or builds >= limit:
+            # hi - lo == 1, or only broken commits between: hi is the first commit known bad
+            if part.hi - part.lo == 1 or not candidates:
+                culprits.update({name: commits[part.hi] for name in part.names})
+            continue
+        middle = (part.lo + part.hi) / 2
+        mid = min(candidates, key=lambda i: (abs(i - middle), i))
+        sha = commits[mid]
+        commit = get_commit(session, repository, mirror.resolve(sha))
+        found = _stored_steps(session, [by_name[name] for name in part.names], commit.id)
+        if found is not None:  # stepped before this process was killed: the verdict is kept
+            progress.message(f"  {sha[:12]}: judged already (stored steps); not compared again")
+        else:
+            found, deciding, step_run = _judge(part.names, sha, good, bad, compare, judge)
+            builds += sum(1 for b in step_run.builds if not b.cached)
+            for name in sorted(part.names):
+                side, value, change = found[name]
+                regression = by_name[name]
+                session.add(BisectionStep(regression_id=regression.id, position=positions[regression.id],
+                                          commit_id=commit.id, run_id=deciding[name],
+                                          verdict=StepVerdict(value), side=StepSide(side), change_pct=change))
+                positions[regression.id] += 1
+            session.commit()
+        bad_names = {n for n in part.names if found[n][0] == BAD}
+        good_names = {n for n in part.names if found[n][0] == GOOD}
+        skip_names = {n for n in part.names if found[n][0] == SKIP}
+        broken = all(found[n][1] == "build_failed" for n in part.names)
+        progress.message(f"  {sha[:12]}: " + ("skip (does not build)" if broken else
+                                              f"bad for {sorted(bad_names)}, good for {sorted(good_names)}"
+                                              + (f", cannot run {sorted(skip_names)}" if skip_names else "")))
+        if skip_names:  # the same range without this commit
+            todo.append(_Part(skip_names, part.lo, part.hi, part.skipped | {mid}))
+        if good_names:
+            todo.append(_Part(good_names, mid, part.hi, set(part.skipped)))
+        if bad_names:
+            todo.append(_Part(bad_names, part.lo, mid, set(part.skipped)))
+    for sha in sorted(set(culprits.values())):
+        named = [by_name[n] for n, c in culprits.items() if c == sha]
+        name_culprit(session, named, mirror, sha)
+        # recorded with the culprit (the outbox); the loop that runs the job sends it after
+        alerts.enqueue(session, [r.id for r in named], "culprit", config.alerts)
+    session.commit()
+    return culprits
+
+
+def _judge(names: set[str], sha: str, good: str, bad: str,
+           compare: Callable[[set[str], str, str], outcome.CompareOutcome],
+           judge: Judge) -> tuple[dict[str, tuple], dict[str, int], outcome.CompareOutcome]:
+    """One step: ``sha`` against the good end; the workloads it cannot tell apart against the
+    bad end (no build: both are cached by then). Returns {workload: (side, verdict, change)},
+    {workload: the run that decided it}, and the comparison against the good end."""
+    result = compare(names, good, sha)
+    deciding = dict.fromkeys(names, result.run_id)
+    if result.status == "build_failed":
+        return {name: (SKIP, "build_failed", None) for name in names}, deciding, result
+    found = _sides(result, names, good_is_control=True, judge=judge)
+    found.update({name: (None, "unknown", None) for name in names - set(found)})
+    undecided = {name for name in names if found[name][0] is None}
+    if undecided:
+        against_bad = compare(undecided, sha, bad)
+        again = _sides(against_bad, undecided, good_is_control=False, judge=judge)
+        for name in undecided:
+            side, value, change = again.get(name, (None, "unknown", None))
+            # neither end tells them apart: keep the earlier commit as the suspect
+            found[name] = (side or BAD, value, change)
+            deciding[name] = against_bad.run_id
+    return found, deciding, result
+
+
+def _stored_steps(session: Session, regressions: list[Regression],
+                  commit_id: int) -> dict[str, tuple] | None:
+    """The sides stored for ``commit_id`` by an earlier bisection of ``regressions`` (one that
+    was killed, say), as :func:`_sides` gives them; None unless every one of them has a step.
+
+    A step is committed as soon as it is judged, so a bisection taken up again goes on from
+    the stored steps instead of comparing (and storing) the same commit twice.
+    """
+    found = {}
+    for regression in regressions:
+        step = session.scalars(select(BisectionStep).where(
+            BisectionStep.regression_id == regression.id, BisectionStep.commit_id == commit_id)
+            .order_by(BisectionStep.position.desc())).first()
+        if step is None:
+            return None
+        found[regression.workload.name] = (step.side.value, step.verdict.value, step.change_pct)
+    return found
+
+
+def name_culprit(session: Session, regressions: list[Regression], mirror: RepoMirror, sha: str) -> None:
+    """Store ``sha`` as the culprit of ``regressions`` and group them with others of the same culprit."""
+    repository = get_repository(session, regressions[0].control_commit.repository.url)
+    commit = get_commit(session, repository, mirror.resolve(sha))
+    for regression in regressions:
+        regression.culprit_commit = commit
+    session.flush()
+    for device_id in {r.device_id for r in regressions}:
+        same = (Regression.culprit_commit_id == commit.id, Regression.device_id == device_id)
+        group = session.scalar(select(func.min(Regression.id)).where(*same))
+        session.execute(update(Regression).where(*same).values(group_id=group))
+    session.flush()

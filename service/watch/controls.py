@@ -1,0 +1,223 @@
+"""The watch's control rules (``[watch] control``): which commit a new commit is compared with,
+and what follows from that choice.
+
+Each rule is a :class:`ControlRule` registered by name in :data:`CONTROL_RULES`; the config
+names one as ``name`` or ``name:argument`` (``fixed:v0.18.0``). A plain rule only picks the
+control. A pinned base (:class:`PinnedBase`) compares every commit with one commit, so it also
+changes three things the watch does with a verdict: a slowdown an open regression of an earlier
+commit already explains is that regression seen again (:meth:`ControlRule.attach`), a regression
+is fixed when a commit is back at the base's level (:meth:`ControlRule.fixes`), and a slowdown
+beyond a confirmed one is bisected from where the first one was seen (:meth:`ControlRule.bisect_from`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from datetime import datetime, timedelta, UTC
+from typing import ClassVar
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from abwatch.builders.repo import RepoError, RepoMirror
+from abwatch.builders.spec import CommitInfo
+from abwatch.service.compare import lifecycle
+from abwatch.service.watch import bisect
+from abwatch.service.config import Config
+from abwatch.service.store.models import Comparison, Regression, Run
+from abwatch.service.compare.driver import Attach
+from abwatch.service.compare.outcome import WorkloadResult
+from abwatch.service.stats.verdict import RegressionKind, RegressionState
+
+
+
+def week_start(moment: datetime) -> datetime:
+    """Monday 00:00 UTC of ``moment``'s week (a naive ``moment``, as SQLite returns it, is UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    day = moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return day - timedelta(days=day.weekday())
+
+
+class ControlRule(abc.ABC):
+    """A way to pick a commit's control. ``pick`` is the rule; the other methods say what a
+    verdict against that control means, and default to what a moving control means."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: Config, argument: str = "") -> None:
+        self.config, self.argument = config, argument
+
+    def check(self, mirror: RepoMirror) -> None:
+        """Fail a pass at once, naming the config, if the rule cannot work (nothing by default)."""
+        return
+
+    @abc.abstractmethod
+    def pick(self, mirror: RepoMirror, info: CommitInfo, tested: Iterable[str]) -> str | None:
+        """The control of ``info``; None: ``info`` is a baseline. ``tested`` is this watch's
+        commits that built and ran, newest first."""
+
+    def attach(self, mirror: RepoMirror) -> Attach | None:
+        """How a run's slowdown finds an open regression it is the same as (None: never)."""
+        return None
+
+    def fixes(self, session: Session, run: Run, result: WorkloadResult, kind: RegressionKind) -> list[int]:
+        """Mark ``regress`` regressions of ``kind`` fixed that this run's verdict (the one ``kind``
+        is judged by) undoes: an improvement that brings the workload back within the threshold
+        of where it was before the regression. The ids fixed."""
+        v, not_judged = bisect.JUDGES[kind](result)
+        if not_judged or v.verdict.value != "improvement" or v.change_pct is None:
+            return []
+        fixed = []
+        for regression in _regressed(session, run, result, kind):
+            net = (1 + regression.change_pct / 100) * (1 + v.change_pct / 100)
+            if net <= 1 + self.config.stats.threshold_pct / 100:
+                lifecycle.transition(session, regression, RegressionState.FIXED, run,
+                                     f"run {run.id}: {v.change_pct:+.2f}% undoes {regression.change_pct:+.2f}%")
+                fixed.append(regression.id)
+        return fixed
+
+    def bisect_from(self, session: Session, mirror: RepoMirror, regression: Regression) -> str | None:
+        """Where the bisection of ``regression`` starts; None: its control."""
+        return None
+
+
+class Previous(ControlRule):
+    """The last commit of the branch this watch tested that built and ran."""
+
+    name = "previous"
+
+    def pick(self, mirror: RepoMirror, info: CommitInfo, tested: Iterable[str]) -> str | None:
+        # only ancestors: after a force-push the commits of the old line are never picked
+        return next((sha for sha in tested if sha != info.sha and mirror.is_ancestor(sha, info.sha)), None)
+
+
+class Parent(ControlRule):
+    """The commit's first parent."""
+
+    name = "parent"
+
+    def pick(self, mirror: RepoMirror, info: CommitInfo, tested: Iterable[str]) -> str | None:
+        parents = mirror.repo.commit(info.sha).parents
+        return parents[0].hexsha if parents else None
+
+
+class WeekStart(ControlRule):
+    """The first tested commit of the commit's UTC week (Monday 00:00 UTC on); a week's first
+    commit is compared with the previous one, which then opens the week."""
+
+    name = "week-start"
+
+    def pick(self, mirror: RepoMirror, info: CommitInfo, tested: Iterable[str]) -> str | None:
+        # commit times from git, not the database: SQLite keeps a time's wall clock without its offset
+        monday = week_start(mirror.repo.commit(info.sha).committed_datetime)
+        newest, earliest_this_week = None, None
+        for sha in tested:  # newest first
+            in_week = week_start(mirror.repo.commit(sha).committed_datetime) == monday
+            if sha == info.sha or (newest is not None and not in_week):
+                continue  # (asks git only about commits that could still be picked)
+            if not mirror.is_ancestor(sha, info.sha):
+                continue
+            newest = newest or sha
+            if in_week:
+                earliest_this_week = sha
+        return earliest_this_week or newest
+
+
+class PinnedBase(ControlRule):
+    """``fixed:<ref>``: every commit against one base (a release, say)."""
+
+    name = "fixed"
+
+    def check(self, mirror: RepoMirror) -> None:
+        try:
+            mirror.resolve(self.argument)
+        except RepoError:
+            raise RepoError(f"{self.config.at('watch.control')}: {self.argument!r} (of "
+                            f"{self.config.watch.control!r}) names no commit in {mirror.display_url}") from None
+
+    def pick(self, mirror: RepoMirror, info: CommitInfo, tested: Iterable[str]) -> str | None:
+        control = mirror.resolve(self.argument).sha
+        return None if control == info.sha else control  # the pinned base itself: its baseline
+
+    def attach(self, mirror: RepoMirror) -> Attach | None:
+        """A regression at C shows again at C+1, C+2, ...: those are the open (confirmed)
+        regression of C seen again, not new ones. Found by: same workload, device, kind and
+        base, its bad commit an ancestor of this one, and this run's evidence not beyond its
+        change by more than the threshold (the lower end of this run's confidence interval: a
+        slowdown significantly further than the open one's is a new regression)."""
+        threshold = self.config.stats.threshold_pct
+
+        def attach(session: Session, run: Run, comparison: Comparison, kind: RegressionKind,
+                   least_pct: float) -> Regression | None:
+            for regression in session.scalars(
+                    select(Regression).where(
+                        Regression.workload_id == comparison.workload_id, Regression.device_id == run.device_id,
+                        Regression.kind == kind, Regression.control_commit_id == run.control_commit_id,
+                        Regression.treatment_commit_id != run.treatment_commit_id,
+                        Regression.state == RegressionState.REGRESS).order_by(Regression.id)):
+                further = (1 + least_pct / 100) / (1 + regression.change_pct / 100)
+                if further <= 1 + threshold / 100 and mirror.is_ancestor(regression.treatment_commit.sha,
+                                                                          run.treatment_commit.sha):
+                    return regression
+            return None
+
+        return attach
+
+    def fixes(self, session: Session, run: Run, result: WorkloadResult, kind: RegressionKind) -> list[int]:
+        """The run measures the level itself: fixed when its change against the base is back
+        within the threshold and its confidence interval lies wholly below the regression's
+        change (so it is not the regression measured low by chance)."""
+        v, not_judged = bisect.JUDGES[kind](result)
+        if (not_judged or v.verdict.value == "regression" or v.change_pct is None or v.ci_pct is None
+                or v.change_pct > self.config.stats.threshold_pct):
+            return []
+        fixed = []
+        for regression in _regressed(session, run, result, kind):
+            if regression.control_commit_id == run.control_commit_id and v.ci_pct[1] < regression.change_pct:
+                lifecycle.transition(session, regression, RegressionState.FIXED, run,
+                                     f"run {run.id}: back to the base ({v.change_pct:+.2f}%, CI "
+                                     f"{v.ci_pct[0]:+.2f}..{v.ci_pct[1]:+.2f}%; it was {regression.change_pct:+.2f}%)")
+                fixed.append(regression.id)
+        return fixed
+
+    def bisect_from(self, session: Session, mirror: RepoMirror, regression: Regression) -> str | None:
+        """A regression opened although an earlier one against the same base is confirmed is a
+        further slowdown: every commit since the earlier culprit is slower than the base, so
+        bisecting from the base would name that culprit again. Its good end is the newest commit
+        known to be at the earlier regression's level (its bad commit, or a later commit that saw
+        it again)."""
+        bad = regression.treatment_commit.sha
+        newest: str | None = None
+        for earlier in session.scalars(select(Regression).where(
+                Regression.id != regression.id, Regression.workload_id == regression.workload_id,
+                Regression.device_id == regression.device_id, Regression.kind == regression.kind,
+                Regression.control_commit_id == regression.control_commit_id,
+                Regression.state == RegressionState.REGRESS)):
+            seen = [earlier.treatment_commit.sha] + [
+                session.get_one(Run, e.run_id).treatment_commit.sha for e in earlier.events
+                if e.from_state == e.to_state == RegressionState.REGRESS and e.run_id is not None]
+            for sha in seen:
+                if sha != bad and mirror.is_ancestor(sha, bad) and (newest is None or mirror.is_ancestor(newest, sha)):
+                    newest = sha
+        return newest
+
+
+# The rules a config may name (config.WatchConfig.control), by name.
+CONTROL_RULES: dict[str, type[ControlRule]] = {rule.name: rule for rule in (Previous, Parent, WeekStart, PinnedBase)}
+
+
+def control_rule(config: Config) -> ControlRule:
+    """The rule ``[watch] control`` names (``name`` or ``name:argument``)."""
+    name, _, argument = config.watch.control.partition(":")
+    return CONTROL_RULES[name](config, argument)
+
+
+def _regressed(session: Session, run: Run, result: WorkloadResult, kind: RegressionKind) -> list[Regression]:
+    """``regress`` regressions of ``kind`` on the run's device and this result's workload series
+    (another repository's or another spec's workload of this name is not undone)."""
+    workload_id = session.get_one(Comparison, result.comparison_id).workload_id
+    return list(session.scalars(select(Regression).where(
+        Regression.state == RegressionState.REGRESS, Regression.kind == kind,
+        Regression.device_id == run.device_id, Regression.workload_id == workload_id)))

@@ -1,0 +1,218 @@
+"""``abwatch watch`` and ``abwatch worker``: the loops around :mod:`service.watch` and :mod:`service.queue`.
+
+The long-running watch fires passes (poll, queue, then work the queued jobs of the watch's
+devices) on an APScheduler trigger: a ``CronTrigger`` for ``[watch] schedule`` (nightly mode;
+5 crontab fields, or 6 with seconds first: :func:`service.config.cron_trigger`)
+or an ``IntervalTrigger`` of ``interval_s``, both in ``[watch] timezone``. The triggers are
+rebuilt from the config at start; nothing of APScheduler's is stored in the database.
+
+The loop that waits for the trigger's next fire time is ours, not a ``BlockingScheduler``:
+the scheduler runs its jobs in an executor thread, where SIGTERM cannot reach a running
+benchmark, so ``docker stop`` would wait for a TVM build to end (or kill it without a trace).
+Here the pass runs in the main thread. SIGTERM/SIGINT while idle stop the loop (exit 0);
+during a job they interrupt it like Ctrl-C does a ``compare``: the run is marked
+``interrupted``, the job goes back to the queue for the next worker, exit 130. Ticks missed
+while a pass ran are coalesced into one.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from apscheduler.triggers.interval import IntervalTrigger
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from abwatch.builders.redact import mask_url
+from abwatch.service.compare import liveness
+from abwatch.service.notify import alerts
+from abwatch.service.store import db
+from abwatch.service.watch import queue, poll as watch
+from abwatch.service.config import Config, cron_trigger
+from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_REGRESSION
+from abwatch.service.compare.driver import NullProgress, Progress
+
+WAKE_S = 60.0  # the idle loop looks at the clock at least this often (suspend, clock changes)
+RECONNECT_MAX_S = 60.0  # longest wait between a worker's tries to reach a restarted database
+
+
+class Stopper:
+    """SIGTERM/SIGINT handling of the long-running loops: stop when idle, interrupt a running job."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.workers: list[queue.Worker] = []  # a signal interrupts the job one of them runs
+
+    def install(self) -> None:
+        """Handle SIGTERM and SIGINT in this (the main) thread."""
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.event.set()
+        if any(w.current is not None for w in self.workers):
+            # the run is marked interrupted, the job queued again (queue.Worker._run)
+            raise liveness.Interrupted(signal.Signals(signum).name)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a signal asked the loop to end."""
+        return self.event.is_set()
+
+
+def pass_exit_code(confirmed: list[int], failed: list[str]) -> int:
+    """The exit status of a pass: 1 when a regression was confirmed (whatever else happened),
+    else 4 when a job failed (an error, not a verdict: the pass did not do all it had to), else 0.
+
+    A commit that does not build is a recorded outcome of a job that finished, not a failure.
+    """
+    if confirmed:
+        return EXIT_REGRESSION
+    return EXIT_INCOMPLETE if failed else EXIT_OK
+
+
+def once(engine: Engine, config: Config, *, work: bool = True, progress: Progress | None = None,
+         stopper: Stopper | None = None) -> int:
+    """One pass and the jobs it made (on this process's devices): :func:`pass_exit_code`.
+
+    Each failed job is reported by its id, device, commit and error. On PostgreSQL a job
+    that another worker holds (or a device it keeps busy) is left to it.
+    """
+    progress = progress or NullProgress()
+    stopper = stopper or Stopper()  # not installed: the CLI's SIGTERM handling stays in force
+    with Session(engine, expire_on_commit=False) as session:
+        report = watch.poll(session, config)
+    for device, sha in report.queued:
+        progress.message(f"queued {sha[:12]} for {device}")
+    if not work:
+        return EXIT_OK
+    confirmed: list[int] = []
+    failed: list[str] = []
+    for device in watch.device_names(config):
+        worker = queue.Worker(engine, device, watch.handlers(config, progress))
+        stopper.workers.append(worker)
+        try:
+            while not stopper.stopping:
+                job = worker.run_one()
+                if job is None:
+                    break
+                send_alerts(engine, config, progress, stopper)  # the job's, and any left from earlier
+                done = finished_job(engine, job.id)
+                if done is None or done.status == queue.JobStatus.FAILED:
+                    error = done.error if done is not None else "the job's row is gone"
+                    text = f"job {job.id} on {device} (commit {job.payload.get('sha', '?')[:12]}) FAILED: {error}"
+                    failed.append(text)
+                    progress.message(text)
+                    continue
+                result = done.result or {}
+                confirmed += result.get("confirmed", [])
+                progress.message(f"job {job.id} ({result.get('sha', '?')[:12]}): {result.get('status', '?')}")
+        finally:
+            stopper.workers.remove(worker)
+            worker.close()
+    send_alerts(engine, config, progress, stopper)  # alerts earlier rounds could not deliver
+    code = pass_exit_code(confirmed, failed)
+    if failed:  # said again at the end, where a reader of a long log looks
+        progress.message(f"{len(failed)} job(s) of this pass failed; exit {code}:\n  " + "\n  ".join(failed))
+    return code
+
+
+def send_alerts(engine: Engine, config: Config, progress: Progress, stopper: Stopper) -> None:
+    """A round of the alert outbox (:func:`service.alerts.deliver_pending`) between jobs, never
+    during a measurement: at most ``alerts.deadline_s``, cut short by SIGTERM (what was not
+    sent stays pending for the next round)."""
+    if not config.alerts.webhooks or stopper.stopping:
+        return
+    for sent in alerts.deliver_pending(engine, config.alerts, stop=stopper.event):
+        progress.message(f"alert to {sent.webhook}: " + ("delivered" if sent.ok else
+                                                        f"not delivered ({sent.error}); "
+                                                        + ("given up" if sent.final else "a later round retries")))
+
+
+def finished_job(engine: Engine, job_id: int) -> queue.Job | None:
+    """The stored row of a job the worker just ran (status, result, error)."""
+    with Session(engine, expire_on_commit=False) as session:
+        return session.get(queue.Job, job_id)
+
+
+def trigger(config: Config):
+    """The APScheduler trigger of a watch: cron for ``schedule``, else every ``interval_s``."""
+    if config.watch.schedule:
+        return cron_trigger(config.watch.schedule, config.watch.timezone)
+    return IntervalTrigger(seconds=config.watch.interval_s, timezone=config.watch.timezone)
+
+
+def forever(engine: Engine, config: Config, *, work: bool = True, progress: Progress | None = None) -> int:
+    """Run passes on the watch's trigger until SIGTERM/SIGINT.
+
+    In every-commit mode the first pass runs at once; in nightly mode at the first tick.
+    """
+    progress = progress or NullProgress()
+    stopper = Stopper()
+    stopper.install()
+    zone = ZoneInfo(config.watch.timezone)
+    fires = trigger(config)
+    now = datetime.now(zone)
+    due = fires.get_next_fire_time(None, now) if config.watch.schedule else now
+    progress.message(f"watching {config.repository.branch} of {mask_url(config.repository.url)}; "
+                     f"{'schedule ' + config.watch.schedule if config.watch.schedule else f'every {config.watch.interval_s:g} s'}"
+                     f" ({config.watch.timezone}); first pass {due.isoformat(timespec='seconds')}")
+    while not stopper.stopping and due is not None:
+        wait = (due - datetime.now(zone)).total_seconds()
+        if wait > 0:
+            stopper.event.wait(min(wait, WAKE_S))
+            continue
+        try:
+            once(engine, config, work=work, progress=progress, stopper=stopper)
+        except Exception as exc:  # a pass that fails (network, a bad ref) must not stop the watch
+            lost = db.lost_connection(exc)
+            progress.message(f"pass failed: the database connection was lost ({first_line(lost)}); the next pass "
+                             "reconnects" if lost is not None else f"pass failed: {type(exc).__name__}: {exc}")
+        now = datetime.now(zone)
+        while due is not None and due <= now:  # ticks missed during a long pass: one pass for all
+            due = fires.get_next_fire_time(due, now)
+    return EXIT_OK
+
+
+def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
+         progress: Progress | None = None) -> int:
+    """``abwatch worker``: take this device's jobs from the queue until SIGTERM/SIGINT."""
+    progress = progress or NullProgress()
+    stopper = Stopper()
+    stopper.install()
+    worker = queue.Worker(engine, device, watch.handlers(config, progress))
+    stopper.workers.append(worker)
+    progress.message(f"worker {worker.name} for device {device!r}")
+    wait = 0.0
+    try:
+        while not stopper.stopping:
+            try:
+                job = worker.run_one()
+                send_alerts(engine, config, progress, stopper)
+            except Exception as exc:
+                lost = db.lost_connection(exc)
+                if lost is None:
+                    raise
+                # a database restart: wait, reconnect and carry on (a job it ran is queued again)
+                wait = min(RECONNECT_MAX_S, wait * 2 or 1.0)
+                progress.message(f"database connection lost ({first_line(lost)}); reconnecting in {wait:g} s")
+                worker.reconnect()
+                stopper.event.wait(wait)
+                continue
+            if wait:
+                progress.message("database connection back; reconnected")
+                wait = 0.0
+            if job is None:
+                stopper.event.wait(poll_s)
+    finally:
+        worker.close()
+    return EXIT_OK
+
+
+def first_line(exc: BaseException) -> str:
+    """The driver's own message of a database error, its first line (no SQL, no parameters)."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

@@ -1,0 +1,306 @@
+"""The watch: poll a branch, queue its new commits, A/B-test each against its control, escalate.
+
+A *pass* (:func:`poll`) fetches the repository and queues one ``test`` job per new commit
+and device (every ``step``-th commit, or the head once per tick in nightly mode). A job
+(:func:`test_commit`) picks the control by the ``[watch] control`` rule at the time it runs,
+compares through :func:`~service.driver.run_compare` (the one way a comparison happens),
+verifies a suspected regression with :func:`~service.driver.run_verify`, bisects a confirmed
+one (:mod:`service.bisect`), and marks earlier regressions ``fixed`` when the commit brings
+the workload back. Progress lives in ``watch_progress`` and ``watched_commits``.
+
+Alerts of both events (``regress`` by ``run_verify``, ``fixed`` here) are recorded in the
+outbox with the state change (:func:`service.alerts.enqueue`) and sent by the loop that runs
+the job, after it (:mod:`service.daemon`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import git
+from sqlalchemy import select, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from abwatch.service.compare import driver, lifecycle, outcome
+from abwatch.service.notify import alerts
+from abwatch.service.watch import bisect, queue
+from abwatch.service.config import Config
+from abwatch.service.watch.controls import control_rule
+from abwatch.service.store.models import (
+    Commit, CommitStatus, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
+)
+from abwatch.service.stats.verdict import RegressionState
+from abwatch.builders.repo import RepoError, RepoMirror
+from abwatch.runners import make_runner
+from abwatch.builders.spec import CommitInfo, spec_hash, storable
+from abwatch.service.store.rows import get_commit, get_repository, insert_ignoring_conflict
+
+OK, BUILD_FAILED, FAILED, QUEUED, BASELINE, SKIPPED = (
+    CommitStatus.OK, CommitStatus.BUILD_FAILED, CommitStatus.FAILED, CommitStatus.QUEUED, CommitStatus.BASELINE,
+    CommitStatus.SKIPPED)
+GOOD = (OK, BASELINE)  # statuses a later commit may be compared with
+
+
+def device_names(config: Config) -> list[str]:
+    """The devices a watch queues jobs for: ``[watch] devices``, else the runner's own
+    (:meth:`~abwatch.runners.base.Runner.device_name`, the name its comparisons store)."""
+    if config.watch.devices:
+        return list(config.watch.devices)
+    return [make_runner(config).device_name()]
+
+
+def for_device(config: Config, device: str) -> Config:
+    """``config`` with its runner pinned to ``device`` (the name the runs are stored under)."""
+    return config.model_copy(update={"runner": config.runner.model_copy(update={"device": device})})
+
+
+def config_hash(config: Config) -> str:
+    """What makes two watches of one branch different: builds, workloads, runner, statistics."""
+    payload = config.model_dump(mode="json", include={"build", "workloads", "run", "stats", "runner"})
+    payload["runner"].pop("device", None)
+    payload["run"].pop("seed", None)
+    for workload in payload["workloads"]:  # limits on what is printed, not what is measured
+        for limit in ("max_output_mb", "max_samples"):
+            workload.pop(limit, None)
+    return spec_hash(payload)
+
+
+def mirror_of(config: Config) -> RepoMirror:
+    """The local mirror of the watched repository."""
+    return RepoMirror(config.repository.url, config.cache_dir)
+
+
+@dataclass
+class PassReport:
+    """What one pass queued and said."""
+
+    queued: list[tuple[str, str]] = field(default_factory=list)  # (device, sha)
+    messages: list[str] = field(default_factory=list)
+
+
+def _progress_row(session: Session, config: Config, device: str) -> WatchProgress:
+    repository = get_repository(session, config.repository.url)
+    key = dict(repository_id=repository.id, branch=config.repository.branch, device=device,
+               config_hash=config_hash(config))
+    # two watches of one branch (or a watch and its restart) may meet a new row at once
+    insert_ignoring_conflict(session, WatchProgress, {**key, "updated_at": utcnow()}, list(key))
+    return session.scalars(select(WatchProgress).filter_by(**key)).one()
+
+
+def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: str,
+                 report: PassReport, nightly: bool) -> list[str]:
+    """The commits this pass takes up for ``row``, oldest first."""
+    if row.last_seen_sha is None:
+        try:
+            start = mirror.resolve(config.watch.start).sha if config.watch.start else head
+        except RepoError as exc:
+            raise RepoError(f"{config.at('watch.start')}: {exc}") from None
+        if not mirror.is_ancestor(start, head):
+            raise RepoError(f"{config.at('watch.start')}: {config.watch.start!r} is not on branch "
+                            f"{config.repository.branch!r}")
+        later = [] if nightly else mirror.first_parents(start, head)[config.watch.step - 1::config.watch.step]
+        return [start] + later
+    if row.last_seen_sha == head:
+        return []
+    base = row.last_seen_sha
+    if not mirror.is_ancestor(base, head):
+        try:
+            merge_base = mirror.repo.git.merge_base(base, head)
+        except git.GitCommandError:
+            merge_base = None
+        text = (f"branch {config.repository.branch!r} was force-pushed: the last commit seen, {base[:12]}, is no longer "
+                f"on it; going on from {'the fork point ' + merge_base[:12] if merge_base else 'the new head'} "
+                f"(the commits tested since then are kept, no longer used as controls)")
+        print(f"abwatch watch: WARNING: {text}", file=sys.stderr)
+        row.message = f"{utcnow().isoformat(timespec='seconds')} {text}"
+        report.messages.append(text)
+        if merge_base is None:  # nothing in common (or the old head is gone): never replay all history
+            return [head]
+        base = merge_base
+    if nightly:
+        return [head]
+    new = mirror.first_parents(base, head)
+    return new[config.watch.step - 1::config.watch.step]
+
+
+def poll(session: Session, config: Config, *, nightly: bool | None = None) -> PassReport:
+    """Fetch the repository and queue a ``test`` job per new commit and device."""
+    nightly = config.watch.schedule is not None if nightly is None else nightly
+    report = PassReport()
+    mirror = mirror_of(config)
+    mirror.fetch()
+    try:
+        head = mirror.resolve(f"refs/heads/{config.repository.branch}")
+    except RepoError:
+        raise RepoError(f"{config.at('repo.branch')}: no branch {config.repository.branch!r} in {mirror.display_url}") \
+            from None
+    control_rule(config).check(mirror)  # a bad rule (a pinned base that is not there) fails the pass at once
+    repository = get_repository(session, config.repository.url)
+    for device in device_names(config):
+        row = _progress_row(session, config, device)
+        new = _new_commits(mirror, config, row, head.sha, report, nightly)
+        for sha in new:
+            _take_up(session, mirror, repository, row, device, sha, report)
+        if new:
+            row.last_seen_sha = new[-1] if not nightly else head.sha
+        row.updated_at = utcnow()
+        session.commit()
+    return report
+
+
+def _take_up(session: Session, mirror: RepoMirror, repository: Repository, row: WatchProgress,
+             device: str, sha: str, report: PassReport) -> None:
+    """Queue the ``test`` job of one new commit.
+
+    Text from git is made storable on the way in (:class:`CommitInfo`); a commit that still
+    cannot be read or stored is recorded ``skipped`` with the reason, and the pass goes on:
+    one odd commit must not stop the watch for the commits around it.
+    """
+    try:
+        with session.begin_nested():
+            commit = get_commit(session, repository, mirror.resolve(sha))
+    except (RepoError, ValueError, SQLAlchemyError) as exc:
+        reason = storable(f"commit {sha[:12]} skipped: {type(exc).__name__}: {exc}", 1000)
+        print(f"abwatch watch: WARNING: {reason}", file=sys.stderr)
+        report.messages.append(reason)
+        with session.begin_nested():  # the sha alone: what the watch needs to remember it
+            commit = get_commit(session, repository, CommitInfo(sha=sha, summary="", author="", committed_at=None))
+            insert_ignoring_conflict(session, WatchedCommit, {
+                "progress_id": row.id, "commit_id": commit.id, "status": SKIPPED, "reason": reason,
+                "tested_at": utcnow()}, ["progress_id", "commit_id"])
+        return
+    job = queue.enqueue(session, "test", device, {"progress_id": row.id, "sha": sha}, f"test:{row.id}:{sha}")
+    if job is not None:
+        session.add(WatchedCommit(progress_id=row.id, commit_id=commit.id, status=QUEUED))
+        report.queued.append((device, sha))
+
+
+def _tested(session: Session, row: WatchProgress) -> list[tuple[WatchedCommit, Commit]]:
+    """The commits of ``row`` that a later one may be compared with, newest first."""
+    return list(session.execute(
+        select(WatchedCommit, Commit).join(Commit, Commit.id == WatchedCommit.commit_id)
+        .where(WatchedCommit.progress_id == row.id, WatchedCommit.status.in_(GOOD))
+        .order_by(WatchedCommit.id.desc())).all())
+
+
+def pick_control(session: Session, config: Config, mirror: RepoMirror, row: WatchProgress,
+                 info: CommitInfo) -> str | None:
+    """The control sha the ``[watch] control`` rule (:mod:`service.controls`) picks for ``info``;
+    None: the commit is a baseline. The rule chooses among this watch's commits that built and
+    ran (``ok``/``baseline``), newest first."""
+    return control_rule(config).pick(mirror, info, (commit.sha for _, commit in _tested(session, row)))
+
+
+def _fixes(session: Session, config: Config, outcome: outcome.CompareOutcome) -> list[int]:
+    """Mark ``regress`` regressions fixed that this run undoes, each kind by the verdict it is
+    judged by (:data:`service.bisect.JUDGES`), as the control rule says (:meth:`ControlRule.fixes`)."""
+    run = session.get_one(Run, outcome.run_id)
+    rule = control_rule(config)
+    return [regression_id for result in outcome.results for kind in bisect.JUDGES
+            for regression_id in rule.fixes(session, run, result, kind)]
+
+
+def test_commit(session: Session, config: Config, job: Job, progress: driver.Progress | None = None) -> dict:
+    """The ``test`` job: compare one commit with its control and escalate what it finds.
+
+    A job taken up again after its worker died carries on where the stored rows say it
+    stopped: the comparison is redone only if its outcome was never committed (the run it
+    left is marked abandoned); a finished comparison goes straight on to verify and bisect.
+    """
+    progress = progress or driver.NullProgress()
+    row = session.get_one(WatchProgress, job.payload["progress_id"])
+    sha = job.payload["sha"]
+    config = for_device(config, job.device)
+    mirror = mirror_of(config)
+    info = mirror.resolve(sha)
+    commit = get_commit(session, get_repository(session, config.repository.url), info)
+    watched = session.scalars(select(WatchedCommit).filter_by(progress_id=row.id, commit_id=commit.id)).one()
+    result: dict = {"sha": sha, "confirmed": [], "fixed": []}
+    if watched.status == QUEUED:
+        try:
+            control = pick_control(session, config, mirror, row, info)
+            watched.control_sha, watched.tested_at = control, utcnow()
+            if control is None:  # the first commit of a watch: built so later ones can be compared with it
+                watched.status = _baseline(config, sha, progress)
+                if watched.status == BASELINE:
+                    row.last_tested_sha = sha
+                session.commit()
+                return {**result, "status": watched.status}
+            outcome = driver.run_compare(session, config, control, sha, progress=progress,
+                                         attach=control_rule(config).attach(mirror))
+            # the run, the commit's status and the fixes are committed together: a retry trusts them
+            watched.run_id = outcome.run_id
+            if outcome.status == RunStatus.BUILD_FAILED.value:
+                # recorded, never a regression; the next commit is compared with the last good one
+                watched.status = BUILD_FAILED
+            else:
+                hung = [r.workload for r in outcome.results if r.failure]
+                watched.status = FAILED if hung else OK
+                result["hung"] = hung
+                if not hung:
+                    row.last_tested_sha = sha
+                result["fixed"] = _fixes(session, config, outcome)
+                alerts.enqueue(session, result["fixed"], "fixed", config.alerts)  # sent after the job
+            session.commit()
+        except Exception:
+            # an error, not a verdict (the job is marked failed with it): the commit is not
+            # left `queued`, and the next one is compared with the last good commit
+            session.rollback()
+            session.execute(update(WatchedCommit).where(WatchedCommit.id == watched.id).values(status=FAILED))
+            session.commit()
+            raise
+    elif watched.run_id is not None:
+        progress.message(f"{sha[:12]}: compared already in run {watched.run_id}; carrying on from there")
+    result.update(control=watched.control_sha, run_id=watched.run_id, status=watched.status)
+    if watched.status in (OK, FAILED) and watched.run_id is not None:
+        result["confirmed"] = _escalate(session, config, mirror, watched.run_id, progress)
+    return result
+
+
+def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
+              progress: driver.Progress) -> list[int]:
+    """Verify the run's suspected regressions, bisect the confirmed ones; the ids confirmed.
+
+    Also bisects confirmed regressions of the run that have no culprit yet (a worker died
+    while bisecting): the cached builds make the second bisection cheap.
+    """
+    confirmed: list[int] = []
+    if config.watch.verify and lifecycle.pending_for_run(session, run_id):
+        _, checked = driver.run_verify(session, run_id, progress=progress)
+        confirmed = [r.id for r in checked if r.state == RegressionState.REGRESS]
+    if config.watch.bisect:
+        unbisected = list(session.scalars(
+            select(Regression).where(Regression.run_id == run_id, Regression.state == RegressionState.REGRESS,
+                                     Regression.kind.in_(list(bisect.JUDGES)), Regression.culprit_commit_id.is_(None))
+            .order_by(Regression.id)))
+        by_verify: dict[tuple[int, str, str | None], list[Regression]] = {}
+        for regression in unbisected:  # one bisection per verify run (its config and budget), kind and start
+            verify_run = max(e.run_id for e in regression.events  # the confirming run, not a later note
+                             if e.to_state == RegressionState.REGRESS and e.from_state != e.to_state
+                             and e.run_id is not None)
+            start = control_rule(config).bisect_from(session, mirror, regression)
+            by_verify.setdefault((verify_run, regression.kind, start), []).append(regression)
+        for (verify_run, _, start), regressions in by_verify.items():
+            bisect.find_culprit(session, config, mirror, regressions, verify_run, progress, good=start)
+    session.commit()
+    return confirmed
+
+
+def _baseline(config: Config, sha: str, progress: driver.Progress) -> CommitStatus:
+    """Build the watch's first commit; its status."""
+    from abwatch.builders import BuildFailed, make_builder
+
+    progress.message(f"baseline {sha[:12]}: building")
+    try:
+        make_builder(config).build(sha)
+    except BuildFailed as exc:
+        progress.message(f"baseline {sha[:12]}: build FAILED: {exc}")
+        return BUILD_FAILED
+    return BASELINE
+
+
+def handlers(config: Config, progress: driver.Progress | None = None) -> dict:
+    """The job kinds a worker of this config runs."""
+    return {"test": lambda session, job: test_commit(session, config, job, progress)}

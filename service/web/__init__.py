@@ -1,0 +1,2 @@
+"""The HTTP API (:mod:`.api`) and the dashboard pages (:mod:`.dashboard`, ``templates/``, ``static/``).
+"""
