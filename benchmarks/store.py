@@ -8,8 +8,8 @@ Fills a throw-away PostgreSQL database (created on the server of ``--admin-url``
 at the end unless ``--keep``) with the shape a nightly watch leaves: every night each device
 runs treatment = that night's commit against control = the previous one, 50 workloads,
 12 processes x 3 samples a side; step changes now and then, found as regressions that are
-verified. Samples go through :func:`service.store.write_samples` (COPY), the driver's own
-path; the other rows through :func:`service.store.copy_rows`. Then it times, on the full
+verified. Samples go through :func:`service.store.rows.write_samples` (COPY), the driver's own
+path; the other rows through :func:`service.store.rows.copy_rows`. Then it times, on the full
 database, the dashboard's queries (the functions the pages call) and every query of
 docs/sql.md (median of 5 runs after a warm-up), and prints their EXPLAIN plans.
 """

@@ -1,7 +1,7 @@
 """The watch's job queue under load: worker processes draining one PostgreSQL ``jobs`` table.
 
 Enqueues ``--jobs`` jobs spread over ``--devices`` devices, starts ``--workers`` processes
-(assigned to the devices in turn) that run them with ``service.queue.Worker`` and a handler
+(assigned to the devices in turn) that run them with ``service.watch.queue.Worker`` and a handler
 that only sleeps ``--job-ms`` (a stand-in for a benchmark), and prints: the wall time, jobs
 per second, the queue's own cost per job (claim, locks, reap, finish), and the checks that
 must hold whatever the load: every job done once, and never two jobs at once on one device.

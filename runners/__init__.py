@@ -5,6 +5,7 @@ from abwatch.runners.base import DeviceInfo, InvocationResult, Runner, RunnerUna
 from abwatch.runners.cpu import CpuRunner
 from abwatch.runners.gpu import GpuRunner
 from abwatch.runners.rpc import RpcRunner
+from abwatch.runners.workloads import WORKLOAD_KINDS, WorkloadKind
 
 RUNNERS: dict[str, type[Runner]] = {
     CpuRunner.kind: CpuRunner,
@@ -19,4 +20,4 @@ def make_runner(config: RunnerSettings) -> Runner:
 
 
 __all__ = ["CpuRunner", "DeviceInfo", "GpuRunner", "InvocationResult", "RpcRunner", "Runner", "RunnerUnavailable",
-           "RUNNERS", "TvmMetrics", "make_runner"]
+           "RUNNERS", "TvmMetrics", "WORKLOAD_KINDS", "WorkloadKind", "make_runner"]

@@ -6,9 +6,12 @@ import abc
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 from abwatch.builders.spec import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig, UsageError
+
+if TYPE_CHECKING:
+    from abwatch.runners.tvm_sessions import TvmSessions
 
 
 class OpFeatures(TypedDict):
@@ -54,7 +57,7 @@ class TvmMetrics(TypedDict, total=False):
 class InvocationResult:
     """One workload process: its status, its samples (ms) and what it said on failure."""
 
-    status: str  # "ok" | "timeout" | "error" (values of service.models.InvocationStatus)
+    status: str  # "ok" | "timeout" | "error" (values of service.store.models.InvocationStatus)
     samples: tuple[float, ...]
     wall_s: float
     message: str = ""
@@ -98,25 +101,28 @@ class Runner(abc.ABC):
         (this machine's host name for the local CPU)."""
         return self.config.device or socket.gethostname()
 
-    @abc.abstractmethod
+    # Every runner can run TVM workloads; its TVM sessions know its device and target.
+    tvm: TvmSessions
+
     def run(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
             timeout_s: float, side: str = "control") -> InvocationResult:
-        """Run one invocation of ``workload`` with the build in ``artifact_dir``.
+        """Run one invocation of ``workload`` with the build in ``artifact_dir``, as its kind
+        (:data:`~abwatch.runners.workloads.WORKLOAD_KINDS`) says.
 
-        For TVM workloads an invocation is one timing batch of a long-lived worker; ``side``
-        selects the workload's ``treatment_options`` for the treatment build.
+        For TVM workloads an invocation is one fresh worker's timing batch; ``side`` selects
+        the workload's ``treatment_options`` for the treatment build.
         """
+        from abwatch.runners.workloads import WORKLOAD_KINDS  # the kinds run on runners: imported late
 
-    def compile_time(self, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,
-                     side: str = "control") -> InvocationResult:
-        """One fresh process that only compiles the TVM ``workload`` with the build in
-        ``artifact_dir``; its one sample is the compile time in ms. Runners with TVM sessions
-        (``self.tvm``) have it; others cannot time compiles."""
-        sessions = getattr(self, "tvm", None)
-        if sessions is None or workload.kind != "tvm":
-            raise NotImplementedError(f"the {self.kind} runner cannot time compiles of {workload.name!r}")
-        options = workload.overrides(side)
-        return sessions.compile_time(artifact_dir, workload, timeout_s, side, options)
+        return WORKLOAD_KINDS[workload.kind].run(self, artifact_dir, workload, timeout_s, side)
+
+    def compile_time(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
+                     timeout_s: float, side: str = "control") -> InvocationResult:
+        """One fresh process that only compiles ``workload`` with the build in ``artifact_dir``;
+        its one sample is the compile time in ms (kinds without a compile step refuse)."""
+        from abwatch.runners.workloads import WORKLOAD_KINDS
+
+        return WORKLOAD_KINDS[workload.kind].compile_time(self, artifact_dir, workload, timeout_s, side)
 
     @abc.abstractmethod
     def teardown(self) -> None:

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from abwatch.builders.spec import RunnerConfig
-from abwatch.runners.base import DeviceInfo, InvocationResult, Runner, RunnerUnavailable
+from abwatch.runners.base import DeviceInfo, Runner, RunnerUnavailable
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 
@@ -59,10 +59,6 @@ class GpuRunner(Runner):
             software_config=software_config(),
             runtime_config={"num_threads": self.config.threads or os.cpu_count()},
         )
-
-    def run(self, artifact_dir, workload, timeout_s, side="control") -> InvocationResult:
-        options = workload.overrides(side)
-        return self.tvm.run(artifact_dir, workload, timeout_s, side, options)
 
     def teardown(self) -> None:
         """Remove the compiled libraries."""

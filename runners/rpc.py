@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 
 from abwatch.builders.spec import RunnerConfig
-from abwatch.runners.base import DeviceInfo, InvocationResult, Runner, RunnerUnavailable
+from abwatch.runners.base import DeviceInfo, Runner, RunnerUnavailable
 from abwatch.runners.sysinfo import software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 
@@ -49,10 +49,6 @@ class RpcRunner(Runner):
             software_config={"host": software_config()},
             runtime_config={"num_threads": self.config.threads},
         )
-
-    def run(self, artifact_dir, workload, timeout_s, side="control") -> InvocationResult:
-        options = workload.overrides(side)
-        return self.tvm.run(artifact_dir, workload, timeout_s, side, options)
 
     def teardown(self) -> None:
         """Remove the compiled libraries (the board's sessions end with each worker)."""

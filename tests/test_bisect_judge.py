@@ -1,5 +1,5 @@
 """The bisection engine judges each step with the verdict its regression's kind names
-(:data:`service.bisect.JUDGES`): run time for ``speed``, the comparison's ``compile`` details for
+(:data:`service.watch.bisect.JUDGES`): run time for ``speed``, the comparison's ``compile`` details for
 ``compile-time``. Here the engine runs on a real git history (the C benchmark, real builds and
 processes, SQLite) with a judge given to it; the compile-time judge itself is checked on the
 details a comparison stores. (The whole path with real TVM compiles takes minutes a comparison

@@ -1,4 +1,4 @@
-"""service.compile_time's pure parts: the stored ``compile`` object and its verdict, and the
+"""service.compare.compile_time's pure parts: the stored ``compile`` object and its verdict, and the
 Benjamini-Hochberg family of a run's compile verdicts (the measuring loop runs real TVM
 compiles in tests/test_tvm.py)."""
 

@@ -240,7 +240,7 @@ def test_a_pinned_base_is_a_baseline_when_it_is_the_commit_itself(tmp_path, engi
 
 
 def test_every_control_rule_the_config_accepts_is_registered():
-    """`[watch] control` names a rule of service.controls.CONTROL_RULES, and nothing else."""
+    """`[watch] control` names a rule of service.watch.controls.CONTROL_RULES, and nothing else."""
     import pydantic
 
     from abwatch.service.config import WatchConfig

@@ -20,7 +20,7 @@ CORE = ("workload", "engine", "hardware", "runtime_ms_mean", "runtime_ms_std", "
 
 
 def _key(row) -> str:
-    # the same canonical form as service.records.record_key, frozen here as of this revision
+    # the same canonical form as service.records.v01.record_key, frozen here as of this revision
     record = {name: getattr(row, name) for name in CORE}
     record.update(row.fields or {})
     return hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -4,7 +4,7 @@ Before this revision the watch and bisection stored `repo.url` as given (a passw
 included) while compare stored it masked, so one repository could have two rows
 (`http://user:s3cret@host/x` and `http://user:***@host/x`) and its history split between
 them. Every row is now stored under its masked URL (`abwatch.builders.redact.mask_url`, what
-`service.store.get_repository` stores from now on); rows with the same masked URL become one:
+`service.store.rows.get_repository` stores from now on); rows with the same masked URL become one:
 the oldest row already at the masked URL (else the oldest) keeps its id, the others' commits
 and watch progress move to it (a commit or progress row it has already is merged into its own,
 with every reference to the duplicate pointed at the survivor), and the duplicates go.

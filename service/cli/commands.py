@@ -1,5 +1,5 @@
 """What each ``abwatch`` command does: :func:`run` takes the parsed arguments of
-:mod:`service.cli`, dispatches, and turns every failure into a message and an exit code.
+:mod:`service.cli.main`, dispatches, and turns every failure into a message and an exit code.
 
 Kept apart from the parser so that ``abwatch --help`` and ``--version`` import none of this.
 """

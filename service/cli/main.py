@@ -2,7 +2,7 @@
 
 Exit status: :mod:`service.exits` (``abwatch --help`` lists them). Reports go to stdout;
 progress goes to stderr so ``--json`` stays clean. What each command does is
-:mod:`service.commands`, imported once the arguments are parsed.
+:mod:`service.cli.commands`, imported once the arguments are parsed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from abwatch.service.exits import MEANINGS
 from abwatch.service.stats.verdict import RegressionState, TriageStatus
 
-# Where the database is when --db does not say (service.db uses these; tests/test_cli_start.py
+# Where the database is when --db does not say (service.store.db uses these; tests/test_cli_start.py
 # checks they agree): named here so that building the parser imports no database code.
 ENV_DATABASE_URL = "ABWATCH_DATABASE_URL"
 DEFAULT_DATABASE_URL = "sqlite:///abwatch.db"
@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``abwatch`` console script (exit codes: README, "Operations").
 
     Parsing needs nothing but the standard library: ``--help``, ``--version`` and usage errors
-    answer before the database, statistics and web stacks are imported (:mod:`service.commands`).
+    answer before the database, statistics and web stacks are imported (:mod:`service.cli.commands`).
     """
     args = _parser().parse_args(argv)
     from abwatch.service.cli import commands

@@ -1,6 +1,6 @@
 """Rendering of what ``abwatch`` prints: reports, tables and the ``--json`` shapes.
 
-The command line (``service.cli``) parses and dispatches; everything a user reads comes from here,
+The command line (``service.cli.main``) parses and dispatches; everything a user reads comes from here,
 so a report looks the same whichever command prints it.
 """
 

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.runners.base import Runner
 from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
+from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
 from abwatch.service.compare import lifecycle
 from abwatch.service.stats.verdict import RegressionKind
@@ -48,7 +49,7 @@ def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, see
     """Fresh-process compiles of both sides, interleaved, until the stopping rule stops;
     None when compile time is not judged (not a TVM workload, or ``compile_repetitions`` 0)."""
     most = config.run.compile_repetitions
-    if workload.kind != "tvm" or most < 1:
+    if not WORKLOAD_KINDS[workload.kind].times_compiles or most < 1:
         return None
     budget = stats.Budget(max_seconds=config.run.max_seconds, max_pairs=most, batch=BATCH)
     samples: dict[str, list[float]] = {CONTROL: [], TREATMENT: []}
@@ -125,7 +126,7 @@ def verdict_of(workload_details: Mapping[str, Any] | None) -> stats.Verdict:
 def judged(result) -> tuple[stats.Verdict, str | None]:
     """A workload result's compile-time verdict, and why it was not judged (None when it was):
     what bisection reads of each step for a ``compile-time`` regression (``result`` is a
-    :class:`service.outcome.WorkloadResult`)."""
+    :class:`service.compare.outcome.WorkloadResult`)."""
     if result.failure:  # the run itself failed: nothing was compiled for timing
         return result.verdict, result.failure
     found = (result.details or {}).get("compile") or {}

@@ -2,7 +2,7 @@
 
 :func:`run_compare` is the one path a comparison takes (``compare``, verify, the watch and
 bisection all call it): it resolves the refs, stores the run, builds the pair
-(:func:`service.building.build_pair`) and measures it (:func:`measure_pair`). The builder
+(:func:`service.compare.building.build_pair`) and measures it (:func:`measure_pair`). The builder
 and runner are the config's unless the caller passes its own (a watch worker keeps one
 runner for many runs). :func:`run_verify` re-runs the pair of a benchmark run's suspected
 regressions and moves them to ``regress`` or ``cleared``.
@@ -324,7 +324,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     session.commit()
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
     return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,
-                          correctness_id, extra)
+                          correctness_id, extra, workload_id=row.id)
 
 
 def run_verify(session: Session, run_id: int, *, progress: Progress | None = None) -> tuple[CompareOutcome, list]:

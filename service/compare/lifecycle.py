@@ -1,6 +1,6 @@
 """The life of a regression: benchmark (suspected) -> verify -> regress (confirmed), or cleared.
 
-Every change of state is a :class:`~service.models.RegressionEvent` with its time, the
+Every change of state is a :class:`~service.store.models.RegressionEvent` with its time, the
 run that caused it and the reason; only the transitions in :data:`TRANSITIONS` exist.
 """
 

@@ -1,6 +1,6 @@
 """What a comparison returns to its caller, and the exit codes of every command: plain values.
 
-Kept apart from :mod:`service.driver` (which builds, measures and judges) so that what reports
+Kept apart from :mod:`service.compare.driver` (which builds, measures and judges) so that what reports
 a run — the CLI's tables and JSON, ``show`` from stored rows — does not import the building,
 measuring and statistics machinery.
 """
@@ -36,7 +36,8 @@ class AlreadyVerifying(NothingToVerify):
 
 @dataclass(frozen=True)
 class WorkloadResult:
-    """One workload's verdict in a run."""
+    """One workload's verdict in a run, with the rows it lives in (workload series, comparison,
+    the regressions it opened), so a caller never looks them up again by name."""
 
     workload: str
     verdict: Verdict
@@ -45,6 +46,7 @@ class WorkloadResult:
     failure: str | None
     correctness_regression_id: int | None = None
     details: TvmDetails | None = None  # TVM workloads that were compared
+    workload_id: int | None = None  # the series (workloads row)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ def result_json(result: WorkloadResult) -> dict:
     v = result.verdict
     return {
         "workload": result.workload,
+        "workload_id": result.workload_id,
+        "comparison_id": result.comparison_id,
         "verdict": v.verdict.value,
         "change_pct": v.change_pct,
         "ci_pct": list(v.ci_pct) if v.ci_pct else None,

@@ -1,6 +1,6 @@
 """Where long work (builds, measurements, watch jobs) reports what it is doing.
 
-The CLI draws it (``service.report``); the watch logs it; tests may ignore it.
+The CLI draws it (``service.cli.report``); the watch logs it; tests may ignore it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from abwatch.runners.base import DeviceInfo, WorkerReady
+from abwatch.runners.base import DeviceInfo
+from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service.compare.attribution import TvmDetails
 from abwatch.service.config import Config
 from abwatch.service.store.models import Build, Run
@@ -14,21 +15,11 @@ from abwatch.service.records.v01 import BenchmarkRecord
 
 def engine_name(config: Config) -> str:
     """``tvm`` for TVM builds or workloads; else the watched repository's name."""
-    if config.build.kind.startswith("tvm") or any(w.kind == "tvm" for w in config.workloads):
+    if config.build.kind.startswith("tvm") or any(WORKLOAD_KINDS[w.kind].times_compiles for w in config.workloads):
         return "tvm"
     if config.repo is None:  # only release builds go without a repository, and those are tvm
         return "unknown"
     return config.repo.url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "unknown"
-
-
-def _workload_fields(workload, worker: WorkerReady | None) -> tuple[dict, dict]:
-    """(workload_args, workload_metadata) of a command or TVM workload."""
-    if workload.kind == "command":
-        return {"command": workload.command}, {"kind": "command"}
-    args = {"model": workload.model, "dtype": workload.dtype, "options": workload.options,
-            "input_shapes": (worker or {}).get("input_shapes"), "number": workload.number,
-            "repeat": workload.samples}
-    return args, {"kind": "tvm", "md5": workload.md5}
 
 
 def run_record(config: Config, run: Run, build: Build, side: str, workload, samples: list[float],
@@ -42,12 +33,11 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
             if isinstance(value, dict):
                 extra.setdefault(key, {}).update(value)
     worker = tvm["workers"][side] if tvm else None
-    args, meta = _workload_fields(workload, worker)
+    args, meta, runtime_extra = WORKLOAD_KINDS[workload.kind].record_fields(workload, worker)
     metrics = {**extra.get("metrics", {}), "runtime_ms_median": statistics.median(samples), "n": len(samples)}
     runtime_config = {**extra.get("runtime_config", {}), **device_info.runtime_config}
     engine_config = {**extra.get("engine_config", {}), "builder": build.builder, "build_config_hash": build.config_hash}
-    if workload.kind == "command":
-        runtime_config["env"] = workload.env
+    runtime_config.update(runtime_extra)
     if tvm and worker is not None:
         metrics.update(compilation_ms=tvm["compile_ms"][side], max_abs_error=tvm["error"]["max_abs"],
                        max_rel_error=tvm["error"]["max_rel"],

@@ -1,6 +1,6 @@
 """Read-side queries shared by the REST API and the dashboard; every answer is plain JSON.
 
-The run report is ``abwatch show --json``'s object (``service.stored`` + ``service.report``),
+The run report is ``abwatch show --json``'s object (``service.read.stored`` + ``service.cli.report``),
 plus what only a page needs: the per-process medians of both sides and the run's regressions.
 """
 
@@ -79,7 +79,7 @@ def process_medians(session: Session, run_id: int) -> dict[str, dict[str, list[f
 
 
 def run_report(session: Session, run_id: int) -> dict[str, Any]:
-    """One run's full A/B report: the ``abwatch show --json`` object (``service.report``), plus
+    """One run's full A/B report: the ``abwatch show --json`` object (``service.cli.report``), plus
     the run's refs and times, each build's commit summary and duration, the per-process
     medians of both sides, and the run's regressions."""
     run = session.get(Run, run_id)

@@ -1,6 +1,6 @@
 """Runs and builds as the database keeps them: what ``show``, ``runs`` and ``builds`` read.
 
-:func:`load_outcome` rebuilds a run's :class:`~service.outcome.CompareOutcome` from its stored
+:func:`load_outcome` rebuilds a run's :class:`~service.compare.outcome.CompareOutcome` from its stored
 rows alone. ``compare`` and ``verify`` render their report from it too, so ``abwatch show RUN``
 prints, byte for byte, what the command that made the run printed.
 """
@@ -72,7 +72,7 @@ def load_outcome(session: Session, run_id: int) -> StoredRun:
     for c in comparisons:
         results.append(WorkloadResult(
             c.workload.name, _verdict(c), c.id, speed.get(c.workload_id), c.error,
-            correctness.get(c.workload_id), _tvm_details(c),
+            correctness.get(c.workload_id), _tvm_details(c), workload_id=c.workload_id,
         ))
     outcome = CompareOutcome(run.id, run.run_type.value, run.status.value, builds, results)
     return StoredRun(outcome, run.control_ref, run.treatment_ref, run.started_at, run.finished_at,

@@ -2,7 +2,7 @@
 
 A decision is ``acknowledged`` (real, being worked on), ``expected`` (a known trade-off),
 ``invalid`` (not a real change: noise, broken benchmark) or ``wontfix``. Each is a
-:class:`~service.models.TriageEvent` (who, when, why, an issue link) beside the state
+:class:`~service.store.models.TriageEvent` (who, when, why, an issue link) beside the state
 history; the regression's ``triage`` column holds the latest. ``expected`` and ``invalid``
 regressions stop alerting and are listed apart.
 """

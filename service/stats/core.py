@@ -15,7 +15,7 @@ without inflating the error rate; the p-value is the matching anytime-valid p-va
 Without groups (pooled samples, e.g. imported records) the effect is the shift of the 10th
 percentile of the log times, with order-statistic standard errors widened by the clustering
 that the samples' order reveals; under 40 samples a side, the Hodges-Lehmann shift with
-Moses's interval and Mann-Whitney's p-value (both in :mod:`service.pooled`).
+Moses's interval and Mann-Whitney's p-value (both in :mod:`service.stats.pooled`).
 
 :func:`~service.stats.sequential.sequential_look` is the one stopping rule: the driver and the ground-truth suite
 both call it after each batch to get the verdict, whether to stop, why, and how many pairs
@@ -52,7 +52,7 @@ DEFAULT_THRESHOLD_PCT = 1.0
 DEFAULT_ALPHA = 0.01
 DEFAULT_CONFIDENCE = 0.99
 # `same` is an equivalence claim, decided as two one-sided tests (Schuirmann's TOST) at
-# DEFAULT_EQUIVALENCE_ALPHA (service.verdict) each, i.e. by the 1 - 2 x 0.05 = 90 %
+# DEFAULT_EQUIVALENCE_ALPHA (service.stats.verdict) each, i.e. by the 1 - 2 x 0.05 = 90 %
 # confidence sequence lying inside ±threshold.
 DEFAULT_RESAMPLES = 2000
 MIN_SAMPLES = 5

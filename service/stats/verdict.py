@@ -2,7 +2,7 @@
 a person's triage decision.
 
 Kept apart from :mod:`service.stats` (which computes verdicts with NumPy and SciPy) and from
-:mod:`service.models` (which stores them with SQLAlchemy), so that what only reads, prints or
+:mod:`service.store.models` (which stores them with SQLAlchemy), so that what only reads, prints or
 parses them — the reports, the command line's parser — imports neither stack.
 """
 

@@ -222,7 +222,7 @@ def session_scope(engine: Engine) -> Iterator[Session]:
 
 READONLY_PASSWORD_ENV = "ABWATCH_READONLY_PASSWORD"
 # Every way to take an advisory lock: a reader that could call them could take a device's
-# lock (service.locks) and hold every measurement on that device up.
+# lock (service.store.locks) and hold every measurement on that device up.
 ADVISORY_FUNCTIONS = tuple(f"{name}({args})" for name in (
     "pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock", "pg_try_advisory_lock_shared",
     "pg_advisory_xact_lock", "pg_advisory_xact_lock_shared", "pg_try_advisory_xact_lock",

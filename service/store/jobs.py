@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class DeliveryStatus(str, enum.Enum):
-    """Where one alert delivery is (the outbox, :mod:`service.alerts`)."""
+    """Where one alert delivery is (the outbox, :mod:`service.notify.alerts`)."""
 
     PENDING = "pending"  # recorded; sent by the next delivery round whose time has come
     DELIVERED = "delivered"

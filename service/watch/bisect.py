@@ -2,7 +2,7 @@
 
 The range is the first-parent commits after the regressions' control (good) up to their
 treatment (bad). Each step A/B-tests the commit nearest the middle against the good end
-through :func:`~service.driver.run_compare` (run type ``regress``, so no new regressions
+through :func:`~service.compare.driver.run_compare` (run type ``regress``, so no new regressions
 are opened); when that comparison cannot decide, the same commit is compared with the bad
 end (both builds are cached by then, so it costs no build). A commit that does not build, or
 whose benchmark hangs or crashes, is skipped (``git bisect skip``) and the next one nearest
@@ -12,13 +12,13 @@ Several workloads confirmed by one verify run are bisected together while they a
 a step finds some of them slower and others not, they have different culprits, and each
 part goes on in its own half of the range. One culprit costs at most ceil(log2 N) + 1 builds
 (plus one per broken commit); each further culprit in the range only the builds its own
-half still needs. Every step is a :class:`~service.models.BisectionStep` of each regression
+half still needs. Every step is a :class:`~service.store.models.BisectionStep` of each regression
 it judged; the culprit and the group (regressions with the same culprit on one device) are
 stored on each regression.
 
 What "slower" means is the regression's kind: each step is judged by the verdict :data:`JUDGES`
 names for it — the run-time verdict for ``speed``, the compile-time verdict (the comparison's
-``compile`` details, :func:`service.compile_time.judged`) for ``compile-time``. The engine is
+``compile`` details, :func:`service.compare.compile_time.judged`) for ``compile-time``. The engine is
 the same; only the verdict it reads differs.
 """
 

@@ -1,4 +1,4 @@
-"""``abwatch watch`` and ``abwatch worker``: the loops around :mod:`service.watch` and :mod:`service.queue`.
+"""``abwatch watch`` and ``abwatch worker``: the loops around :mod:`service.watch.poll` and :mod:`service.watch.queue`.
 
 The long-running watch fires passes (poll, queue, then work the queued jobs of the watch's
 devices) on an APScheduler trigger: a ``CronTrigger`` for ``[watch] schedule`` (nightly mode;
@@ -121,7 +121,7 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
 
 
 def send_alerts(engine: Engine, config: Config, progress: Progress, stopper: Stopper) -> None:
-    """A round of the alert outbox (:func:`service.alerts.deliver_pending`) between jobs, never
+    """A round of the alert outbox (:func:`service.notify.alerts.deliver_pending`) between jobs, never
     during a measurement: at most ``alerts.deadline_s``, cut short by SIGTERM (what was not
     sent stays pending for the next round)."""
     if not config.alerts.webhooks or stopper.stopping:

@@ -3,14 +3,14 @@
 A *pass* (:func:`poll`) fetches the repository and queues one ``test`` job per new commit
 and device (every ``step``-th commit, or the head once per tick in nightly mode). A job
 (:func:`test_commit`) picks the control by the ``[watch] control`` rule at the time it runs,
-compares through :func:`~service.driver.run_compare` (the one way a comparison happens),
-verifies a suspected regression with :func:`~service.driver.run_verify`, bisects a confirmed
-one (:mod:`service.bisect`), and marks earlier regressions ``fixed`` when the commit brings
+compares through :func:`~service.compare.driver.run_compare` (the one way a comparison happens),
+verifies a suspected regression with :func:`~service.compare.driver.run_verify`, bisects a confirmed
+one (:mod:`service.watch.bisect`), and marks earlier regressions ``fixed`` when the commit brings
 the workload back. Progress lives in ``watch_progress`` and ``watched_commits``.
 
 Alerts of both events (``regress`` by ``run_verify``, ``fixed`` here) are recorded in the
-outbox with the state change (:func:`service.alerts.enqueue`) and sent by the loop that runs
-the job, after it (:mod:`service.daemon`).
+outbox with the state change (:func:`service.notify.alerts.enqueue`) and sent by the loop that runs
+the job, after it (:mod:`service.watch.daemon`).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def _tested(session: Session, row: WatchProgress) -> list[tuple[WatchedCommit, C
 
 def pick_control(session: Session, config: Config, mirror: RepoMirror, row: WatchProgress,
                  info: CommitInfo) -> str | None:
-    """The control sha the ``[watch] control`` rule (:mod:`service.controls`) picks for ``info``;
+    """The control sha the ``[watch] control`` rule (:mod:`service.watch.controls`) picks for ``info``;
     None: the commit is a baseline. The rule chooses among this watch's commits that built and
     ran (``ok``/``baseline``), newest first."""
     return control_rule(config).pick(mirror, info, (commit.sha for _, commit in _tested(session, row)))
@@ -195,7 +195,7 @@ def pick_control(session: Session, config: Config, mirror: RepoMirror, row: Watc
 
 def _fixes(session: Session, config: Config, outcome: outcome.CompareOutcome) -> list[int]:
     """Mark ``regress`` regressions fixed that this run undoes, each kind by the verdict it is
-    judged by (:data:`service.bisect.JUDGES`), as the control rule says (:meth:`ControlRule.fixes`)."""
+    judged by (:data:`service.watch.bisect.JUDGES`), as the control rule says (:meth:`ControlRule.fixes`)."""
     run = session.get_one(Run, outcome.run_id)
     rule = control_rule(config)
     return [regression_id for result in outcome.results for kind in bisect.JUDGES

@@ -105,7 +105,7 @@ class Worker:
     def _device(self) -> Iterator[bool]:
         got = self._try_lock(DEVICE_LOCK, _key(self.device))
         try:
-            # the driver's measuring lock (service.locks.device_lock) sees this process holds it
+            # the driver's measuring lock (service.store.locks.device_lock) sees this process holds it
             with locks.held_here(self.device) if got else nullcontext():
                 yield got
         finally:
@@ -210,7 +210,7 @@ def reap(engine: Engine, device: str | None = None) -> list[int]:
         locks.rollback()
     if requeued:
         # regressions its verify run had moved to `verify` go back to `benchmark`, so the
-        # job taken up again verifies them (service.liveness knows which runs are dead)
+        # job taken up again verifies them (service.compare.liveness knows which runs are dead)
         liveness.reap_quietly(engine)
     return requeued
 

@@ -4,7 +4,7 @@ Reads are open; writes (``POST /api/records``, triage) need ``Authorization: Bea
 where the token is the value of the environment variable named by ``server.token_env``,
 compared in constant time. With no token set, every write is refused. :class:`Guard` checks
 the token, the body size and NUL characters before any route reads a byte. The app also serves
-the dashboard (:mod:`service.dashboard`) and its OpenAPI schema at ``/openapi.json``.
+the dashboard (:mod:`service.web.dashboard`) and its OpenAPI schema at ``/openapi.json``.
 """
 
 

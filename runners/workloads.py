@@ -1,0 +1,111 @@
+"""Workload kinds: how a runner runs each kind of workload, registered by name in
+:data:`WORKLOAD_KINDS` (as builders are in ``BUILDERS`` and runners in ``RUNNERS``).
+
+A new kind of workload is one class here and its config model in ``builders/spec.py``: the
+runners, the compile-time measurement and the records ask the registry, never ``kind ==``.
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from abwatch.builders.environment import ArtifactInfoError, build_environment
+from abwatch.builders.procs import child_env, passed, run_process
+from abwatch.builders.spec import CommandWorkloadConfig, TvmWorkloadConfig
+from abwatch.runners.base import InvocationResult, WorkerReady
+from abwatch.runners.harness import OutputError, parse_output
+
+if TYPE_CHECKING:
+    from abwatch.runners.base import Runner
+
+STDERR_TAIL = 4000  # characters of a failed invocation's stderr kept as its message
+
+
+class WorkloadKind(abc.ABC):
+    """How one kind of workload is run, timed and described."""
+
+    kind: ClassVar[str]
+    times_compiles: ClassVar[bool] = False  # whether compile_time() measures anything
+
+    @abc.abstractmethod
+    def run(self, runner: Runner, artifact_dir: Path, workload: Any, timeout_s: float,
+            side: str) -> InvocationResult:
+        """One invocation of ``workload`` with the build in ``artifact_dir`` on ``runner``."""
+
+    def compile_time(self, runner: Runner, artifact_dir: Path, workload: Any, timeout_s: float,
+                     side: str) -> InvocationResult:
+        """One fresh process that only compiles ``workload``; its one sample is the compile time (ms)."""
+        raise NotImplementedError(f"{self.kind} workloads have no compile step to time ({workload.name!r})")
+
+    @abc.abstractmethod
+    def record_fields(self, workload: Any, worker: WorkerReady | None) -> tuple[dict, dict, dict]:
+        """What a TVM v0.1 record says of the workload: (workload_args, workload_metadata,
+        runtime_config additions)."""
+
+
+class CommandKind(WorkloadKind):
+    """A command printing its samples, run as a local process with the build's environment."""
+
+    kind = "command"
+
+    def run(self, runner: Runner, artifact_dir: Path, workload: CommandWorkloadConfig, timeout_s: float,
+            side: str) -> InvocationResult:
+        try:
+            # a TVM build's Python first on PATH, with its variables: `python bench.py` uses this build
+            env = child_env(build_environment(artifact_dir), passed(workload.pass_env), workload.env)
+        except ArtifactInfoError as exc:
+            return InvocationResult("error", (), 0.0, str(exc))
+        try:
+            proc = run_process(workload.command, cwd=workload.cwd or artifact_dir, env=env,
+                               timeout_s=timeout_s, max_output=workload.output_limit)
+        except OSError as exc:
+            return InvocationResult("error", (), 0.0, f"cannot start {workload.command[0]!r}: {exc.strerror}")
+        if proc.overflowed:
+            return InvocationResult("error", (), proc.wall_s,
+                                    f"printed more than {workload.output_limit} bytes; killed, nothing of it kept "
+                                    f"(raise workloads.{workload.name}.max_output_mb if that much is expected)")
+        if proc.timed_out:
+            return InvocationResult("timeout", (), proc.wall_s, f"killed after {timeout_s:g}s timeout")
+        if proc.returncode != 0:
+            tail = proc.stderr[-STDERR_TAIL:].strip()
+            return InvocationResult("error", (), proc.wall_s, f"exited with status {proc.returncode}: {tail}")
+        try:
+            samples, records = parse_output(proc.stdout, max_samples=workload.samples_limit)
+        except OutputError as exc:
+            return InvocationResult("error", (), proc.wall_s, str(exc))
+        return InvocationResult("ok", samples, proc.wall_s, "", records)
+
+    def record_fields(self, workload: CommandWorkloadConfig, worker: WorkerReady | None) -> tuple[dict, dict, dict]:
+        return {"command": workload.command}, {"kind": "command"}, {"env": workload.env}
+
+
+class TvmKind(WorkloadKind):
+    """A TVM model compiled and timed by harness workers in the build's Python (the runner's
+    :class:`~abwatch.runners.tvm_sessions.TvmSessions` knows its device and target)."""
+
+    kind = "tvm"
+    times_compiles = True
+
+    def run(self, runner: Runner, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,
+            side: str) -> InvocationResult:
+        return runner.tvm.run(artifact_dir, workload, timeout_s, side, workload.overrides(side))
+
+    def compile_time(self, runner: Runner, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,
+                     side: str) -> InvocationResult:
+        return runner.tvm.compile_time(artifact_dir, workload, timeout_s, side, workload.overrides(side))
+
+    def record_fields(self, workload: TvmWorkloadConfig, worker: WorkerReady | None) -> tuple[dict, dict, dict]:
+        args = {"model": workload.model, "dtype": workload.dtype, "options": workload.options,
+                "input_shapes": (worker or {}).get("input_shapes"), "number": workload.number,
+                "repeat": workload.samples}
+        meta = {"kind": "tvm", "md5": workload.md5,
+                **({"script_sha256": workload.script_sha256} if workload.script_sha256 else {})}
+        return args, meta, {}
+
+
+WORKLOAD_KINDS: dict[str, WorkloadKind] = {
+    CommandKind.kind: CommandKind(),
+    TvmKind.kind: TvmKind(),
+}
