@@ -248,6 +248,8 @@ def _parameters(path: str, func, relax_function: bool) -> list[tuple[list[int], 
             buffer = getattr(func, "buffer_map", {}).get(param, param)
             shape, dtype = getattr(buffer, "shape", None), getattr(buffer, "dtype", None)
         try:
+            if shape is None:
+                raise TypeError("no shape")
             out.append(([int(d) for d in shape], str(dtype)))
         except (TypeError, ValueError):
             raise ScriptError(f"{path}: parameter {param.name_hint!r} has no static shape; return "
@@ -327,7 +329,7 @@ class Workload:
             path = _script_path(spec)
             self.entry = _entry(path, mod)
             func = mod[self.entry]
-            self.is_vm, self.params = isinstance(func, relax.Function), []
+            self.is_vm, self.params = isinstance(func, relax.Function), list[np.ndarray]()
             if self.inputs is None:
                 self.inputs = [_random(rng, shape, dtype) for shape, dtype in _parameters(path, func, self.is_vm)]
             if not self.is_vm:  # a PrimFunc writes its results into its last argument(s)
@@ -378,13 +380,14 @@ class Workload:
 
         host, port = self.spec["rpc"]["tracker"].rsplit(":", 1)
         tracker = rpc.connect_tracker(host, int(port))
-        self.remote = tracker.request(self.spec["rpc"]["key"], priority=1, session_timeout=0)
+        remote = tracker.request(self.spec["rpc"]["key"], priority=1, session_timeout=0)
+        self.remote = remote
         with tempfile.TemporaryDirectory() as tmp:
             if path is None:  # not exported yet: export it here
                 path = os.path.join(tmp, "workload.so")
                 lib.export_library(path)
-            self.remote.upload(path, target="workload.so")
-        return self.remote.load_module("workload.so")
+            remote.upload(path, target="workload.so")
+        return remote.load_module("workload.so")
 
     def run(self) -> dict:
         """One timing batch: ``repeat`` samples of ``number`` calls each, and per-op times."""
