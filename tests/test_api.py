@@ -62,7 +62,9 @@ def test_regressions_with_filters(filled_server):
     assert bad.status_code == 422
     detail = get(base, f"/api/regressions/{regression['id']}")
     assert [e["to"] for e in detail["events"]] == ["benchmark", "verify", "regress"]
-    assert detail["culprit"]["summary"] == "Do 20% more work"
+    # a compare and its verify name a range; only bisection names a culprit (none ran here)
+    assert detail["culprit"] is None and detail["bisection"] == []
+    assert detail["range"] == {"good": regression["control_sha"], "bad": regression["treatment_sha"]}
 
 
 def test_series_with_change_points_records_and_watch(filled_server):

@@ -106,7 +106,8 @@ def test_regression_page_and_triage_from_the_browser(browser, filled_server, tmp
     open_page(browser, f"{base}/regressions/{regression['id']}", tmp_path, "regression", charts=1)
     assert [r.text.split()[2] for r in browser.find_elements(By.CSS_SELECTOR, "#events tr")[1:]] == [
         "benchmark", "verify", "regress"]
-    assert "Do 20% more work" in browser.find_element(By.ID, "culprit").text
+    assert "Do 20% more work" in browser.find_element(By.ID, "range").text
+    assert "not bisected" in browser.find_element(By.ID, "culprit").text
     assert browser.find_element(By.ID, "bisection").text
     form = browser.find_element(By.ID, "triage-form")
     Select(form.find_element(By.NAME, "as")).select_by_visible_text("acknowledged")

@@ -131,21 +131,18 @@ def list_regressions(session: Session, *, state: str | None = None, workload: st
 
 
 def regression_detail(session: Session, regression_id: int) -> dict[str, Any]:
-    """One regression with its state timeline, triage decisions, verdicts and alert deliveries."""
+    """One regression as ``abwatch regressions --json`` shows it (:func:`serialize.regression_json`:
+    range, bisected culprit, bisection steps, state timeline), with its list fields, triage
+    decisions and alert deliveries."""
     r = session.get(Regression, regression_id)
     if r is None:
         raise NotFound(f"regression {regression_id} does not exist")
     deliveries = session.scalars(select(AlertDelivery).where(AlertDelivery.regression_id == r.id)
                                  .order_by(AlertDelivery.id))
     return {
+        **serialize.regression_json(r),  # the CLI's shape: range, culprit (once bisected), steps, events
         **regression_summary(r),
         "control_summary": r.control_commit.summary,
-        "culprit": {"sha": r.treatment_commit.sha, "summary": r.treatment_commit.summary,
-                    "author": r.treatment_commit.author, "source": "range end"},
-        "bisection": [],
-        "benchmark_verdict": r.benchmark_verdict, "verify_verdict": r.verify_verdict,
-        "events": [{"from": e.from_state.value if e.from_state else None, "to": e.to_state.value,
-                    "run_id": e.run_id, "reason": e.reason, "at": _iso(e.at)} for e in r.events],
         "triage_events": [triage_json(t) for t in r.triage_events],
         "alerts": [{"event": d.event, "webhook": d.webhook, "status": d.status.value, "attempts": d.attempts,
                     "status_code": d.status_code, "error": d.error, "at": _iso(d.at),

@@ -158,5 +158,5 @@ class BisectionStep(Base):
 
     def to_dict(self) -> dict[str, Any]:
         """The step as every reader shows it (CLI, API, pages, alerts)."""
-        return {"sha": self.commit.sha, "side": self.side.value, "verdict": self.verdict.value,
+        return {"sha": self.commit.sha, "summary": self.commit.summary, "side": self.side.value, "verdict": self.verdict.value,
                 "change_pct": self.change_pct, "run_id": self.run_id}
