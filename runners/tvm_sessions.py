@@ -76,7 +76,7 @@ class Worker:
         try:
             self.stdin.write(json.dumps(obj) + "\n")
             self.stdin.flush()
-        except (BrokenPipeError, OSError):
+        except (OSError, ValueError):  # a broken pipe, or one closed by kill()
             raise WorkerError(f"worker exited: {self.tail()}") from None
 
     def receive(self, timeout_s: float) -> dict:
