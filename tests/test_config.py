@@ -152,3 +152,64 @@ def test_supported_treatment_overrides_reach_the_treatment_worker_only(tmp_path)
         sessions.close()
     assert control["options"] == {"hidden": 64} and control["dtype"] == "float32"
     assert treatment["options"] == {"hidden": 640} and treatment["dtype"] == "float16"
+
+
+SCRIPT_CONFIG = """
+[repo]
+url = "https://example.invalid/tvm"
+[build]
+kind = "{kind}"
+{build}
+[[workloads]]
+name = "mine"
+kind = "tvm"
+model = "{model}"
+"""
+
+
+def test_script_workloads_are_resolved_hashed_and_checked(tmp_path):
+    (tmp_path / "w").mkdir()
+    script = tmp_path / "w" / "block.py"
+    script.write_text("def workload():\n    return None\n")
+    path = tmp_path / "c.toml"
+    path.write_text(SCRIPT_CONFIG.format(kind="tvm-wheel", build="", model="script:w/block.py"))
+    first = load_config(path).workloads[0]
+    assert first.model == f"script:{script}" and len(first.script_sha256) == 64
+    script.write_text("def workload():\n    return 1\n")  # a changed file: another identity
+    assert load_config(path).workloads[0].script_sha256 != first.script_sha256
+    script.write_text("def workload(:\n")
+    with pytest.raises(ConfigError, match=rf"c\.toml: workloads\[0\] \(mine\): model: {script}:1: SyntaxError"):
+        load_config(path)
+    path.write_text(SCRIPT_CONFIG.format(kind="tvm-wheel", build="", model="script:w/missing.py"))
+    with pytest.raises(ConfigError, match="cannot read .*missing.py"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("kind, build, message", [
+    ("tvm-wheel", "", "only a tvm-source build keeps"),
+    ("tvm-source", 'keep = ["apps"]', "bench/attn.py is not under build.keep \\(apps\\)"),
+])
+def test_repo_scripts_need_a_source_build_that_keeps_them(tmp_path, kind, build, message):
+    path = tmp_path / "c.toml"
+    path.write_text(SCRIPT_CONFIG.format(kind=kind, build=build, model="script:repo:bench/attn.py"))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+    path.write_text(SCRIPT_CONFIG.format(kind="tvm-source", build='keep = ["bench"]', model="script:repo:bench/attn.py"))
+    assert load_config(path).workloads[0].model == "script:repo:bench/attn.py"
+
+
+def test_build_environment_puts_the_builds_python_first(tmp_path):
+    import json
+    import os
+
+    from abwatch.builders.environment import build_environment
+
+    artifact = tmp_path / "a"
+    (artifact / "bin").mkdir(parents=True)
+    (artifact / "abwatch-artifact.json").write_text(json.dumps(
+        {"python": "bin/python", "env_paths": {"TVM_LIBRARY_PATH": "lib"}, "env": {"X": "1"}}))
+    env = build_environment(artifact)
+    assert env["PATH"].split(os.pathsep)[0] == str(artifact / "bin")
+    assert env["TVM_LIBRARY_PATH"] == str(artifact / "lib") and env["X"] == "1"
+    assert env["ABWATCH_ARTIFACT"] == str(artifact) and env["VIRTUAL_ENV"] == str(artifact)
+    assert build_environment(tmp_path / "plain") == {}  # a command build's artifact: nothing added

@@ -182,3 +182,42 @@ def test_compose_commands_run_outside_docker(tmp_path, fresh_pg_url):
     assert (cache_here / "artifacts").is_dir() and any((cache_here / "artifacts").iterdir())
     assert shutil.which(ABWATCH)
     engine.dispose()
+
+
+def test_compose_web_serves_the_api_with_the_token_from_the_environment(tmp_path, fresh_pg_url):
+    import requests
+
+    from tests.conftest import free_port
+
+    services = compose()["services"]
+    web = services["web"]
+    assert web["ports"] == ["8000:8000"] and web["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+    assert web["environment"]["ABWATCH_API_TOKEN"] == "${ABWATCH_API_TOKEN:-}"  # never a value in the file
+    mapping = mounts(web, tmp_path)
+    port = str(free_port())
+    argv = [ABWATCH] + [port if a == "8000" else outside(a, mapping) for a in web["command"]]
+    assert argv[1] == "serve" and "0.0.0.0" in argv
+    env = dict(os.environ, ABWATCH_DATABASE_URL=fresh_pg_url, ABWATCH_API_TOKEN="compose-secret")
+    assert subprocess.run([ABWATCH] + services["migrate"]["command"], env=env, timeout=300).returncode == 0
+    log = tmp_path / "web.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+        while True:
+            try:
+                answer = requests.get(f"{base}/api/regressions", timeout=5)
+                break
+            except requests.ConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+                time.sleep(0.3)
+        assert answer.status_code == 200 and answer.json() == []
+        assert requests.get(f"{base}/", timeout=10).status_code == 200  # the dashboard
+        body = {"status": "acknowledged", "who": "ci"}
+        assert requests.post(f"{base}/api/regressions/1/triage", json=body, timeout=10).status_code == 401
+        authorized = requests.post(f"{base}/api/regressions/1/triage", json=body, timeout=10,
+                                   headers={"Authorization": "Bearer compose-secret"})
+        assert authorized.status_code == 404  # past the token: there is no regression 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
