@@ -155,7 +155,8 @@ def test_compose_commands_run_outside_docker(tmp_path, fresh_pg_url):
     try:
         for name in ("watch", "worker"):
             argv, env = run_args(name)
-            procs[name] = subprocess.Popen(argv, env=env, stdout=logs[name].open("w"), stderr=subprocess.STDOUT)
+            with logs[name].open("w") as out:  # the child keeps its own copy of the descriptor
+                procs[name] = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 400
         while True:
             with Session(engine) as session:

@@ -42,8 +42,9 @@ def test_a_long_running_watch_follows_a_growing_branch(tmp_path, db_url, capsys)
     make_demo_repo(repo, (step("base", "Baseline"),))
     config = write_config(tmp_path, repo)
     log = tmp_path / "watch.log"
-    proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "watch", "--config", config,
-                             "--db", db_url], stdout=log.open("w"), stderr=subprocess.STDOUT)
+    with log.open("w") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "watch", "--config", config,
+                                 "--db", db_url], stdout=out, stderr=subprocess.STDOUT)
     engine = None
 
     def wait_for(what, predicate, deadline_s=400):

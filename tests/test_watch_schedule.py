@@ -35,8 +35,9 @@ def test_cron_ticks_test_the_branch_head_until_sigterm(tmp_path, sqlite_url):
     make_demo_repo(repo, (step("base", "Baseline"),))
     config = write_watch_config(tmp_path, repo, 'schedule = "*/5 * * * * *"')
     log = tmp_path / "watch.log"
-    proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "watch", "--config", config,
-                             "--db", sqlite_url], stdout=log.open("w"), stderr=subprocess.STDOUT)
+    with log.open("w") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "watch", "--config", config,
+                                 "--db", sqlite_url], stdout=out, stderr=subprocess.STDOUT)
     engine = db.make_engine(sqlite_url)
 
     def seen(sha: str, status: str):

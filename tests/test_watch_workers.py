@@ -76,7 +76,8 @@ def start_worker(config: Path, url: str, log: Path, device: str | None = None) -
     argv = [sys.executable, "-m", "abwatch.service.cli.main", "worker", "--config", str(config), "--db", url]
     if device:
         argv += ["--device", device]
-    return subprocess.Popen(argv, stdout=log.open("a"), stderr=subprocess.STDOUT)
+    with log.open("a") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 
 
 def wait_for(what, predicate, deadline_s: float = 400, logs: list[Path] = ()):
