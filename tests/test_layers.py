@@ -94,7 +94,7 @@ SERVICE_PACKAGES: dict[str, set[str]] = {
     "compare": {"stats", "store", "records", "notify"},
     "read": {"stats", "store", "records", "compare"},
     "watch": {"stats", "store", "records", "notify", "compare"},
-    "web": {"stats", "store", "records", "compare", "read"},
+    "web": {"stats", "store", "records", "compare", "read", "watch"},  # POST /api/jobs queues work
     "cli": {"stats", "store", "records", "notify", "compare", "read", "watch", "web"},
 }
 SHARED = {"config", "exits"}

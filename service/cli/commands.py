@@ -7,6 +7,7 @@ Kept apart from the parser so that ``abwatch --help`` and ``--version`` import n
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -36,7 +37,7 @@ from abwatch.service.stats.verdict import RegressionState
 
 
 # Commands that store something; only these create or migrate a schema.
-WRITING_COMMANDS = frozenset({"compare", "verify", "triage", "serve", "watch", "worker"})
+WRITING_COMMANDS = frozenset({"compare", "verify", "triage", "serve", "watch", "worker", "try"})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +87,7 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     url = db.resolve_database_url(args.db)
     if args.command == "db":
         return _db_command(args, url, err)
-    config = load_config(args.config) if args.command in ("compare", "serve", "watch", "worker") else None
+    config = load_config(args.config) if args.command in ("compare", "serve", "watch", "worker", "try") else None
     engine = db.open_database(url, write=args.command in WRITING_COMMANDS
                               or (args.command == "records" and args.records_command == "import"))
     for note in liveness.reap_quietly(engine):
@@ -166,7 +167,27 @@ SESSION_COMMANDS: dict[str, Callable[[Call], int]] = {
     "records": lambda c: _records_command(c.args, c.session, c.err),
     "triage": lambda c: _triage_command(c.args, c.session, c.out),
     "history": lambda c: _history_command(c.args, c.session, c.out, c.err),
+    "try": lambda c: _try_command(c),
 }
+
+
+def _try_command(call: Call) -> int:
+    """``abwatch try``: queue the comparison for the device's workers; say how to follow it."""
+    from abwatch.service.read import serialize
+    from abwatch.service.watch import tryjob
+
+    config, args = call.config, call.args
+    assert config is not None, "try loads its config"
+    device = args.device or tryjob.device_names(config)[0]
+    job = tryjob.submit(call.session, config, tryjob.TryRequest(device, args.control, args.treatment,
+                                                                args.workload, args.verify, getpass.getuser()))
+    if args.json:
+        print(json.dumps(serialize.job_json(job)))
+    else:
+        call.out.print(f"try job {job.id} queued on {device}: {job.payload['control'][:12]} -> "
+                       f"{job.payload['treatment'][:12]}; `abwatch status` or GET /api/jobs/{job.id} follows it "
+                       f"(a watch or `abwatch worker --device {device}` runs it)", markup=False)
+    return 0
 
 
 def _watch_command(args: argparse.Namespace, config, engine, err: Console) -> int:
@@ -249,14 +270,12 @@ def _serve(args: argparse.Namespace, config, engine) -> int:
 
     from abwatch.service.web.api import create_app
 
-    app = create_app(engine, config.server, config.alerts)
+    app = create_app(engine, config.server, config.alerts, config)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
 
 def _triage_command(args: argparse.Namespace, session, out: Console) -> int:
-    import getpass
-
     from abwatch.service.read import triage
 
     try:

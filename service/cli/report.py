@@ -330,4 +330,11 @@ def print_status(out: Console, found: dict) -> None:
     for r in found["running"]:
         out.print(f"running job {r['job']} on {r['device']}: {short_sha(r['sha'] or '')} by {r['worker']}",
                   markup=False)
+    for j in found.get("try_jobs", []):
+        p, result = j["payload"], j["result"] or {}
+        runs = ", ".join(f"{k.removesuffix('_id').replace('_', ' ')} {v}" for k, v in result.items()
+                         if k.endswith("run_id") and v)
+        out.print(f"try job {j['id']} on {j['device']}: {short_sha(p['control'])} -> {short_sha(p['treatment'])} "
+                  f"{j['status']}" + (f" ({runs})" if runs else "") + (f": {j['error']}" if j["error"] else ""),
+                  markup=False)
     out.print(f"open regressions: {found['open_regressions']}", markup=False)

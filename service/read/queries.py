@@ -235,8 +235,12 @@ def overview(session: Session) -> dict[str, Any]:
     }
 
 
+TRY_JOBS_SHOWN = 20  # the newest try jobs `abwatch status` lists
+
+
 def watch_status(session: Session) -> dict:
-    """What is watched (last seen/tested commit per branch, device, config) and the queue per device.
+    """What is watched (last seen/tested commit per branch, device, config), the queue per device
+    and the newest try jobs.
 
     The shape of ``abwatch status --json``; a stable, documented reading for other tools.
     """
@@ -258,8 +262,10 @@ def watch_status(session: Session) -> dict:
     open_regressions = session.scalar(
         select(func.count()).select_from(Regression)
         .where(Regression.state.in_([RegressionState.BENCHMARK, RegressionState.VERIFY, RegressionState.REGRESS])))
+    tries = [serialize.job_json(j) for j in session.scalars(
+        select(Job).where(Job.kind == "try").order_by(Job.id.desc()).limit(TRY_JOBS_SHOWN))]
     return {"watched": branches, "queue": queue_counts(session), "running": running,
-            "open_regressions": open_regressions}
+            "open_regressions": open_regressions, "try_jobs": tries}
 
 
 def _change_points(values: list[float], max_pvalue: float) -> list:

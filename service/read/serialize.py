@@ -8,7 +8,7 @@ from dataclasses import asdict
 from abwatch.builders.redact import mask_url
 from abwatch.service.read.stored import StoredRun
 from abwatch.service.stats.verdict import RegressionKind
-from abwatch.service.store.models import Regression
+from abwatch.service.store.models import Job, Regression
 
 LOG_TAIL_LINES = 25
 
@@ -100,3 +100,12 @@ def history_json(workload: str, points, found) -> dict:
 def cache_json(cache, entries, size: int) -> dict:
     """The ``--json`` shape of ``abwatch cache``."""
     return {"root": str(cache.root), "bytes": size, "entries": [asdict(e) for e in entries]}
+
+
+def job_json(job: Job) -> dict:
+    """A queued job (a watch's ``test``, a person's ``try``) as ``GET /api/jobs/{id}``, ``abwatch
+    try --json`` and the job page show it: where it is and, once done, its result (its runs)."""
+    return {"id": job.id, "kind": job.kind, "device": job.device, "status": job.status.value,
+            "payload": job.payload, "result": job.result, "error": job.error, "attempts": job.attempts,
+            "created_at": job.created_at.isoformat() if job.created_at else None,
+            "finished_at": job.finished_at.isoformat() if job.finished_at else None}

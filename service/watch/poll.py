@@ -302,5 +302,8 @@ def _baseline(config: Config, sha: str, progress: driver.Progress) -> CommitStat
 
 
 def handlers(config: Config, progress: driver.Progress | None = None) -> dict:
-    """The job kinds a worker of this config runs."""
-    return {"test": lambda session, job: test_commit(session, config, job, progress)}
+    """The job kinds a worker of this config runs: ``test`` (the watch's) and ``try`` (a person's)."""
+    from abwatch.service.watch import tryjob  # it builds on this module
+
+    return {"test": lambda session, job: test_commit(session, config, job, progress),
+            tryjob.KIND: lambda session, job: tryjob.run_try(session, config, job, progress)}

@@ -24,10 +24,11 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from abwatch.service.read import queries, triage as triage_mod
+from abwatch.builders.spec import UsageError
+from abwatch.service.read import queries, serialize, triage as triage_mod
 from abwatch.service.config import ServerConfig
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations at run time
-from abwatch.service.store.models import Record
+from abwatch.service.store.models import Job, Record
 from abwatch.service.stats.verdict import RegressionState, TriageStatus
 from abwatch.runners.safejson import BadValue, loads
 from abwatch.service.records.v01 import RecordError, add_new, to_dict, to_row, validate_objects
@@ -54,6 +55,18 @@ class TriageRequest(BaseModel):
     note: str = Field(default="", max_length=10_000, pattern=r"^[^\x00]*$")
 
     model_config = {"populate_by_name": True}
+
+
+class TryBody(BaseModel):
+    """``POST /api/jobs``: compare ``treatment`` with ``control`` on one of the watch's devices."""
+
+    control: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00\s]+$")
+    treatment: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00\s]+$")
+    device: str | None = Field(default=None, max_length=256, pattern=r"^[^\x00]+$",
+                               description="default: the watch's first device")
+    workloads: list[str] = Field(default_factory=list, max_length=100, description="default: all")
+    verify: bool = Field(default=False, description="verify a regression it finds (more processes)")
+    who: str = Field(default="", max_length=256, pattern=r"^[^\x00]*$")
 
 
 class ImportResult(BaseModel):
@@ -163,18 +176,21 @@ async def invalid_request(_request: Request, exc: Exception) -> JSONResponse:
 ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody}}
 
 
-def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None) -> FastAPI:
-    """The API and dashboard app on ``engine``; ``alerts`` (an AlertsConfig) for triage's webhooks."""
+def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None, config=None) -> FastAPI:
+    """The API and dashboard app on ``engine``; ``alerts`` (an AlertsConfig) for triage's webhooks;
+    ``config`` (the watch's Config) for try jobs (``POST /api/jobs``)."""
     api = Api(engine, server or ServerConfig())
     # The interactive docs pages load their assets from a CDN; the schema itself is served.
     app = FastAPI(title="abwatch", version="1", docs_url=None, redoc_url=None,
                   description="Continuous A/B performance-regression watch for Apache TVM")
     app.state.api = api
     app.state.alerts = alerts
+    app.state.config = config
     app.add_middleware(Guard, api=api)
     app.add_exception_handler(RequestValidationError, invalid_request)
     _read_routes(app)
     _write_routes(app)
+    _job_routes(app)
 
     from abwatch.service.web.dashboard import add_dashboard  # noqa: E402 - the pages use the routes above
 
@@ -255,6 +271,37 @@ def _read_routes(app: FastAPI) -> None:
         data = queries.overview(session)
         return {"watched": data["watched"], "open_regressions": len(data["open_regressions"]),
                 "silenced_regressions": len(data["silenced_regressions"])}
+
+
+def _job_routes(app: FastAPI) -> None:
+    """Queued jobs: read one (open), queue a try job (a write: the token first)."""
+
+    @app.get("/api/jobs/{job_id}", tags=["jobs"], responses=ERRORS)
+    def job(job_id: Id, session: SessionDep) -> dict[str, Any]:
+        """One queued job (a watch's ``test``, a person's ``try``): its state and, once done,
+        its result with the runs it made."""
+        row = session.get(Job, job_id)
+        if row is None:
+            raise queries.NotFound(f"job {job_id} does not exist")
+        return serialize.job_json(row)
+
+    @app.post("/api/jobs", tags=["jobs"], status_code=201,
+              responses={**ERRORS, 401: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+    def submit_try(body: TryBody, request: Request, session: SessionDep) -> dict[str, Any]:
+        """Queue a try job: the watch's workers on that device compare the two commits (and
+        verify a regression if asked); ``GET /api/jobs/{id}`` follows it."""
+        from abwatch.service.watch import tryjob  # the watch's machinery, only for this route
+
+        config = request.app.state.config
+        if config is None:
+            raise HTTPException(409, "this server was started without a watch config: it cannot queue jobs")
+        device = body.device or tryjob.device_names(config)[0]
+        try:
+            job = tryjob.submit(session, config, tryjob.TryRequest(device, body.control, body.treatment,
+                                                                   body.workloads, body.verify, body.who))
+        except UsageError as exc:  # an unknown device, workload or ref: the caller's to fix
+            raise HTTPException(422, str(exc)) from None
+        return serialize.job_json(job)
 
 
 def _write_routes(app: FastAPI) -> None:
