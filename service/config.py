@@ -91,6 +91,18 @@ class AlertsConfig(StrictModel):
     dashboard_url: str | None = Field(default=None, description="base URL for links in messages")
 
 
+class GithubConfig(StrictModel):
+    """``[github]``: commit statuses on the watched repository's GitHub mirror (optional)."""
+
+    repo: str = Field(pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$", description="owner/name on GitHub")
+    api_url: str = Field(default="https://api.github.com", pattern=r"^https?://[^\s]+$",
+                         description="the API's base URL (GitHub Enterprise: https://HOST/api/v3)")
+    token_env: str = Field(default="GITHUB_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                           description="environment variable with a token that may write statuses")
+    context: str = Field(default="abwatch", min_length=1, max_length=64,
+                         description="status context prefix; the device name is appended")
+
+
 class ServerConfig(StrictModel):
     """``abwatch serve``: the API's write token and request limits."""
 
@@ -171,6 +183,7 @@ class Config(StrictModel):
     stats: StatsConfig = StatsConfig()
     runner: RunnerConfig = RunnerConfig()
     alerts: AlertsConfig = AlertsConfig()
+    github: GithubConfig | None = None
     server: ServerConfig = ServerConfig()
     watch: WatchConfig = WatchConfig()
     cache_dir: Path = DEFAULT_CACHE_DIR

@@ -51,7 +51,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, object_session, sessionmaker
 
 from abwatch.builders.redact import redact_endpoint
-from abwatch.service.config import AlertsConfig
+from abwatch.service.config import AlertsConfig, GithubConfig
+from abwatch.service.notify import github
 from abwatch.service.store.models import AlertDelivery, BisectionStep, DeliveryStatus, Regression, utcnow
 from abwatch.service.stats.verdict import SILENCED_TRIAGE, RegressionKind
 
@@ -169,20 +170,15 @@ class Sent:
 class _Sender(threading.Thread):
     """One delivery's attempts, in a daemon thread: nothing waits for it past the deadline."""
 
-    def __init__(self, row_id: int, webhook: str, url: str, document: dict, config: AlertsConfig,
-                 deadline: float) -> None:
+    def __init__(self, row_id: int, webhook: str, url: str, body: bytes, headers: dict[str, str],
+                 config: AlertsConfig, deadline: float) -> None:
         super().__init__(daemon=True, name=f"alert-{row_id}")
-        self.row_id, self.webhook, self.url, self.document = row_id, webhook, url, document
+        self.row_id, self.webhook, self.url, self.body, self.headers = row_id, webhook, url, body, headers
         self.config, self.deadline = config, deadline
         self.result: Sent | None = None
 
     def run(self) -> None:
-        body = json.dumps(self.document, sort_keys=True).encode()
-        headers = {"Content-Type": "application/json", "User-Agent": "abwatch-alerts",
-                   "X-Abwatch-Event": self.document["event"], "X-Abwatch-Delivery": self.document["delivery"]}
-        secret = os.environ.get(self.config.secret_env)
-        if secret:
-            headers[SIGNATURE_HEADER] = sign(secret, body)
+        body, headers = self.body, self.headers
         status, error, number, final = None, None, 0, False
         for number in range(1, self.config.attempts + 1):
             try:
@@ -220,7 +216,30 @@ class _Sender(threading.Thread):
             return response.status_code
 
 
-def deliver_pending(engine: Engine, config: AlertsConfig, *, stop: threading.Event | None = None) -> list[Sent]:
+def _webhook_request(document: dict, config: AlertsConfig) -> tuple[bytes, dict[str, str]]:
+    """A webhook's body (the alert document) and headers, signed when the secret is set."""
+    body = json.dumps(document, sort_keys=True).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": "abwatch-alerts",
+               "X-Abwatch-Event": document["event"], "X-Abwatch-Delivery": document["delivery"]}
+    secret = os.environ.get(config.secret_env)
+    if secret:
+        headers[SIGNATURE_HEADER] = sign(secret, body)
+    return body, headers
+
+
+def _prepare(row: AlertDelivery, urls: dict[str, str | None], config: AlertsConfig,
+             github_config: GithubConfig | None) -> tuple[str, bytes, dict[str, str]] | None:
+    """What to send for ``row`` (a webhook alert or a GitHub status); None if this process cannot."""
+    if row.webhook.startswith("github:"):
+        if github_config is None or github.label(github_config) != row.webhook:
+            return None
+        return github.request(github_config, row.payload)
+    url = urls.get(row.webhook)
+    return None if url is None else (url, *_webhook_request(row.payload, config))
+
+
+def deliver_pending(engine: Engine, config: AlertsConfig, *, stop: threading.Event | None = None,
+                    github_config: GithubConfig | None = None) -> list[Sent]:
     """Send the pending deliveries whose time has come; at most ``alerts.deadline_s`` in all.
 
     Rows are claimed first (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, their next attempt moved
@@ -241,15 +260,15 @@ def deliver_pending(engine: Engine, config: AlertsConfig, *, stop: threading.Eve
         rows = session.scalars(query).all()
         senders, unknown = [], []
         for row in rows:
-            url = urls.get(row.webhook)
-            if url is None:
+            prepared = _prepare(row, urls, config, github_config)
+            if prepared is None:
                 unknown.append(row)
                 continue
             row.next_at = utcnow() + timedelta(seconds=config.deadline_s + 60)  # claimed for this round
-            senders.append(_Sender(row.id, row.webhook, url, row.payload, config, deadline))
+            senders.append(_Sender(row.id, row.webhook, *prepared, config, deadline))
         for row in unknown:  # another process (one whose config names it) will send it
-            row.error = (f"{row.webhook}: not among this process's webhooks (or its variable is unset); "
-                         "a process whose [alerts] webhooks name it sends it")
+            row.error = (f"{row.webhook}: not among this process's webhooks or [github] (or its variable is "
+                         "unset); a process whose config names it sends it")
         session.commit()
     for sender in senders:
         sender.start()

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 from abwatch.builders.repo import RepoMirror
 from abwatch.service import stats
 from abwatch.service.compare import compile_time, driver, outcome
-from abwatch.service.notify import alerts
+from abwatch.service.notify import alerts, github
 from abwatch.service.config import Config
 from abwatch.service.stats.verdict import RegressionKind
 from abwatch.service.store.models import BisectionStep, Regression, RunType, StepSide, StepVerdict
@@ -177,6 +177,10 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         name_culprit(session, named, mirror, sha)
         # recorded with the culprit (the outbox); the loop that runs the job sends it after
         alerts.enqueue(session, [r.id for r in named], "culprit", config.alerts)
+        device = named[0].device.name if named[0].device else config.runner.device or "?"
+        github.enqueue(session, config.github, sha, "failure", device,
+                       "culprit of " + ", ".join(f"#{r.id} {r.workload.name} {r.change_pct:+.1f}%" for r in named),
+                       github.run_url(config.alerts.dashboard_url, parent_run_id))
     session.commit()
     return culprits
 

@@ -124,10 +124,11 @@ def send_alerts(engine: Engine, config: Config, progress: Progress, stopper: Sto
     """A round of the alert outbox (:func:`service.notify.alerts.deliver_pending`) between jobs, never
     during a measurement: at most ``alerts.deadline_s``, cut short by SIGTERM (what was not
     sent stays pending for the next round)."""
-    if not config.alerts.webhooks or stopper.stopping:
+    if not (config.alerts.webhooks or config.github) or stopper.stopping:
         return
-    for sent in alerts.deliver_pending(engine, config.alerts, stop=stopper.event):
-        progress.message(f"alert to {sent.webhook}: " + ("delivered" if sent.ok else
+    for sent in alerts.deliver_pending(engine, config.alerts, stop=stopper.event, github_config=config.github):
+        what = "status" if sent.webhook.startswith("github:") else "alert"
+        progress.message(f"{what} to {sent.webhook}: " + ("delivered" if sent.ok else
                                                         f"not delivered ({sent.error}); "
                                                         + ("given up" if sent.final else "a later round retries")))
 

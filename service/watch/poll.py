@@ -24,7 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from abwatch.service.compare import driver, lifecycle, outcome
-from abwatch.service.notify import alerts
+from abwatch.service.notify import alerts, github
 from abwatch.service.watch import bisect, queue
 from abwatch.service.config import Config
 from abwatch.service.watch.controls import control_rule
@@ -142,7 +142,7 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
         row = _progress_row(session, config, device)
         new = _new_commits(mirror, config, row, head.sha, report, nightly)
         for sha in new:
-            _take_up(session, mirror, repository, row, device, sha, report)
+            _take_up(session, config, mirror, repository, row, device, sha, report)
         if new:
             row.last_seen_sha = new[-1] if not nightly else head.sha
         row.updated_at = utcnow()
@@ -150,7 +150,7 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
     return report
 
 
-def _take_up(session: Session, mirror: RepoMirror, repository: Repository, row: WatchProgress,
+def _take_up(session: Session, config: Config, mirror: RepoMirror, repository: Repository, row: WatchProgress,
              device: str, sha: str, report: PassReport) -> None:
     """Queue the ``test`` job of one new commit.
 
@@ -174,6 +174,7 @@ def _take_up(session: Session, mirror: RepoMirror, repository: Repository, row: 
     job = queue.enqueue(session, "test", device, {"progress_id": row.id, "sha": sha}, f"test:{row.id}:{sha}")
     if job is not None:
         session.add(WatchedCommit(progress_id=row.id, commit_id=commit.id, status=QUEUED))
+        github.enqueue(session, config.github, sha, "pending", device, f"queued for {device}")
         report.queued.append((device, sha))
 
 
@@ -227,6 +228,7 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
                 if watched.status == BASELINE:
                     row.last_tested_sha = sha
                 session.commit()
+                _commit_status(session, config, job.device, sha, watched, result)
                 return {**result, "status": watched.status}
             outcome = driver.run_compare(session, config, control, sha, progress=progress,
                                          attach=control_rule(config).attach(mirror))
@@ -256,7 +258,26 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
     result.update(control=watched.control_sha, run_id=watched.run_id, status=watched.status)
     if watched.status in (OK, FAILED) and watched.run_id is not None:
         result["confirmed"] = _escalate(session, config, mirror, watched.run_id, progress)
+    _commit_status(session, config, job.device, sha, watched, result)
     return result
+
+
+def _commit_status(session: Session, config: Config, device: str, sha: str, watched: WatchedCommit,
+                   result: dict) -> None:
+    """The GitHub status of a tested commit (``[github]``; recorded in the outbox, sent after the job)."""
+    if config.github is None or watched.status in (QUEUED, SKIPPED):
+        return
+    url = github.run_url(config.alerts.dashboard_url, watched.run_id)
+    if result["confirmed"]:
+        state, text = "failure", f"{len(result['confirmed'])} regression(s) confirmed on {device}"
+    elif watched.status == BUILD_FAILED:
+        state, text = "error", "the build failed"
+    elif watched.status == FAILED:
+        state, text = "error", f"could not be judged: {', '.join(result.get('hung', [])) or 'the job failed'}"
+    else:
+        state, text = "success", ("baseline built" if watched.status == BASELINE else "no regression confirmed")
+    github.enqueue(session, config.github, sha, state, device, text, url)
+    session.commit()
 
 
 def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
