@@ -140,7 +140,7 @@ def fill(session: Session, nights: int, workloads: int, rng: random.Random) -> d
             regression_id = session.execute(text(
                 "INSERT INTO regressions (workload_id, device_id, control_commit_id, treatment_commit_id, run_id, "
                 "comparison_id, state, kind, change_pct, created_at, updated_at) VALUES (:w, :d, :cc, :tc, :r, :c, "
-                ":s, 'speed', :p, :at, :at) RETURNING id"),
+                ":s, 'runtime', :p, :at, :at) RETURNING id"),
                 dict(w=wid, d=did, cc=commit_ids[night - 1], tc=commit_ids[night], r=rid, c=cid, p=change, at=at,
                      s="regress" if rng.random() < 0.8 else "cleared")).scalar_one()
             copy_rows(session, "regression_events", ("regression_id", "from_state", "to_state", "run_id", "reason", "at"), [

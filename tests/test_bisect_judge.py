@@ -1,5 +1,5 @@
 """The bisection engine judges each step with the verdict its regression's kind names
-(:data:`service.watch.bisect.JUDGES`): run time for ``speed``, the comparison's ``compile`` details for
+(:data:`service.watch.bisect.JUDGES`): run time for ``runtime``, the comparison's ``compile`` details for
 ``compile-time``. Here the engine runs on a real git history (the C benchmark, real builds and
 processes, SQLite) with a judge given to it; the compile-time judge itself is checked on the
 details a comparison stores. (The whole path with real TVM compiles takes minutes a comparison
@@ -48,7 +48,7 @@ def test_each_step_is_judged_by_the_judge_given(tmp_path, sqlite_url):
         run = session.get(Run, outcome.run_id)
         comparison = session.get(Comparison, outcome.results[0].comparison_id)
         # what the faster-is-worse judge calls a regression of the range, opened as the lifecycle does
-        regression = lifecycle.open_regression(session, run, comparison, kind="speed", reason="test")
+        regression = lifecycle.open_regression(session, run, comparison, kind="runtime", reason="test")
         other = lifecycle.open_regression(session, run, comparison, kind="compile-time", reason="test")
         session.commit()
         with pytest.raises(ValueError, match="cannot bisect regressions of kinds"):  # each kind its own judge
@@ -68,7 +68,7 @@ def test_each_step_is_judged_by_the_judge_given(tmp_path, sqlite_url):
 
 
 def test_the_kind_picks_the_judge():
-    assert {"speed": bisect.run_time, "compile-time": compile_time.judged} == bisect.JUDGES
+    assert {"runtime": bisect.run_time, "compile-time": compile_time.judged} == bisect.JUDGES
     assert "correctness" not in bisect.JUDGES  # a wrong output has no "slower" to bisect on
 
 
@@ -111,7 +111,7 @@ def test_a_compile_improvement_fixes_a_compile_time_regression_not_a_speed_one(t
         run = session.get_one(Run, outcome.run_id)
         comparison = session.get_one(Comparison, outcome.results[0].comparison_id)
         opened = {kind: lifecycle.open_regression(session, run, comparison, kind=kind, reason="test")
-                  for kind in ("speed", "compile-time")}
+                  for kind in ("runtime", "compile-time")}
         for regression in opened.values():
             regression.change_pct = 30.0
             lifecycle.transition(session, regression, lifecycle.S.VERIFY, run, "test")
@@ -126,5 +126,5 @@ def test_a_compile_improvement_fixes_a_compile_time_regression_not_a_speed_one(t
         fixed = watch._fixes(session, config, replace(outcome, results=[result]))
         session.commit()
         assert fixed == [opened["compile-time"].id]
-        assert opened["compile-time"].state == lifecycle.S.FIXED and opened["speed"].state == lifecycle.S.REGRESS
+        assert opened["compile-time"].state == lifecycle.S.FIXED and opened["runtime"].state == lifecycle.S.REGRESS
     engine.dispose()

@@ -90,9 +90,9 @@ def test_regression_kinds_are_one_vocabulary_the_schema_checks(db_url):
         columns = ("workload_id, control_commit_id, treatment_commit_id, run_id, comparison_id, state, change_pct, "
                    "created_at, updated_at")
         values = "1, 1, 2, 1, 1, 'benchmark', 5.0, '2026-01-01', '2026-01-01'"
-        connection.execute(text(f"INSERT INTO regressions ({columns}, kind) VALUES ({values}, 'speed')"))
+        connection.execute(text(f"INSERT INTO regressions ({columns}, kind) VALUES ({values}, 'runtime')"))
         with pytest.raises(IntegrityError, match="regression_kind"), connection.begin_nested():
-            connection.execute(text(f"INSERT INTO regressions ({columns}, kind) VALUES ({values}, 'runtime')"))
+            connection.execute(text(f"INSERT INTO regressions ({columns}, kind) VALUES ({values}, 'speed')"))
         connection.rollback()
     engine.dispose()
 

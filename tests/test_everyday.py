@@ -184,7 +184,7 @@ def test_regressions_name_device_culprit_and_a_masked_repository():
     at = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
     culprit = Commit(sha="c" * 40, summary="Slow down the matmul schedule", author="Ada")
     regression = Regression(
-        id=7, kind="speed", state=RegressionState.REGRESS, change_pct=6.25,
+        id=7, kind="runtime", state=RegressionState.REGRESS, change_pct=6.25,
         workload=Workload(name="resnet18", repository=Repository(url="https://bot:s3cret@example.org/tvm.git")),
         device=Device(name="rk3399-board"), control_commit=Commit(sha="a" * 40), treatment_commit=Commit(sha="b" * 40),
         culprit_commit=culprit, bisection=[], events=[

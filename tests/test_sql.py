@@ -42,7 +42,10 @@ def test_views_answer_from_real_runs(filled_pg_url):
         assert len(history) == 1
         (row,) = history
         assert (row["workload"], row["kind"], row["state"]) == ("lcg-loop", "runtime", "regress")
-        assert row["culprit_summary"] == "Do 20% more work" and row["run_id"] == runs["regression"]
+        # a compare and its verify: the range is known, no bisection named a culprit
+        assert row["culprit_sha"] is None and row["bisection_steps"] == 0 and row["run_id"] == runs["regression"]
+        summary = connection.execute(text("SELECT summary FROM commits WHERE sha = :s"), {"s": row["bad_sha"]}).scalar()
+        assert summary == "Do 20% more work"
         assert row["verified_at"] is not None and row["verified_at"] >= row["opened_at"]
         assert row["closed_at"] is None
         series = connection.execute(text(

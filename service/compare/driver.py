@@ -286,7 +286,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     session.flush()
     regression_id = correctness_id = None
     if verdict.verdict == stats.Outcome.REGRESSION and run.run_type == RunType.BENCHMARK:
-        regression = lifecycle.open_or_attach(session, run, comparison, RegressionKind.SPEED, verdict, attach)
+        regression = lifecycle.open_or_attach(session, run, comparison, RegressionKind.RUNTIME, verdict, attach)
         if regression.run_id == run.id:  # opened now; a re-run of the pair finds the open one
             regression.benchmark_verdict = verdict_json(verdict, run.id)
         else:

@@ -85,10 +85,10 @@ def transition(session: Session, regression: Regression, to_state: RegressionSta
 
 
 def open_regression(session: Session, run: Run, comparison: Comparison,
-                    kind: RegressionKind = RegressionKind.SPEED,
+                    kind: RegressionKind = RegressionKind.RUNTIME,
                     reason: str | None = None) -> Regression:
     """Store a suspected regression found by ``run`` (state ``benchmark``); ``kind`` is
-    ``speed``, ``compile-time`` or ``correctness``.
+    ``runtime``, ``compile-time`` or ``correctness``.
 
     A pair, workload, device and kind has at most one open regression (a unique index over
     the open states): when one is open already (an earlier run of the same pair, or a
@@ -145,6 +145,6 @@ def pending_for_run(session: Session, run_id: int) -> list[Regression]:
     return list(session.scalars(
         select(Regression)
         .where(Regression.run_id == run_id, Regression.state == S.BENCHMARK,
-               Regression.kind.in_((RegressionKind.SPEED, RegressionKind.COMPILE_TIME)))
+               Regression.kind.in_((RegressionKind.RUNTIME, RegressionKind.COMPILE_TIME)))
         .order_by(Regression.id)
     ))

@@ -78,7 +78,7 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
     bad, good = regression.treatment_commit, regression.control_commit
     device = regression.device.name if regression.device else "?"
     url = f"{dashboard_url.rstrip('/')}/regressions/{regression.id}" if dashboard_url else None
-    kind = "runtime" if regression.kind == RegressionKind.SPEED else RegressionKind(regression.kind).value
+    kind = RegressionKind(regression.kind).value
     culprit = regression.culprit_commit  # None until bisection names it
     session = object_session(regression)
     steps = [] if session is None else [step.to_dict() for step in session.scalars(

@@ -104,7 +104,7 @@ SILENCED_TRIAGE = frozenset({TriageStatus.EXPECTED, TriageStatus.INVALID})
 class RegressionKind(str, enum.Enum):
     """What a regression is about: each kind is judged, verified and bisected by its own verdict."""
 
-    SPEED = "speed"  # the run-time verdict: slower
+    RUNTIME = "runtime"  # the run-time verdict: slower
     COMPILE_TIME = "compile-time"  # the compile-time verdict (TVM workloads): slower to compile
     CORRECTNESS = "correctness"  # outputs differ from the control's beyond the workload's tolerance
 

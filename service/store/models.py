@@ -282,7 +282,7 @@ class Regression(Base):
     # the latest triage decision, if a person made one (the decisions are triage_events)
     triage: Mapped[TriageStatus | None] = mapped_column(_enum(TriageStatus, "triage_status"))
     kind: Mapped[RegressionKind] = mapped_column(_enum(RegressionKind, "regression_kind", 16),
-                                                 default=RegressionKind.SPEED, server_default="speed")
+                                                 default=RegressionKind.RUNTIME, server_default="runtime")
     change_pct: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

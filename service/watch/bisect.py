@@ -17,7 +17,7 @@ it judged; the culprit and the group (regressions with the same culprit on one d
 stored on each regression.
 
 What "slower" means is the regression's kind: each step is judged by the verdict :data:`JUDGES`
-names for it — the run-time verdict for ``speed``, the compile-time verdict (the comparison's
+names for it — the run-time verdict for ``runtime``, the compile-time verdict (the comparison's
 ``compile`` details, :func:`service.compare.compile_time.judged`) for ``compile-time``. The engine is
 the same; only the verdict it reads differs.
 """
@@ -52,7 +52,7 @@ def run_time(result: outcome.WorkloadResult) -> tuple[stats.Verdict, str | None]
 
 # The regression kinds bisection knows how to judge; a correctness regression is not bisected.
 JUDGES: dict[RegressionKind, Judge] = {
-    RegressionKind.SPEED: run_time,
+    RegressionKind.RUNTIME: run_time,
     RegressionKind.COMPILE_TIME: compile_time.judged,
 }
 
