@@ -93,7 +93,8 @@ def test_failed_build_prints_the_end_of_its_log(capsys, write_config, sqlite_url
 def _verdict(kind: str, change: float, ci: tuple[float, float], p: float, p_adj: float) -> stats.Verdict:
     return stats.Verdict(stats.Outcome(kind), change, ci, p, 480, 480, 12.3456, 12.3456 * (1 + change / 100),
                          1.0, 0.01, 0.99, f"{kind} because", p_adjusted=p_adj, correction="benjamini-hochberg",
-                         stop_reason="decided at look 2 of 5")
+                         stop_reason="decided at look 2 of 5", control_ms=12.3456,
+                         treatment_ms=12.3456 * (1 + change / 100), estimator="fastest sample per process")
 
 
 def _outcome() -> StoredRun:
@@ -133,6 +134,7 @@ def test_report_fits_80_columns_without_cutting_values():
     assert "resnet18-batch1-" in text  # a long workload name folds onto a second line, nothing is cut
     wide = _render(200)
     assert "[-12.34, +16.72]" in wide and "control ms" in wide and "12.346" in wide
+    assert "judged on: fastest sample per process" in " ".join(wide.split())
 
 
 def test_report_labels_the_p_that_decided_and_shows_the_other():

@@ -498,3 +498,33 @@ def test_a_verdict_goes_to_json_and_back_whole():
     decided = compare(control, treatment, control_groups=groups, treatment_groups=groups)
     assert decided.to_dict()["verdict"] == decided.verdict.value and isinstance(decided.to_dict()["ci_pct"], list)
     assert Verdict.from_dict({**decided.to_dict(), "run_id": 7}) == decided  # keys beside it are left out
+
+
+def test_judged_figures_never_contradict_the_verdict():
+    # Processes whose medians say "faster" while their fastest samples say "slower" (the treatment's
+    # processes were pre-empted less): the figures a report shows are the judged ones, so a
+    # regression's treatment figure is above its control's, an improvement's below, always.
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    seen, contradicted = set(), 0
+    for trial in range(60):
+        step = rng.choice([0.9, 1.0, 1.12])
+        control, treatment, cg, tg = [], [], [], []
+        for process in range(20):
+            for out, groups, factor, busy in ((control, cg, 1.0, 0.7), (treatment, tg, step, 0.2)):
+                base = 2.0 * factor * (1 + rng.normal(0, 0.005))
+                samples = base * np.where(rng.random(30) < busy, rng.uniform(1.5, 3.0, 30), 1 + rng.exponential(0.01, 30))
+                out.extend(samples.tolist())
+                groups.extend([process] * 30)
+        v = compare(control, treatment, control_groups=cg, treatment_groups=tg, paired=True, threshold_pct=2.0)
+        seen.add(v.verdict)
+        assert v.control_ms is not None and "fastest sample per process" in v.estimator
+        if v.verdict == Outcome.REGRESSION:
+            assert v.treatment_ms > v.control_ms, trial
+            assert v.treatment_ci_ms()[0] > v.control_ms
+            contradicted += v.treatment_median_ms < v.control_median_ms
+        elif v.verdict == Outcome.IMPROVEMENT:
+            assert v.treatment_ms < v.control_ms, trial
+    assert {Outcome.REGRESSION, Outcome.IMPROVEMENT} <= seen
+    assert contradicted > 0  # the plain medians said "faster" for some regressions: why they are not the figures

@@ -128,9 +128,9 @@ def verdict_table(outcome: CompareOutcome, width: int) -> Table:
             ci = f"{v.ci_pct[0]:+.1f}..{v.ci_pct[1]:+.1f}"
         row = [r.workload, f"[{VERDICT_STYLE[v.verdict.value]}]{v.verdict.value}[/]",
                "-" if v.change_pct is None else f"{v.change_pct:+.2f}%", ci, "-" if p is None else f"{p:.2g}"]
-        if wide:
-            row += ["-" if v.control_median_ms is None else f"{v.control_median_ms:.3f}",
-                    "-" if v.treatment_median_ms is None else f"{v.treatment_median_ms:.3f}"]
+        if wide:  # the figures the verdict was judged on (a footnote names the estimator)
+            row += ["-" if v.control_ms is None else f"{v.control_ms:.3f}",
+                    "-" if v.treatment_ms is None else f"{v.treatment_ms:.3f}"]
         n = str(v.control_n) if v.control_n == v.treatment_n else f"{v.control_n}/{v.treatment_n}"
         row += [n, regression_cell(r)]
         table.add_row(*row)
@@ -152,6 +152,10 @@ def _footnotes(outcome: CompareOutcome) -> list[str]:
     """What the table's p and samples columns mean, and the p-values it does not show."""
     adjusted = [r for r in outcome.results if decisive_p(r.verdict)[1] == "BH-adjusted"]
     lines = ["n: timing samples per side (control/treatment where they differ); not invocations, each gives several"]
+    estimators = sorted({r.verdict.estimator for r in outcome.results if r.verdict.estimator})
+    if estimators:
+        lines.append("control/treatment ms: what the verdict was judged on: " + "; or ".join(estimators)
+                     + " (plain medians: --json)")
     if adjusted:
         raw = ", ".join(f"{r.workload} {r.verdict.p_value:.2g}" for r in adjusted)
         lines.append(f"p (BH): Benjamini-Hochberg-adjusted p, which decided the verdict; raw p: {raw}")

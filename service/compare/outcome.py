@@ -106,6 +106,11 @@ def result_json(result: WorkloadResult) -> dict:
         "stop_reason": v.stop_reason,
         "looks": v.looks,
         "elapsed_s": v.elapsed_s,
+        # the figures the verdict was judged on (their estimator named), then the plain medians
+        "control_ms": v.control_ms,
+        "treatment_ms": v.treatment_ms,
+        "treatment_ci_ms": list(ci_ms) if (ci_ms := v.treatment_ci_ms()) else None,
+        "estimator": v.estimator or None,
         "control": {"median_ms": v.control_median_ms, "n": v.control_n},
         "treatment": {"median_ms": v.treatment_median_ms, "n": v.treatment_n},
         "regression_id": result.regression_id,

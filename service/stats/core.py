@@ -214,7 +214,8 @@ def compare(
         p_value = 1.0 if med_a == med_b else 0.0
     elif paired and control_groups is not None and treatment_groups is not None and _positive(ca, cb):
         change, ci, p_value, same_ci = _paired(ca, cb, confidence, plan_pairs, 2.0 * equivalence_alpha)
-        return replace(_decide(change, ci, p_value, base, same_ci=same_ci), method=PAIRED_METHOD)
+        judged = replace(_decide(change, ci, p_value, base, same_ci=same_ci), method=PAIRED_METHOD)
+        return _figures(judged, float(np.median(_fastest(ca))), FASTEST_ESTIMATOR)
     elif ca.shape[1] == 1 and cb.shape[1] == 1 and positive:  # one sample per unit: pooled samples
         if min(len(a), len(b)) >= QUANTILE_MIN_SAMPLES:
             change, ci, p_value = quantile_shift(a, b, confidence)
@@ -239,7 +240,18 @@ def compare(
         if math.isnan(p_value):
             p_value = 1.0
         method = "ratio of medians, process bootstrap; Mann-Whitney U on process medians"
-    return replace(_decide(change, ci, p_value, base), method=method)
+    return _figures(replace(_decide(change, ci, p_value, base), method=method), med_a, MEDIAN_ESTIMATOR)
+
+
+FASTEST_ESTIMATOR = ("fastest sample per process, median across the control's processes; "
+                     "treatment = control x (1 + judged change)")
+MEDIAN_ESTIMATOR = "median of the control's samples; treatment = control x (1 + judged change)"
+
+
+def _figures(verdict: Verdict, control_ms: float, estimator: str) -> Verdict:
+    """``verdict`` with the figures it was judged on (see :class:`Verdict`)."""
+    treatment = None if verdict.change_pct is None else control_ms * (1 + verdict.change_pct / 100)
+    return replace(verdict, control_ms=control_ms, treatment_ms=treatment, estimator=estimator)
 
 
 def _fastest(clusters: np.ndarray) -> np.ndarray:

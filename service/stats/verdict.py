@@ -52,6 +52,18 @@ class Verdict:
     # the interval that decides `same` (TOST at equivalence_alpha a side); None: ci_pct does
     same_ci_pct: tuple[float, float] | None = None
     equivalence_alpha: float = DEFAULT_EQUIVALENCE_ALPHA
+    # The figures the verdict was judged on, in ms: the control's (``estimator`` says how it is
+    # made) and the treatment's as the control's times the judged change, so that a report's two
+    # figures always agree with its verdict (the medians above may not: they count pre-empted samples).
+    control_ms: float | None = None
+    treatment_ms: float | None = None
+    estimator: str = ""
+
+    def treatment_ci_ms(self) -> tuple[float, float] | None:
+        """The interval of the change expressed in the treatment's milliseconds."""
+        if self.control_ms is None or self.ci_pct is None:
+            return None
+        return (self.control_ms * (1 + self.ci_pct[0] / 100), self.control_ms * (1 + self.ci_pct[1] / 100))
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as JSON values: the one form a verdict is stored and sent in (a
