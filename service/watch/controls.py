@@ -22,10 +22,10 @@ from sqlalchemy.orm import Session
 
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.builders.spec import CommitInfo
-from abwatch.service.compare import lifecycle
+from abwatch.service.compare import driver, lifecycle
 from abwatch.service.watch import bisect
 from abwatch.service.config import Config
-from abwatch.service.store.models import Comparison, Regression, Run
+from abwatch.service.store.models import Comparison, Regression, Run, RunType
 from abwatch.service.compare.driver import Attach
 from abwatch.service.compare.outcome import WorkloadResult
 from abwatch.service.stats.verdict import RegressionKind, RegressionState
@@ -63,19 +63,38 @@ class ControlRule(abc.ABC):
         return None
 
     def fixes(self, session: Session, run: Run, result: WorkloadResult, kind: RegressionKind) -> list[int]:
-        """Mark ``regress`` regressions of ``kind`` fixed that this run's verdict (the one ``kind``
-        is judged by) undoes: an improvement that brings the workload back within the threshold
-        of where it was before the regression. The ids fixed."""
+        """Mark ``regress`` regressions of ``kind`` fixed that this run may undo, by measuring it.
+
+        An improvement (by the verdict ``kind`` is judged by) on a workload with a ``regress``
+        regression is only a hint: the commit is compared again with the regression's good commit,
+        with the same statistics. ``same`` or faster there is ``fixed``, the check's run its
+        evidence; anything else is a note on the regression saying why not. (Multiplying the two
+        estimates instead made the outcome hang on the noise of the first one.) The ids fixed.
+        """
         v, not_judged = bisect.JUDGES[kind](result)
         if not_judged or v.verdict.value != "improvement" or v.change_pct is None:
             return []
         fixed = []
         for regression in _regressed(session, run, result, kind):
-            net = (1 + regression.change_pct / 100) * (1 + v.change_pct / 100)
-            if net <= 1 + self.config.stats.threshold_pct / 100:
-                lifecycle.transition(session, regression, RegressionState.FIXED, run,
-                                     f"run {run.id}: {v.change_pct:+.2f}% undoes {regression.change_pct:+.2f}%")
+            good = regression.control_commit.sha
+            check = driver.run_compare(
+                session, self.config.model_copy(update={
+                    "workloads": [w for w in self.config.workloads if w.name == result.workload]}),
+                good, run.treatment_commit.sha, run_type=RunType.REGRESS, parent_run_id=run.id)
+            checked = next((r for r in check.results if r.workload == result.workload), None)
+            w, failed = bisect.JUDGES[kind](checked) if checked is not None else (None, "not measured")
+            where = f"run {check.run_id}: {run.treatment_commit.sha[:12]} against the good commit {good[:12]}"
+            if failed or w is None:
+                lifecycle.note(session, regression, run, f"not marked fixed: {where} could not judge ({failed})")
+            elif w.verdict.value in ("same", "improvement"):
+                lifecycle.transition(session, regression, RegressionState.FIXED, session.get_one(Run, check.run_id),
+                                     f"{where}: {w.verdict.value} ({w.change_pct:+.2f}%); "
+                                     f"it was {regression.change_pct:+.2f}%")
                 fixed.append(regression.id)
+            else:
+                lifecycle.note(session, regression, run, f"not marked fixed: {where}: {w.verdict.value} "
+                               f"({w.change_pct:+.2f}%), not the same or faster" if w.change_pct is not None
+                               else f"not marked fixed: {where}: {w.verdict.value}")
         return fixed
 
     def bisect_from(self, session: Session, mirror: RepoMirror, regression: Regression) -> str | None:
