@@ -80,7 +80,9 @@ def test_series_with_change_points_records_and_watch(filled_server):
     assert len(records) == 2 and {r["schema_version"] for r in records} == {"0.1"}
     assert {r["metadata"]["side"] for r in records} == {"control", "treatment"}
     watch = get(base, "/api/watch")
-    assert watch["watched"][0]["run_id"] == runs["faster"] and watch["open_regressions"] == 1
+    # compares only: nothing is watched, the repository was compared
+    assert watch["watched"] == [] and watch["compared"][0]["run_id"] == runs["faster"]
+    assert watch["open_regressions"] == 1
     schema = get(base, "/openapi.json")
     assert {"/api/runs", "/api/runs/{run_id}", "/api/regressions", "/api/records",
             "/api/workloads/{workload}/series", "/api/watch"} <= set(schema["paths"])

@@ -62,8 +62,9 @@ def test_overview(browser, filled_server, tmp_path):
     base, runs, _ = filled_server
     open_page(browser, base + "/", tmp_path, "overview")
     assets_are_local(browser, base)
-    watched = browser.find_element(By.ID, "watched").text
-    assert f"run {runs['faster']}" in watched and "Do 20% less work" in watched
+    assert "No branch is watched" in browser.find_element(By.ID, "watched").text  # compares only
+    compared = browser.find_element(By.ID, "compared").text
+    assert f"run {runs['faster']}" in compared and "Do 20% less work" in compared
     open_regs = browser.find_element(By.ID, "open-regressions").text
     assert "Open regressions (1)" in open_regs and "lcg-loop" in open_regs and "regress" in open_regs
     assert "improvement" in browser.find_element(By.ID, "latest").text

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, joinedload
 
 from abwatch.service.read import serialize, stored
 from abwatch.service.store.models import (
-    AlertDelivery, Build, Comparison, Device, Job, Regression, Run, Sample, TriageEvent, WatchedCommit, WatchProgress,
+    AlertDelivery, Build, Commit, Comparison, Device, Job, Regression, Run, Sample, TriageEvent, WatchedCommit, WatchProgress,
     Workload,
 )
 from abwatch.service.stats.verdict import SILENCED_TRIAGE, RegressionKind, RegressionState
@@ -215,8 +215,14 @@ def _as_iso(value: Any) -> Any:
 
 
 def overview(session: Session) -> dict[str, Any]:
-    """What the dashboard's first page shows: what is watched, last tested, and still open."""
-    watched = session.execute(text(
+    """What the dashboard's first page shows: the watched branches (``abwatch watch``), the
+    repositories only compared (``compare``, try jobs), what is still open, the latest verdicts."""
+    watched = [{
+        "repository": row.repository.url, "branch": row.branch, "device": row.device,
+        "last_tested": row.last_tested_sha, "last_tested_summary": _summary(session, row.last_tested_sha),
+        "last_seen": row.last_seen_sha, "updated_at": _iso(row.updated_at),
+    } for row in session.scalars(select(WatchProgress).order_by(WatchProgress.id))]
+    compared = session.execute(text(
         "SELECT rp.url AS repository, r.id AS run_id, c.sha AS sha, c.summary AS summary, "
         "r.treatment_ref AS ref, r.finished_at AS finished_at "
         "FROM runs r JOIN repositories rp ON rp.id = r.repository_id JOIN commits c ON c.id = r.treatment_commit_id "
@@ -227,7 +233,8 @@ def overview(session: Session) -> dict[str, Any]:
     regressions = [regression_summary(r) for r in open_rows]
     latest = session.execute(text("SELECT * FROM latest_status ORDER BY workload, device")).mappings().all()
     return {
-        "watched": [{**w, "finished_at": _as_iso(w["finished_at"])} for w in watched],
+        "watched": watched,
+        "compared": [{**w, "finished_at": _as_iso(w["finished_at"])} for w in compared],
         "open_regressions": [r for r in regressions if not r["silenced"]],
         "silenced_regressions": [r for r in regressions if r["silenced"]],
         "latest": [{k: _as_iso(v) for k, v in row.items()} for row in latest],
@@ -266,6 +273,13 @@ def watch_status(session: Session) -> dict:
         select(Job).where(Job.kind == "try").order_by(Job.id.desc()).limit(TRY_JOBS_SHOWN))]
     return {"watched": branches, "queue": queue_counts(session), "running": running,
             "open_regressions": open_regressions, "try_jobs": tries}
+
+
+def _summary(session: Session, sha: str | None) -> str | None:
+    """The summary of commit ``sha`` (any repository's row: a sha names one commit)."""
+    if sha is None:
+        return None
+    return session.scalar(select(Commit.summary).where(Commit.sha == sha).limit(1))
 
 
 def _change_points(values: list[float], max_pvalue: float) -> list:

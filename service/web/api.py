@@ -267,9 +267,11 @@ def _read_routes(app: FastAPI) -> None:
 
     @app.get("/api/watch", tags=["watch"])
     def watch(session: SessionDep) -> dict[str, Any]:
-        """What is watched: per repository, the newest tested commit; open regressions."""
+        """What is watched (each branch a watch follows, per device, with its last tested commit),
+        what was only compared (per repository, the newest run), and how many regressions are open."""
         data = queries.overview(session)
-        return {"watched": data["watched"], "open_regressions": len(data["open_regressions"]),
+        return {"watched": data["watched"], "compared": data["compared"],
+                "open_regressions": len(data["open_regressions"]),
                 "silenced_regressions": len(data["silenced_regressions"])}
 
 
