@@ -135,3 +135,39 @@ def test_missing_pages_say_so(browser, filled_server, tmp_path):
     base, _, _ = filled_server
     open_page(browser, base + "/runs/999999", tmp_path, "missing")
     assert "run 999999 does not exist" in browser.find_element(By.TAG_NAME, "main").text
+
+
+def test_a_bisected_culprit_reads_the_same_in_the_cli_the_api_and_the_page(browser, tmp_path, fresh_pg_url, capsys):
+    """One serializer: after a nightly watch bisects a range of several commits, ``abwatch
+    regressions --json``, ``GET /api/regressions/{id}`` and the regression page name the same
+    culprit and the same steps, each step with the run that decided it."""
+    import json
+
+    from abwatch.service.cli.demo import make_demo_repo
+    from abwatch.service.cli.main import main
+    from tests.conftest import live_server
+    from tests.test_watch import shas, step, write_watch_config
+
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (step("base", "Baseline"),))
+    config = write_watch_config(tmp_path, repo, 'schedule = "0 2 * * *"', threshold_pct=5.0)
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 0
+    make_demo_repo(repo, (step("n1", "README", note="n1"), step("slow", "Do 25% more work", 1.25),
+                          step("n2", "README", 1.25, note="n2"), step("n3", "README", 1.25, note="n3")))
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 1
+    tags = shas(repo)
+    capsys.readouterr()
+    assert main(["regressions", "--json", "--db", fresh_pg_url]) == 0
+    (cli,) = json.loads(capsys.readouterr().out)
+    assert cli["culprit"]["sha"] == tags["slow"] and len(cli["bisection"]) >= 2
+    assert all(s["run_id"] and s["side"] in ("good", "bad") for s in cli["bisection"])
+    with live_server(fresh_pg_url, tmp_path / "server") as base:
+        api = requests.get(f"{base}/api/regressions/{cli['id']}", timeout=10).json()
+        assert api["culprit"] == cli["culprit"] and api["bisection"] == cli["bisection"]
+        assert api["range"] == cli["range"] and api["kind"] == cli["kind"] == "runtime"
+        open_page(browser, f"{base}/regressions/{cli['id']}", tmp_path, "regression-bisected", charts=1)
+        assert tags["slow"][:12] in browser.find_element(By.ID, "culprit").text
+        assert "named by bisection" in browser.find_element(By.ID, "culprit").text
+        rows = browser.find_elements(By.CSS_SELECTOR, "#bisection tr")[1:]
+        assert [r.text.split()[1] for r in rows] == [s["sha"][:12] for s in cli["bisection"]]
+        assert [r.text.split()[-1] for r in rows] == [str(s["run_id"]) for s in cli["bisection"]]
