@@ -198,3 +198,25 @@ def test_a_watch_alerts_the_range_then_the_bisected_culprit(receiver, tmp_path, 
     assert tags["slow"][:12] in text and "bisected in" in text
     assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0
     assert len(Receiver.received) == 2  # each alert once
+
+
+@pytest.mark.slow
+def test_a_one_commit_range_is_named_by_the_regress_alert(receiver, tmp_path, sqlite_url):
+    """A range of one commit needs no bisection: the `regress` alert names that commit as the
+    culprit, and no second alert follows."""
+    from tests.test_watch import shas, step, write_watch_config
+    from abwatch.service.cli.demo import make_demo_repo
+
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (step("base", "Baseline"),))
+    config = write_watch_config(tmp_path, repo, 'schedule = "0 2 * * *"\ntimezone = "UTC"', threshold_pct=5.0)
+    with open(config, "a") as handle:
+        handle.write(f'[alerts]\nwebhooks = ["{receiver}/ok"]\n')
+    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0
+    make_demo_repo(repo, (step("slow", "Do 25% more work", 1.25),))
+    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 1
+    tags = shas(repo)
+    assert [r["event"] for r in Receiver.received] == ["regress"]
+    (alert,) = Receiver.received
+    assert alert["body"]["regression"]["culprit_sha"] == tags["slow"]
+    assert f"culprit {tags['slow'][:12]}" in alert["body"]["text"]

@@ -154,6 +154,21 @@ def enqueue(session: Session, regression_ids: Iterable[int], event: str, config:
     return added
 
 
+def refresh_pending(session: Session, regression_ids: Iterable[int], event: str, config: AlertsConfig) -> set[int]:
+    """Write the document of ``event``'s deliveries that are still pending again, from the
+    regressions as they are now (a culprit named since). The ids of the regressions rewritten."""
+    rewritten: set[int] = set()
+    for row in session.scalars(select(AlertDelivery).where(
+            AlertDelivery.regression_id.in_(list(regression_ids)), AlertDelivery.event == event,
+            AlertDelivery.status == DeliveryStatus.PENDING)):
+        regression = session.get(Regression, row.regression_id)
+        if regression is not None:
+            row.payload = {**payload(regression, event, config.dashboard_url), "delivery": row.payload["delivery"]}
+            rewritten.add(regression.id)
+    session.flush()
+    return rewritten
+
+
 @dataclass(frozen=True)
 class Sent:
     """What one round did with one delivery."""

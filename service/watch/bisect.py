@@ -175,8 +175,11 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
     for sha in sorted(set(culprits.values())):
         named = [by_name[n] for n, c in culprits.items() if c == sha]
         name_culprit(session, named, mirror, sha)
-        # recorded with the culprit (the outbox); the loop that runs the job sends it after
-        alerts.enqueue(session, [r.id for r in named], "culprit", config.alerts)
+        ids = [r.id for r in named]
+        # a one-commit range: the `regress` alert, if still unsent, names the culprit itself;
+        # otherwise a `culprit` alert, recorded with it (the outbox) and sent after the job
+        told = alerts.refresh_pending(session, ids, "regress", config.alerts) if len(commits) == 1 else set()
+        alerts.enqueue(session, [i for i in ids if i not in told], "culprit", config.alerts)
         device = named[0].device.name if named[0].device else config.runner.device or "?"
         github.enqueue(session, config.github, sha, "failure", device,
                        "culprit of " + ", ".join(f"#{r.id} {r.workload.name} {r.change_pct:+.1f}%" for r in named),
