@@ -118,3 +118,6 @@ def check_api(client: Client, config_path: str, sqlite_url: str) -> None:
     run = client.get(f"/api/runs/{done['result']['run_id']}")
     assert run.status_code == 200 and run.json()["results"][0]["workload"] == "loop"
     assert client.get("/api/jobs/999999").status_code == 404
+    page = client.get(f"/jobs/{job_id}")  # the dashboard's job page, and the overview's list
+    assert page.status_code == 200 and f'href="/runs/{done["result"]["run_id"]}"' in page.text
+    assert f'href="/jobs/{job_id}"' in client.get("/").text

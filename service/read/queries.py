@@ -239,10 +239,25 @@ def overview(session: Session) -> dict[str, Any]:
         "silenced_regressions": [r for r in regressions if r["silenced"]],
         "latest": [{k: _as_iso(v) for k, v in row.items()} for row in latest],
         "recent_runs": list_runs(session, limit=10),
+        "try_jobs": try_jobs(session, 10),
     }
 
 
-TRY_JOBS_SHOWN = 20  # the newest try jobs `abwatch status` lists
+TRY_JOBS_SHOWN = 20  # the newest try jobs `abwatch status` and the overview list
+
+
+def try_jobs(session: Session, limit: int = TRY_JOBS_SHOWN) -> list[dict[str, Any]]:
+    """The newest try jobs, as :func:`serialize.job_json` shows them."""
+    return [serialize.job_json(j) for j in session.scalars(
+        select(Job).where(Job.kind == "try").order_by(Job.id.desc()).limit(limit))]
+
+
+def job_detail(session: Session, job_id: int) -> dict[str, Any]:
+    """One queued job (a watch's ``test``, a person's ``try``); NotFound if there is none."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} does not exist")
+    return serialize.job_json(job)
 
 
 def watch_status(session: Session) -> dict:
@@ -269,8 +284,7 @@ def watch_status(session: Session) -> dict:
     open_regressions = session.scalar(
         select(func.count()).select_from(Regression)
         .where(Regression.state.in_([RegressionState.BENCHMARK, RegressionState.VERIFY, RegressionState.REGRESS])))
-    tries = [serialize.job_json(j) for j in session.scalars(
-        select(Job).where(Job.kind == "try").order_by(Job.id.desc()).limit(TRY_JOBS_SHOWN))]
+    tries = try_jobs(session)
     return {"watched": branches, "queue": queue_counts(session), "running": running,
             "open_regressions": open_regressions, "try_jobs": tries}
 

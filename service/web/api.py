@@ -28,7 +28,7 @@ from abwatch.builders.spec import UsageError
 from abwatch.service.read import queries, serialize, triage as triage_mod
 from abwatch.service.config import ServerConfig
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations at run time
-from abwatch.service.store.models import Job, Record
+from abwatch.service.store.models import Record
 from abwatch.service.stats.verdict import RegressionState, TriageStatus
 from abwatch.runners.safejson import BadValue, loads
 from abwatch.service.records.v01 import RecordError, add_new, to_dict, to_row, validate_objects
@@ -282,10 +282,7 @@ def _job_routes(app: FastAPI) -> None:
     def job(job_id: Id, session: SessionDep) -> dict[str, Any]:
         """One queued job (a watch's ``test``, a person's ``try``): its state and, once done,
         its result with the runs it made."""
-        row = session.get(Job, job_id)
-        if row is None:
-            raise queries.NotFound(f"job {job_id} does not exist")
-        return serialize.job_json(row)
+        return queries.job_detail(session, job_id)
 
     @app.post("/api/jobs", tags=["jobs"], status_code=201,
               responses={**ERRORS, 401: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}})

@@ -69,6 +69,10 @@ def add_dashboard(app: FastAPI, api) -> None:
         return page(request, "run.html", f"run {run_id}",
                     queries.run_report(session, run_id))
 
+    @app.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
+    def job(request: Request, job_id: Id, session: SessionDep) -> HTMLResponse:
+        return page(request, "job.html", f"job {job_id}", queries.job_detail(session, job_id))
+
     @app.get("/regressions/{regression_id}", response_class=HTMLResponse, include_in_schema=False)
     def regression(request: Request, regression_id: Id, session: SessionDep) -> HTMLResponse:
         return page(request, "regression.html", f"regression {regression_id}",
