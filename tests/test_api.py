@@ -231,3 +231,14 @@ def test_nul_in_a_path_or_query_is_a_client_error_everywhere(filled_server):
         assert requests.get(base + path, timeout=10).status_code == 404, path
     for path in ("/api/regressions?workload=%00", "/api/records?workload=a%00", "/workloads/x?device=%00"):
         assert requests.get(base + path, timeout=10).status_code == 422, path
+
+
+def test_the_trend_plots_the_verdicts_scale(filled_server):
+    base, _, _ = filled_server
+    series = get(base, "/api/workloads/lcg-loop/series")
+    assert "fastest sample" in series["estimator"]
+    points = series["devices"][0]["points"]
+    # each commit's figure is its processes' fastest samples' median: never above the plain median
+    assert all(p["fastest_ms"] is not None and p["ms"] == p["fastest_ms"] <= p["median_ms"] for p in points)
+    values = {p["summary"]: p["ms"] for p in points}
+    assert values["Do 20% more work"] > values["Baseline"] * 1.1 > values["Do 20% less work"]

@@ -278,6 +278,8 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         ci_high_pct=verdict.ci_pct[1] if verdict.ci_pct else None,
         p_value=verdict.p_value, control_median_ms=verdict.control_median_ms,
         treatment_median_ms=verdict.treatment_median_ms,
+        control_fastest_ms=stats.fastest_median(m.samples[CONTROL], m.groups[CONTROL]),
+        treatment_fastest_ms=stats.fastest_median(m.samples[TREATMENT], m.groups[TREATMENT]),
         control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
         error=m.failure,
         details={"verdict": verdict.to_dict(), **(extra or {})},

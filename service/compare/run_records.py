@@ -34,7 +34,12 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
                 extra.setdefault(key, {}).update(value)
     worker = tvm["workers"][side] if tvm else None
     args, meta, runtime_extra = WORKLOAD_KINDS[workload.kind].record_fields(workload, worker)
-    metrics = {**extra.get("metrics", {}), "runtime_ms_median": statistics.median(samples), "n": len(samples)}
+    # runtime_ms_fastest: each process's fastest sample, their median (the scale the verdict judges)
+    fastest: dict = {}
+    for sample in raw:
+        fastest[sample["invocation"]] = min(sample["runtime_ms"], fastest.get(sample["invocation"], float("inf")))
+    metrics = {**extra.get("metrics", {}), "runtime_ms_median": statistics.median(samples),
+               "runtime_ms_fastest": statistics.median(fastest.values()) if fastest else None, "n": len(samples)}
     runtime_config = {**extra.get("runtime_config", {}), **device_info.runtime_config}
     engine_config = {**extra.get("engine_config", {}), "builder": build.builder, "build_config_hash": build.config_hash}
     runtime_config.update(runtime_extra)

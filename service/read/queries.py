@@ -181,7 +181,7 @@ def series(session: Session, workload: str, device: str | None = None,
         where += " AND device = :d"
         params["d"] = device
     points = session.execute(text(
-        "SELECT device, sha, summary, committed_at, run_id, side, median_ms, n, verdict, change_pct, "
+        "SELECT device, sha, summary, committed_at, run_id, side, median_ms, fastest_ms, n, verdict, change_pct, "
         f"ci_low_pct, ci_high_pct, workload_id, repository, spec_hash FROM workload_series WHERE {where} "
         "ORDER BY device, workload_id, committed_at, measured_at"), params).mappings().all()
     regressions = list_regressions(session, workload=workload, device=device, limit=1000)
@@ -192,10 +192,12 @@ def series(session: Session, workload: str, device: str | None = None,
             "device": p["device"], "workload_id": p["workload_id"], "repository": p["repository"],
             "spec_hash": p["spec_hash"], "points": []})
         entry["points"].append({k: v for k, v in p.items() if k not in ("workload_id", "repository", "spec_hash")}
-                               | {"committed_at": _as_iso(p["committed_at"])})
+                               | {"committed_at": _as_iso(p["committed_at"]),
+                                  # the figure plotted: on the verdict's scale where the run kept it
+                                  "ms": p["fastest_ms"] if p["fastest_ms"] is not None else p["median_ms"]})
     note = None
     for entry in devices.values():
-        values = [p["median_ms"] for p in entry["points"]]
+        values = [p["ms"] for p in entry["points"]]
         try:
             found = _change_points(values, max_pvalue) if change_points and len(values) >= 4 else []
         except ImportError as exc:  # Apache Otava is installed apart: the series stands without it
@@ -206,7 +208,11 @@ def series(session: Session, workload: str, device: str | None = None,
             for c in found]
         entry["regressions"] = [r for r in regressions
                                 if r["device"] == entry["device"] and r["workload_id"] == entry["workload_id"]]
-    return {"workload": workload, "devices": list(devices.values()), "note": note}
+    return {"workload": workload, "devices": list(devices.values()), "note": note, "estimator": SERIES_ESTIMATOR}
+
+
+SERIES_ESTIMATOR = ("ms: each process's fastest sample, the median across the run's processes of that commit "
+                    "(the verdict's scale); runs measured before abwatch kept it show their plain median")
 
 
 def _as_iso(value: Any) -> Any:

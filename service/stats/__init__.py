@@ -21,7 +21,7 @@ _EXPORTS = {
     "changepoints": ("OTAVA_MISSING", "StepChange", "change_points"),
     "core": ("DEFAULT_ALPHA", "DEFAULT_CONFIDENCE", "DEFAULT_PLAN_PAIRS", "DEFAULT_RESAMPLES",
              "DEFAULT_THRESHOLD_PCT", "MIN_PAIRS", "MIN_SAMPLES", "TRIM", "_decide", "_small_sample", "adjust_fdr",
-             "compare", "cs_multiplier", "cs_p_value", "planned_repetitions", "process_cv", "trimmed_mean_se"),
+             "compare", "fastest_median", "cs_multiplier", "cs_p_value", "planned_repetitions", "process_cv", "trimmed_mean_se"),
     "sequential": ("Budget", "Look", "sequential_look"),
     "verdict": ("DEFAULT_EQUIVALENCE_ALPHA", "Outcome", "Verdict"),
 }
@@ -47,6 +47,7 @@ __all__ = [
     "adjust_fdr",
     "change_points",
     "compare",
+    "fastest_median",
     "cs_multiplier",
     "cs_p_value",
     "planned_repetitions",
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
     from abwatch.service.stats.changepoints import OTAVA_MISSING, StepChange, change_points
     from abwatch.service.stats.core import (
         DEFAULT_ALPHA, DEFAULT_CONFIDENCE, DEFAULT_PLAN_PAIRS, DEFAULT_RESAMPLES, DEFAULT_THRESHOLD_PCT, MIN_PAIRS,
-        MIN_SAMPLES, TRIM, _decide, _small_sample, adjust_fdr, compare, cs_multiplier, cs_p_value,
+        MIN_SAMPLES, TRIM, _decide, _small_sample, adjust_fdr, compare, cs_multiplier, cs_p_value, fastest_median,
         planned_repetitions, process_cv, trimmed_mean_se,
     )
     from abwatch.service.stats.sequential import Budget, Look, sequential_look

@@ -384,3 +384,12 @@ def planned_repetitions(cv: float, target_pct: float, alpha: float, power: float
     while n < 100_000 and sd * (cs_multiplier(n, alpha, plan) + z_power) / math.sqrt(n) > target:
         n += 1 if n < 64 else n // 16
     return n
+
+
+def fastest_median(samples: Sequence[float], groups: Sequence) -> float | None:
+    """Each process's fastest sample, then their median: one side's figure on the scale the
+    paired verdict judges (the trend series plots it, so a step reads as the verdicts saw it)."""
+    fastest: dict = {}
+    for value, group in zip(samples, groups, strict=True):
+        fastest[group] = min(value, fastest.get(group, math.inf))
+    return float(np.median(list(fastest.values()))) if fastest else None

@@ -245,6 +245,9 @@ class Comparison(Base):
     p_value: Mapped[float | None] = mapped_column(Float)
     control_median_ms: Mapped[float | None] = mapped_column(Float)
     treatment_median_ms: Mapped[float | None] = mapped_column(Float)
+    # each side's processes by their fastest sample, the median of those: what the trend plots
+    control_fastest_ms: Mapped[float | None] = mapped_column(Float)
+    treatment_fastest_ms: Mapped[float | None] = mapped_column(Float)
     control_n: Mapped[int] = mapped_column(Integer)
     treatment_n: Mapped[int] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)

@@ -11,7 +11,7 @@
     const x = pts.map((p, i) => i);
     const labels = pts.map(p => p.sha.slice(0, 10) + " " + (p.summary || ""));
     const traces = [{
-      x: x, y: pts.map(p => p.median_ms), mode: "lines+markers", name: "median ms",
+      x: x, y: pts.map(p => p.ms), mode: "lines+markers", name: "ms (fastest per process)",
       text: labels, customdata: pts.map(p => p.run_id),
       hovertemplate: "%{text}<br>%{y:.3f} ms<br>run %{customdata}<extra></extra>",
       line: { color: "#1c5fd1" }, marker: { size: 8 }
@@ -19,7 +19,7 @@
     const regBySha = new Map(dev.regressions.map(r => [r.treatment_sha, r]));
     const reg = pts.map((p, i) => [p, i]).filter(([p]) => regBySha.has(p.sha));
     if (reg.length) {
-      traces.push({ x: reg.map(([, i]) => i), y: reg.map(([p]) => p.median_ms), mode: "markers",
+      traces.push({ x: reg.map(([, i]) => i), y: reg.map(([p]) => p.ms), mode: "markers",
                     name: "regression", marker: { color: "#d11c1c", size: 15, symbol: "triangle-up" },
                     customdata: reg.map(([p]) => regBySha.get(p.sha).run_id),
                     text: reg.map(([p]) => "#" + regBySha.get(p.sha).id + " " + regBySha.get(p.sha).state +
@@ -32,7 +32,7 @@
     }));
     const layout = Object.assign({}, layoutBase, {
       shapes: shapes, xaxis: { tickvals: x, ticktext: pts.map(p => p.sha.slice(0, 8)), title: "commit" },
-      yaxis: { title: "median ms" }, legend: { orientation: "h" },
+      yaxis: { title: "ms (fastest sample per process, median)" }, legend: { orientation: "h" },
       hovermode: "x"  // a click reports every trace at that commit, so a regression can win
     });
     Plotly.newPlot(el, traces, layout, config);
