@@ -528,3 +528,33 @@ def test_judged_figures_never_contradict_the_verdict():
             assert v.treatment_ms < v.control_ms, trial
     assert {Outcome.REGRESSION, Outcome.IMPROVEMENT} <= seen
     assert contradicted > 0  # the plain medians said "faster" for some regressions: why they are not the figures
+
+
+def test_too_few_pairs_give_no_interval_and_a_storable_verdict():
+    # under MIN_PAIRS the confidence sequence is unbounded: no interval at all (not [-100, inf],
+    # which PostgreSQL's json refuses), and the verdict's dict is plain JSON
+    import json
+
+    from abwatch.service.stats import MIN_PAIRS
+
+    pairs = MIN_PAIRS - 2
+    control = [1.0 + 0.01 * i for i in range(pairs) for _ in range(3)]
+    treatment = [1.1 + 0.01 * i for i in range(pairs) for _ in range(3)]
+    groups = [i for i in range(pairs) for _ in range(3)]
+    v = compare(control, treatment, control_groups=groups, treatment_groups=groups, paired=True)
+    assert v.verdict == Outcome.UNKNOWN and v.ci_pct is None and "too few pairs" in v.reason
+    json.loads(json.dumps(v.to_dict(), allow_nan=False))
+
+
+def test_the_fdr_correction_keeps_the_judged_figures():
+    from abwatch.service.stats import adjust_fdr
+
+    groups = [i for i in range(12) for _ in range(3)]
+    control = [1.0 + 0.001 * (i % 5) for i in range(36)]
+    treatment = [1.2 + 0.001 * (i % 7) for i in range(36)]
+    v = compare(control, treatment, control_groups=groups, treatment_groups=groups, paired=True)
+    (adjusted,) = adjust_fdr([v])
+    assert adjusted.correction == "benjamini-hochberg"
+    assert (adjusted.control_ms, adjusted.treatment_ms, adjusted.estimator) == (v.control_ms, v.treatment_ms,
+                                                                                 v.estimator)
+

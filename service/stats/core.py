@@ -214,6 +214,11 @@ def compare(
         p_value = 1.0 if med_a == med_b else 0.0
     elif paired and control_groups is not None and treatment_groups is not None and _positive(ca, cb):
         change, ci, p_value, same_ci = _paired(ca, cb, confidence, plan_pairs, 2.0 * equivalence_alpha)
+        if not all(math.isfinite(x) for x in ci):  # under MIN_PAIRS the sequence is unbounded: no interval
+            pairs = min(len(ca), len(cb))
+            return _figures(Verdict(Outcome.UNKNOWN, change, None, None, method=PAIRED_METHOD,
+                                    reason=f"too few pairs for an interval ({pairs}; {MIN_PAIRS} are needed)",
+                                    **base), float(np.median(_fastest(ca))), FASTEST_ESTIMATOR)
         judged = replace(_decide(change, ci, p_value, base, same_ci=same_ci), method=PAIRED_METHOD)
         return _figures(judged, float(np.median(_fastest(ca))), FASTEST_ESTIMATOR)
     elif ca.shape[1] == 1 and cb.shape[1] == 1 and positive:  # one sample per unit: pooled samples
@@ -355,7 +360,8 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
             stop += f" ({v.verdict.value} before Benjamini-Hochberg)"
         out[i] = replace(decided, p_adjusted=float(p_adj), correction="benjamini-hochberg",
                          stop_reason=stop, method=v.method, looks=v.looks, elapsed_s=v.elapsed_s,
-                         reason=decided.reason.replace("p=", "BH-adjusted p="))
+                         reason=decided.reason.replace("p=", "BH-adjusted p="),
+                         control_ms=v.control_ms, treatment_ms=v.treatment_ms, estimator=v.estimator)
     return out
 
 

@@ -9,6 +9,7 @@ parses them — the reports, the command line's parser — imports neither stack
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -70,6 +71,9 @@ class Verdict:
         comparison's details, a regression's evidence, the API)."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["verdict"] = self.verdict.value
+        for key, value in data.items():  # JSON (and PostgreSQL's json) has no Infinity or NaN
+            if isinstance(value, float) and not math.isfinite(value):
+                data[key] = None
         for key in _INTERVALS:
             data[key] = list(data[key]) if data[key] is not None else None
         return data
