@@ -101,6 +101,7 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
     return {
         "event": event, "text": text,
         "regression": {
+            **regression.to_dict(),  # the shape the CLI, the API and the pages show
             "id": regression.id, "workload": regression.workload.name, "device": device, "kind": kind,
             "state": regression.state.value, "change_pct": regression.change_pct,
             "good_sha": good.sha, "bad_sha": bad.sha, "culprit_sha": culprit.sha if culprit else None,

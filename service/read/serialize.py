@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from abwatch.builders.redact import mask_url
 from abwatch.service.read.stored import StoredRun
-from abwatch.service.stats.verdict import RegressionKind
 from abwatch.service.store.models import Job, Regression
 
 LOG_TAIL_LINES = 25
@@ -42,24 +40,9 @@ def log_tail(log: str, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def regression_json(r: Regression) -> dict:
-    """The ``--json`` shape of a regression with its state history."""
-    return {
-        "id": r.id, "workload": r.workload.name,
-        "repository": mask_url(r.workload.repository.url) if r.workload.repository else None, "kind": RegressionKind(r.kind).value, "state": r.state.value, "change_pct": r.change_pct,
-        "run_id": r.run_id, "control_sha": r.control_commit.sha, "treatment_sha": r.treatment_commit.sha,
-        "benchmark_verdict": r.benchmark_verdict, "verify_verdict": r.verify_verdict,
-        "device": r.device.name if r.device else None,
-        "range": {"good": r.control_commit.sha, "bad": r.treatment_commit.sha},
-        "culprit": ({"sha": r.culprit_commit.sha, "summary": r.culprit_commit.summary,
-                     "author": r.culprit_commit.author} if r.culprit_commit else None),
-        "bisection": [step.to_dict() for step in r.bisection],
-        "group": r.group_id,
-        "events": [
-            {"from": e.from_state.value if e.from_state else None, "to": e.to_state.value,
-             "run_id": e.run_id, "reason": e.reason, "at": e.at.isoformat()}
-            for e in r.events
-        ],
-    }
+    """The ``--json`` shape of a regression with its state history (:meth:`Regression.to_dict`,
+    which alerts send too)."""
+    return r.to_dict()
 
 
 def short_sha(sha: str) -> str:

@@ -25,6 +25,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from abwatch.builders.redact import mask_url
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from abwatch.service.stats.verdict import Outcome, RegressionKind, RegressionState, TriageStatus
@@ -308,6 +309,26 @@ class Regression(Base):
     )
     triage_events: Mapped[list[TriageEvent]] = relationship(order_by="TriageEvent.id")
     __mapper_args__ = {"version_id_col": version}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The one shape of a regression that every reader shows: ``abwatch regressions --json``,
+        ``GET /api/regressions/{id}``, the regression page and alerts (range, bisected culprit,
+        bisection steps, state history)."""
+        culprit = self.culprit_commit
+        return {
+            "id": self.id, "workload": self.workload.name,
+            "repository": mask_url(self.workload.repository.url) if self.workload.repository else None,
+            "kind": RegressionKind(self.kind).value, "state": self.state.value, "change_pct": self.change_pct,
+            "run_id": self.run_id, "control_sha": self.control_commit.sha, "treatment_sha": self.treatment_commit.sha,
+            "benchmark_verdict": self.benchmark_verdict, "verify_verdict": self.verify_verdict,
+            "device": self.device.name if self.device else None,
+            "range": {"good": self.control_commit.sha, "bad": self.treatment_commit.sha},
+            "culprit": {"sha": culprit.sha, "summary": culprit.summary, "author": culprit.author} if culprit else None,
+            "bisection": [step.to_dict() for step in self.bisection],
+            "group": self.group_id,
+            "events": [{"from": e.from_state.value if e.from_state else None, "to": e.to_state.value,
+                        "run_id": e.run_id, "reason": e.reason, "at": e.at.isoformat()} for e in self.events],
+        }
 
 
 class RegressionEvent(Base):
