@@ -213,3 +213,13 @@ def test_build_environment_puts_the_builds_python_first(tmp_path):
     assert env["TVM_LIBRARY_PATH"] == str(artifact / "lib") and env["X"] == "1"
     assert env["ABWATCH_ARTIFACT"] == str(artifact) and env["VIRTUAL_ENV"] == str(artifact)
     assert build_environment(tmp_path / "plain") == {}  # a command build's artifact: nothing added
+
+
+def test_the_shipped_nightly_config_loads_with_its_script_workloads():
+    from pathlib import Path
+
+    config = load_config(Path(__file__).resolve().parent.parent / "config" / "tvm-nightly.toml")
+    assert config.build.kind == "tvm-source" and config.watch.schedule == "0 2 * * *"
+    scripts = [w for w in config.workloads if w.kind == "tvm" and w.model.startswith("script:")]
+    assert {Path(w.model.removeprefix("script:")).name for w in scripts} == {"attention_tvmscript.py", "mlp_nn.py"}
+    assert all(Path(w.model.removeprefix("script:")).is_file() and w.script_sha256 for w in scripts)

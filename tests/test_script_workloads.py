@@ -98,3 +98,17 @@ def test_a_script_with_a_syntax_error_is_a_config_error(capsys, tmp_path, tvm_ca
                  "--db", sqlite_url])
     err = capsys.readouterr().err
     assert code == 2 and f"{tmp_path / 'bad.py'}:1: SyntaxError" in err and "tvm.toml" in err
+
+
+def test_a_script_workload_runs_on_a_board_through_the_rpc_tracker(capsys, tmp_path, tvm_cache, sqlite_url, rpc_board):
+    # compiled on this host in the build's Python, uploaded to the board (an RPC server on
+    # 127.0.0.1 behind a real tracker) and timed there, like a built-in model
+    tracker, _ = rpc_board
+    shutil.copy(EXAMPLES / "attention_tvmscript.py", tmp_path / "attention.py")
+    runner = f'kind = "rpc"\ntracker = "{tracker}"\nkey = "local-cpu"'
+    config = write(tmp_path, tvm_cache, script_workload("attention", Path("attention.py")), runner=runner)
+    code, payload, err = compare(capsys, config, sqlite_url)
+    assert code in (0, 1), err
+    result = payload["results"][0]
+    assert result["failure"] is None and result["error"]["mismatch"] is False, result
+    assert result["control"]["n"] > 0 and result["treatment"]["n"] > 0
