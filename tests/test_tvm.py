@@ -299,5 +299,10 @@ options = {out_channels = 8}
     assert by_name["conv"]["ops"][0]["features"] == "conv2d 1x8x16x16 float32"
     convs = [op for op in by_name["resnet18"]["ops"] if op["type"] == "conv2d"]
     assert all(op["shapes"] and op["dtypes"][0] == "float32" and op["threads"] == "1" for op in convs)
-    assert any(op["features"] == "conv2d 1x3x32x32 float32" for op in convs), [op["features"] for op in convs]
+    # the table keeps the 20 operators that moved most (in an A/A run: by noise), so any may be cut;
+    # each kept one names its input as TVM gave it: batch 1, one of ResNet-18's widths, halving sizes
+    shapes = {(c, h) for c, h in ((3, 32), (64, 16), (64, 8), (128, 8), (128, 4), (256, 4), (256, 2), (512, 2),
+                                  (512, 1), (64, 32), (128, 16), (256, 8), (512, 4))}
+    assert all(op["features"] in {f"conv2d 1x{c}x{h}x{h} float32" for c, h in shapes} for op in convs), \
+        [op["features"] for op in convs]
     assert by_name["conv"]["compile_ms"]["control"] > 0
