@@ -160,8 +160,12 @@ class TvmSourceBuildConfig(BuildSpec):
     libraries: list[str] = Field(default_factory=lambda: ["*.so", "lib/*.so"],
                                  description="globs in the build directory kept as lib/")
     python_dir: str = "python"
+    # TVM's own Python dependencies (its pyproject.toml: tvm-ffi, ml_dtypes, numpy,
+    # typing_extensions; without ml_dtypes a TVMScript constant fails to build), then the RPC
+    # server's (tornado, psutil, cloudpickle)
     python_packages: list[str] = Field(
-        default_factory=lambda: ["numpy", "apache-tvm-ffi=={ffi_version}", "tornado", "psutil", "cloudpickle"])
+        default_factory=lambda: ["numpy", "apache-tvm-ffi=={ffi_version}", "ml_dtypes", "typing_extensions",
+                                 "tornado", "psutil", "cloudpickle"])
     keep: list[Annotated[str, Field(pattern=r"^[^/].*")]] = Field(
         default_factory=list, description="repository paths copied into the artifact's src/ "
         "(scripts that script:repo: workloads and command workloads read)")

@@ -84,8 +84,9 @@ def test_config_hashes_stay_what_caches_and_build_rows_hold():
     assert CommandBuildConfig(command=["make"]).config_hash() == "4c77e072e4148f9a"
     assert TvmWheelBuildConfig(packages=["onnx", "b"]).config_hash() == "03248355197ea73e"
     assert TvmWheelBuildConfig(packages=["b", "onnx"]).config_hash() == "03248355197ea73e"
-    assert TvmSourceBuildConfig().config_hash() == "8f9beb60c2df88b1"
-    assert TvmSourceBuildConfig(jobs=3, pack_deltas=False).config_hash() == "8f9beb60c2df88b1"
+    # 4433f81156556150 since ml_dtypes and typing_extensions joined the default packages (TVM's own)
+    assert TvmSourceBuildConfig().config_hash() == "4433f81156556150"
+    assert TvmSourceBuildConfig(jobs=3, pack_deltas=False).config_hash() == "4433f81156556150"
     assert TvmSourceBuildConfig().workspace_hash() == "ed43edc83d2665f5"
     assert spec_hash({"b": 1, "a": [2]}) == spec_hash({"a": [2], "b": 1})
 
