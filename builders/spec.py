@@ -217,6 +217,24 @@ BuildConfig = Annotated[
 ]
 
 
+# What a workload may be measured by (``measure``): wall time, and/or the instructions a process
+# retires (runners/counters.py), which barely move with load. The first listed decides the
+# comparison's verdict; each has its own verdict and threshold.
+Metric = Literal["time", "instructions"]
+
+
+def _measure_field():
+    return Field(default_factory=lambda: ["time"], min_length=1,
+                 description='metrics measured: ["time"], ["time", "instructions"] or ["instructions"]; '
+                             "the first decides the comparison's verdict")
+
+
+def _unique(value: list[str]) -> list[str]:
+    if len(set(value)) != len(value):
+        raise ValueError(f"lists a metric twice: {value}")
+    return value
+
+
 class CommandWorkloadConfig(StrictModel):
     """A workload run as a command, by default inside the build's artifact directory.
 
@@ -242,6 +260,9 @@ class CommandWorkloadConfig(StrictModel):
                                         description=f"output an invocation may print (default {MAX_OUTPUT_MB} MB)")
     max_samples: int | None = Field(default=None, ge=1,
                                     description=f"samples an invocation may report (default {MAX_SAMPLES})")
+    measure: list[Metric] = _measure_field()
+
+    _unique_metrics = field_validator("measure")(_unique)
 
     @property
     def output_limit(self) -> int:
@@ -305,6 +326,16 @@ class TvmWorkloadConfig(StrictModel):
     rtol: float = Field(default=1e-4, ge=0)
     atol: float = Field(default=1e-5, ge=0)
     timeout_s: float | None = Field(default=None, gt=0)
+    measure: list[Metric] = _measure_field()
+
+    @field_validator("measure")
+    @classmethod
+    def _time_only(cls, value: list[str]) -> list[str]:
+        _unique(value)
+        if "instructions" in value:
+            raise ValueError("instructions are counted for command workloads only so far (a TVM workload's "
+                             'compile and run are timed); use measure = ["time"]')
+        return value
 
     @field_validator("treatment_options")
     @classmethod

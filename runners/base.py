@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 from abwatch.builders.spec import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig, UsageError
 
 if TYPE_CHECKING:
+    from abwatch.runners.counters import InstructionCounter
     from abwatch.runners.tvm_sessions import TvmSessions
 
 
@@ -123,6 +124,14 @@ class Runner(abc.ABC):
         from abwatch.runners.workloads import WORKLOAD_KINDS
 
         return WORKLOAD_KINDS[workload.kind].compile_time(self, artifact_dir, workload, timeout_s, side)
+
+    def count_instructions(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
+                           timeout_s: float, counter: InstructionCounter, side: str = "control") -> InvocationResult:
+        """One fresh process of ``workload`` under ``counter``; its one sample is the number of
+        instructions it retired (what each kind counts: :data:`~abwatch.runners.workloads.WORKLOAD_KINDS`)."""
+        from abwatch.runners.workloads import WORKLOAD_KINDS
+
+        return WORKLOAD_KINDS[workload.kind].count_instructions(self, artifact_dir, workload, timeout_s, side, counter)
 
     @abc.abstractmethod
     def teardown(self) -> None:

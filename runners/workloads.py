@@ -8,19 +8,25 @@ runners, the compile-time measurement and the records ask the registry, never ``
 from __future__ import annotations
 
 import abc
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from abwatch.builders.environment import ArtifactInfoError, build_environment
-from abwatch.builders.procs import child_env, passed, run_process
+from abwatch.builders.procs import ProcessResult, child_env, passed, run_process
 from abwatch.builders.spec import CommandWorkloadConfig, TvmWorkloadConfig
 from abwatch.runners.base import InvocationResult, WorkerReady
+from abwatch.runners.counters import CountError, InstructionCounter
 from abwatch.runners.harness import OutputError, parse_output
 
 if TYPE_CHECKING:
     from abwatch.runners.base import Runner
 
 STDERR_TAIL = 4000  # characters of a failed invocation's stderr kept as its message
+# Fixed in a counted process unless the workload sets them: Python's string hashing is seeded
+# per process, and a different seed walks dicts and sets in another order (measured: counts of
+# one CPython script spread 0.2 % with random seeds, under 0.01 % with one; docs/statistics.md).
+COUNTED_ENV = {"PYTHONHASHSEED": "0"}
 
 
 class WorkloadKind(abc.ABC):
@@ -39,6 +45,12 @@ class WorkloadKind(abc.ABC):
         """One fresh process that only compiles ``workload``; its one sample is the compile time (ms)."""
         raise NotImplementedError(f"{self.kind} workloads have no compile step to time ({workload.name!r})")
 
+    def count_instructions(self, runner: Runner, artifact_dir: Path, workload: Any, timeout_s: float,
+                           side: str, counter: InstructionCounter) -> InvocationResult:
+        """One fresh process of ``workload`` counted by ``counter``; its one sample is the
+        instructions it retired."""
+        raise NotImplementedError(f"{self.kind} workloads cannot be counted yet ({workload.name!r})")
+
     @abc.abstractmethod
     def record_fields(self, workload: Any, worker: WorkerReady | None) -> tuple[dict, dict, dict]:
         """What a TVM v0.1 record says of the workload: (workload_args, workload_metadata,
@@ -52,16 +64,45 @@ class CommandKind(WorkloadKind):
 
     def run(self, runner: Runner, artifact_dir: Path, workload: CommandWorkloadConfig, timeout_s: float,
             side: str) -> InvocationResult:
+        proc = self._process(artifact_dir, workload, timeout_s, workload.command)
+        if isinstance(proc, InvocationResult):
+            return proc
+        try:
+            samples, records = parse_output(proc.stdout, max_samples=workload.samples_limit)
+        except OutputError as exc:
+            return InvocationResult("error", (), proc.wall_s, str(exc))
+        return InvocationResult("ok", samples, proc.wall_s, "", records)
+
+    def count_instructions(self, runner: Runner, artifact_dir: Path, workload: CommandWorkloadConfig,
+                           timeout_s: float, side: str, counter: InstructionCounter) -> InvocationResult:
+        # The whole process is counted: its start-up is the same on both sides, so it dilutes a
+        # change but cannot fake one; what it prints is not read.
+        with tempfile.TemporaryDirectory(prefix="abwatch-count-") as scratch:
+            argv = counter.wrap(list(workload.command), Path(scratch))
+            proc = self._process(artifact_dir, workload, timeout_s, argv, COUNTED_ENV)
+            if isinstance(proc, InvocationResult):
+                return proc
+            try:
+                count = counter.read(Path(scratch))
+            except CountError as exc:
+                return InvocationResult("error", (), proc.wall_s, f"{counter.name}: {exc}")
+        return InvocationResult("ok", (float(count),), proc.wall_s)
+
+    @staticmethod
+    def _process(artifact_dir: Path, workload: CommandWorkloadConfig, timeout_s: float, argv: list[str],
+                 defaults: dict[str, str] | None = None) -> ProcessResult | InvocationResult:
+        """Run ``argv`` as the workload's process: its finished process, or the failed
+        invocation it makes (an :class:`InvocationResult`)."""
         try:
             # a TVM build's Python first on PATH, with its variables: `python bench.py` uses this build
-            env = child_env(build_environment(artifact_dir), passed(workload.pass_env), workload.env)
+            env = child_env(build_environment(artifact_dir), defaults or {}, passed(workload.pass_env), workload.env)
         except ArtifactInfoError as exc:
             return InvocationResult("error", (), 0.0, str(exc))
         try:
-            proc = run_process(workload.command, cwd=workload.cwd or artifact_dir, env=env,
+            proc = run_process(argv, cwd=workload.cwd or artifact_dir, env=env,
                                timeout_s=timeout_s, max_output=workload.output_limit)
         except OSError as exc:
-            return InvocationResult("error", (), 0.0, f"cannot start {workload.command[0]!r}: {exc.strerror}")
+            return InvocationResult("error", (), 0.0, f"cannot start {argv[0]!r}: {exc.strerror}")
         if proc.overflowed:
             return InvocationResult("error", (), proc.wall_s,
                                     f"printed more than {workload.output_limit} bytes; killed, nothing of it kept "
@@ -71,11 +112,7 @@ class CommandKind(WorkloadKind):
         if proc.returncode != 0:
             tail = proc.stderr[-STDERR_TAIL:].strip()
             return InvocationResult("error", (), proc.wall_s, f"exited with status {proc.returncode}: {tail}")
-        try:
-            samples, records = parse_output(proc.stdout, max_samples=workload.samples_limit)
-        except OutputError as exc:
-            return InvocationResult("error", (), proc.wall_s, str(exc))
-        return InvocationResult("ok", samples, proc.wall_s, "", records)
+        return proc
 
     def record_fields(self, workload: CommandWorkloadConfig, worker: WorkerReady | None) -> tuple[dict, dict, dict]:
         return {"command": workload.command}, {"kind": "command"}, {"env": workload.env}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run abwatch's tests (README command 2; .ci/run calls it too). Installs what the tests need
-# when it is missing: ./.venv with abwatch and its test tools, a C compiler, Debian's Chromium
+# when it is missing: ./.venv with abwatch and its test tools, a C compiler, Valgrind, Debian's Chromium
 # and ChromeDriver (the dashboard's browser tests; needs root for apt-get), and a running
 # PostgreSQL on 127.0.0.1:5432 (the tests use the real server, never a mock).
 # Arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast subset.
@@ -17,6 +17,7 @@ apt_install() {
 }
 
 command -v cc >/dev/null || apt_install gcc
+command -v valgrind >/dev/null || apt_install valgrind  # the instruction counter where perf cannot count
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
   apt_install chromium chromium-driver
 fi

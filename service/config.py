@@ -12,6 +12,7 @@ import os
 import tomllib
 import hashlib
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -41,6 +42,11 @@ class RunConfig(StrictModel):
     max_seconds: float = Field(default=900.0, gt=0, description="time budget per workload")
     compile_repetitions: int = Field(
         default=12, ge=0, description="tvm: most fresh-process compiles per side to judge compile time (0: off)")
+    instruction_repetitions: int = Field(
+        default=10, ge=2, description='measure = [..."instructions"]: most counted processes per side')
+    counter: Literal["auto", "perf", "valgrind"] = Field(
+        default="auto", description="instruction counter: perf (hardware counter), valgrind, or auto (perf where "
+                                    "the kernel counts instructions, else valgrind)")
     noise_aware: bool = Field(
         default=True, description="start with as many invocations as the workload's past noise needs")
     warmup: int = Field(default=1, ge=0, description="invocations per side discarded first")
@@ -64,6 +70,8 @@ class StatsConfig(StrictModel):
     """Decision parameters handed to :func:`service.stats.compare`."""
 
     threshold_pct: float = Field(default=1.0, gt=0)
+    instructions_threshold_pct: float = Field(
+        default=0.5, gt=0, description="the smallest change in instructions worth reporting (%)")
     target_pct: float = Field(default=2.0, gt=0, description="slowdown to catch with `power`")
     power: float = Field(default=0.95, gt=0.5, lt=1)
     alpha: float = Field(default=0.01, gt=0, lt=0.5)

@@ -94,6 +94,7 @@ def print_outcome(out: Console, stored: StoredRun, as_json: bool, ops: bool = Fa
         else:  # why this verdict, and why the run stopped adding samples there
             stop = f"; stopped: {r.verdict.stop_reason}" if r.verdict.stop_reason else ""
             out.print(f"{r.workload}: {r.verdict.reason}{stop}", markup=False)
+        print_instructions(out, r)
         print_tvm_details(out, r, ops)
 
 
@@ -129,12 +130,30 @@ def verdict_table(outcome: CompareOutcome, width: int) -> Table:
         row = [r.workload, f"[{VERDICT_STYLE[v.verdict.value]}]{v.verdict.value}[/]",
                "-" if v.change_pct is None else f"{v.change_pct:+.2f}%", ci, "-" if p is None else f"{p:.2g}"]
         if wide:  # the figures the verdict was judged on (a footnote names the estimator)
-            row += ["-" if v.control_ms is None else f"{v.control_ms:.3f}",
-                    "-" if v.treatment_ms is None else f"{v.treatment_ms:.3f}"]
+            figure = "{:,.0f}" if v.unit == "instructions" else "{:.3f}"  # counts, where instructions decided
+            row += ["-" if v.control_ms is None else figure.format(v.control_ms),
+                    "-" if v.treatment_ms is None else figure.format(v.treatment_ms)]
         n = str(v.control_n) if v.control_n == v.treatment_n else f"{v.control_n}/{v.treatment_n}"
         row += [n, regression_cell(r)]
         table.add_row(*row)
     return table
+
+
+def print_instructions(out: Console, r: WorkloadResult) -> None:
+    """Which metric decided the row, and the instructions verdict where instructions were counted."""
+    counted = r.instructions
+    if not counted:
+        return
+    decided = "decided the row" if r.verdict.unit == "instructions" else "beside time, which decided the row"
+    change, ci = counted.get("change_pct"), counted.get("ci_pct")
+    line = (f"{r.workload}: instructions ({counted.get('source')}, {decided}) {counted['verdict']}"
+            + (f" {change:+.3f}%" if isinstance(change, (int, float)) else "")
+            + (f" (CI {ci[0]:+.3f}..{ci[1]:+.3f}%)" if ci else ""))
+    if counted.get("control_ms") is not None and counted.get("treatment_ms") is not None:
+        line += (f"; {counted['control_ms']:,.0f} -> {counted['treatment_ms']:,.0f} instructions, "
+                 f"{counted['n'][0]} counted processes a side")
+    out.print(line + (f"; {counted['failure']}" if counted.get("failure") else f" — {counted['reason']}"),
+              markup=False)
 
 
 def regression_cell(r) -> str:

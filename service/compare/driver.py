@@ -31,7 +31,7 @@ from abwatch.runners import make_runner
 from abwatch.runners.base import DeviceInfo, Runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from abwatch.service import stats
-from abwatch.service.compare import attribution, compile_time, lifecycle, liveness, noise
+from abwatch.service.compare import attribution, compile_time, instructions, lifecycle, liveness, noise
 from abwatch.service.notify import alerts
 from abwatch.service.store import locks
 from abwatch.service.compare.building import build_pair
@@ -42,7 +42,7 @@ from abwatch.service.config import CommandWorkloadConfig, Config, TvmWorkloadCon
 from abwatch.service.store.models import (
     Build, Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, Side, utcnow,
 )
-from abwatch.service.stats.verdict import RegressionState, RegressionKind
+from abwatch.service.stats.verdict import Metric, RegressionState, RegressionKind
 from abwatch.service.compare.progress import NullProgress, Progress
 from abwatch.service.records.v01 import to_row
 from abwatch.service.compare.run_records import run_record
@@ -170,16 +170,32 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
                                                                 "waiting for it")):
         measured = []
         for workload in config.workloads:
-            m, verdict = _measure_workload(session, config, run, runner, workload, artifacts, rng, progress)
+            timeout = workload.timeout_s or config.run.timeout_s
+            if Metric.TIME.value in workload.measure:
+                m, verdict = _measure_workload(session, config, run, runner, workload, artifacts, rng, progress)
+            else:  # counted only: no timed invocations
+                m, verdict = Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []},
+                                         {CONTROL: [], TREATMENT: []}), None
             judged = None if m.failure else compile_time.measure(
-                runner, workload, artifacts, config, run.seed, rng, progress, workload.timeout_s or config.run.timeout_s)
-            measured.append((workload, m, verdict, judged))
-    verdicts = stats.adjust_fdr([verdict for _, _, verdict, _ in measured])
-    compiles = compile_time.adjust([judged for *_, judged in measured])  # a family of its own
-    results = [
-        _store_result(session, config, run, workload, m, verdict, device_info, progress, judged, attach)
-        for (workload, m, _, _), verdict, judged in zip(measured, verdicts, compiles, strict=True)
-    ]
+                runner, workload, artifacts, config, run.seed, rng, progress, timeout)
+            counted = None if m.failure else instructions.measure(
+                runner, workload, artifacts, config, run.seed, rng, progress, timeout)
+            measured.append((workload, m, verdict, judged, counted))
+    # each metric is a family of its own for Benjamini-Hochberg
+    timed = iter(stats.adjust_fdr([verdict for _, _, verdict, _, _ in measured if verdict is not None]))
+    compiles = compile_time.adjust([judged for _, _, _, judged, _ in measured])
+    counts = instructions.adjust([counted for *_, counted in measured])
+    results = []
+    for (workload, m, verdict, _, _), judged, counted in zip(measured, compiles, counts, strict=True):
+        if verdict is not None:
+            verdict = next(timed)
+        if instructions.primary(workload) is Metric.INSTRUCTIONS:
+            assert counted is not None  # measured: instructions is one of its metrics
+            verdict = counted.verdict
+            m = replace(m, failure=counted.failure)
+        assert verdict is not None
+        results.append(_store_result(session, config, run, workload, m, verdict, device_info, progress, judged,
+                                     attach, counted))
     unjudged = [r.workload for r in results if r.failure]
     run.status = RunStatus.INCOMPLETE if unjudged else RunStatus.COMPLETED
     if unjudged:
@@ -264,13 +280,18 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
 
 def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig | TvmWorkloadConfig,
                   m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress,
-                  judged: compile_time.CompileJudged | None = None, attach: Attach | None = None) -> WorkloadResult:
+                  judged: compile_time.CompileJudged | None = None, attach: Attach | None = None,
+                  counted: instructions.CountJudged | None = None) -> WorkloadResult:
     """Store the comparison, open regressions (speed, compile time, output) if found, write the records."""
     row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
     extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
              if isinstance(workload, TvmWorkloadConfig) and m.failure is None else None)
     if extra is not None and judged is not None:
         extra["compile"] = compile_time.details(judged)
+    counts = instructions.details(counted) if counted is not None else None
+    if counted is not None:
+        progress.message(f"  {workload.name}: instructions ({counted.source}) {counted.verdict.verdict.value} — "
+                         f"{counted.verdict.reason}")
     comparison = Comparison(
         run_id=run.id, workload_id=row.id, verdict=verdict.verdict,
         change_pct=verdict.change_pct,
@@ -282,15 +303,21 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         treatment_fastest_ms=stats.fastest_median(m.samples[TREATMENT], m.groups[TREATMENT]),
         control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
         error=m.failure,
-        details={"verdict": verdict.to_dict(), **(extra or {})},
+        details={"verdict": verdict.to_dict(), **(extra or {}), **({"instructions": counts} if counts else {})},
     )
     session.add(comparison)
     session.flush()
     regression_id = correctness_id = None
-    if verdict.verdict == stats.Outcome.REGRESSION and run.run_type == RunType.BENCHMARK:
-        regression = lifecycle.open_or_attach(session, run, comparison, RegressionKind.RUNTIME, verdict, attach)
+    # the first metric's verdict opens the regression; another metric's, where the first's did not
+    opener = next(((metric, v) for metric, v in ((instructions.primary(workload), verdict),
+                                                 (Metric.INSTRUCTIONS, counted and counted.verdict))
+                   if v and v.verdict == stats.Outcome.REGRESSION), None)
+    if opener is not None and run.run_type == RunType.BENCHMARK:
+        metric, opening = opener
+        regression = lifecycle.open_or_attach(session, run, comparison, RegressionKind.RUNTIME, opening, attach,
+                                              metric=metric)
         if regression.run_id == run.id:  # opened now; a re-run of the pair finds the open one
-            regression.benchmark_verdict = verdict_json(verdict, run.id)
+            regression.benchmark_verdict = {**verdict_json(opening, run.id), "metric": metric.value}
         else:
             progress.message(f"  {workload.name}: regression {regression.id} (run {regression.run_id}) "
                              "is open for this pair (or is this slowdown, seen again) already")
@@ -301,7 +328,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         extra["compile"] = comparison.details["compile"]
     if judged is not None:
         progress.message(f"  {workload.name}: compile time {judged.verdict.verdict.value} — {judged.verdict.reason}")
-    if extra is not None and extra["error"]["mismatch"] and isinstance(workload, TvmWorkloadConfig):
+    if isinstance(workload, TvmWorkloadConfig) and extra is not None and extra["error"]["mismatch"]:
         # A wrong answer is its own regression, whatever the speed verdict says.
         error = extra["error"]
         progress.message(f"  {workload.name}: OUTPUT MISMATCH max_abs={error['max_abs']} max_rel={error['max_rel']}")
@@ -326,7 +353,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     session.commit()
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
     return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,
-                          correctness_id, extra, workload_id=row.id)
+                          correctness_id, extra, workload_id=row.id, instructions=counts)
 
 
 def run_verify(session: Session, run_id: int, *, progress: Progress | None = None) -> tuple[CompareOutcome, list]:
@@ -400,6 +427,8 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         v = result.verdict
         if regression.kind == compile_time.KIND:  # judged again on the verify run's compiles
             v = compile_time.verdict_of(result.details)
+        elif regression.metric is Metric.INSTRUCTIONS:  # and on the instructions it was opened by
+            v = instructions.verdict_of({"instructions": result.instructions})
         regression.verify_verdict = verdict_json(v, outcome.run_id)
         second = f"verify run {outcome.run_id}: {v.verdict.value} {v.change_pct:+.2f}%" if v.change_pct is not None \
             else f"verify run {outcome.run_id}: {v.verdict.value}"

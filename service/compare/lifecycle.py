@@ -13,7 +13,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from abwatch.service.store.models import (
     OPEN_REGRESSION_SQL, OPEN_REGRESSION_STATES, Comparison, Regression, RegressionEvent, Run, utcnow,
 )
-from abwatch.service.stats.verdict import RegressionState, RegressionKind
+from abwatch.service.stats.verdict import Metric, RegressionState, RegressionKind
 from abwatch.service.store.rows import insert_ignoring_conflict
 
 S = RegressionState
@@ -86,9 +86,9 @@ def transition(session: Session, regression: Regression, to_state: RegressionSta
 
 def open_regression(session: Session, run: Run, comparison: Comparison,
                     kind: RegressionKind = RegressionKind.RUNTIME,
-                    reason: str | None = None) -> Regression:
+                    reason: str | None = None, metric: Metric = Metric.TIME) -> Regression:
     """Store a suspected regression found by ``run`` (state ``benchmark``); ``kind`` is
-    ``runtime``, ``compile-time`` or ``correctness``.
+    ``runtime``, ``compile-time`` or ``correctness``, ``metric`` the one whose verdict found it.
 
     A pair, workload, device and kind has at most one open regression (a unique index over
     the open states): when one is open already (an earlier run of the same pair, or a
@@ -98,7 +98,7 @@ def open_regression(session: Session, run: Run, comparison: Comparison,
                control_commit_id=run.control_commit_id, treatment_commit_id=run.treatment_commit_id, kind=kind)
     now = utcnow()
     insert_ignoring_conflict(session, Regression, {
-        **key, "run_id": run.id, "comparison_id": comparison.id, "state": S.BENCHMARK,
+        **key, "run_id": run.id, "comparison_id": comparison.id, "state": S.BENCHMARK, "metric": metric,
         "change_pct": comparison.change_pct or 0.0, "created_at": now, "updated_at": now, "version": 1,
     }, list(key), where=text(OPEN_REGRESSION_SQL))
     regression = session.scalars(select(Regression).filter_by(**key).where(
@@ -124,7 +124,7 @@ def note(session: Session, regression: Regression, run: Run, reason: str) -> Reg
 
 
 def open_or_attach(session: Session, run: Run, comparison: Comparison, kind: RegressionKind, verdict,
-                   attach=None, reason: str | None = None) -> Regression:
+                   attach=None, reason: str | None = None, metric: Metric = Metric.TIME) -> Regression:
     """:func:`open_regression`, unless ``attach(session, run, comparison, kind, least_pct)``
     names an open regression this slowdown (``verdict``, a :class:`service.stats.Verdict`) is
     the same as: then it is :func:`note`-d there. ``least_pct`` is the lower end of the
@@ -133,7 +133,7 @@ def open_or_attach(session: Session, run: Run, comparison: Comparison, kind: Reg
     least = verdict.ci_pct[0] if verdict.ci_pct else change_pct
     same = attach(session, run, comparison, kind, least or 0.0) if attach is not None else None
     if same is None:
-        return open_regression(session, run, comparison, kind, reason)
+        return open_regression(session, run, comparison, kind, reason, metric)
     shown = f"{change_pct:+.2f}%" if change_pct is not None else "slower"
     note(session, same, run, f"seen again by run {run.id} ({run.treatment_commit.sha[:12]}: {shown} against "
                              f"{run.control_commit.sha[:12]}): the same regression, not opened again")

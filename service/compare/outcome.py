@@ -8,7 +8,7 @@ measuring and statistics machinery.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from abwatch.service.exits import EXIT_BUILD_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_REGRESSION
 from abwatch.service.store.models import RunStatus
@@ -47,6 +47,8 @@ class WorkloadResult:
     correctness_regression_id: int | None = None
     details: TvmDetails | None = None  # TVM workloads that were compared
     workload_id: int | None = None  # the series (workloads row)
+    # the instructions verdict and counts (service.compare.instructions.details), where counted
+    instructions: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,12 @@ class CompareOutcome:
 
     @property
     def exit_code(self) -> int:
-        """3 if a build failed, 1 if any regression, 4 if a workload could not be judged, else 0."""
+        """3 if a build failed, 1 if any regression (time, instructions or output), 4 if a workload
+        could not be judged, else 0."""
         if self.status == RunStatus.BUILD_FAILED.value:
             return EXIT_BUILD_FAILED
         if any(r.verdict.verdict == Outcome.REGRESSION or r.correctness_regression_id
-               for r in self.results):
+               or (r.instructions or {}).get("verdict") == Outcome.REGRESSION.value for r in self.results):
             return EXIT_REGRESSION
         if self.status == RunStatus.INCOMPLETE.value:
             return EXIT_INCOMPLETE
@@ -120,4 +123,5 @@ def result_json(result: WorkloadResult) -> dict:
             "compile_ms": result.details["compile_ms"], "compile": result.details.get("compile"),
             "correctness_regression_id": result.correctness_regression_id}
            if result.details is not None else {}),
+        **({"instructions": result.instructions} if result.instructions is not None else {}),
     }

@@ -18,7 +18,7 @@ from abwatch.service.store.models import (
     AlertDelivery, Build, Commit, Comparison, Device, Job, Regression, Run, Sample, TriageEvent, WatchedCommit, WatchProgress,
     Workload,
 )
-from abwatch.service.stats.verdict import SILENCED_TRIAGE, RegressionKind, RegressionState
+from abwatch.service.stats.verdict import SILENCED_TRIAGE, Metric, RegressionKind, RegressionState
 
 OPEN_STATES = (RegressionState.BENCHMARK, RegressionState.VERIFY, RegressionState.REGRESS)
 
@@ -103,7 +103,7 @@ def regression_summary(r: Regression) -> dict[str, Any]:
     """One regression as a list entry."""
     return {
         "id": r.id, "workload": r.workload.name, "workload_id": r.workload_id, "kind": RegressionKind(r.kind).value,
-        "state": r.state.value,
+        "metric": Metric(r.metric or Metric.TIME).value, "state": r.state.value,
         "triage": r.triage.value if r.triage else None,
         "silenced": r.triage in SILENCED_TRIAGE,
         "change_pct": r.change_pct, "run_id": r.run_id,

@@ -361,7 +361,8 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
         out[i] = replace(decided, p_adjusted=float(p_adj), correction="benjamini-hochberg",
                          stop_reason=stop, method=v.method, looks=v.looks, elapsed_s=v.elapsed_s,
                          reason=decided.reason.replace("p=", "BH-adjusted p="),
-                         control_ms=v.control_ms, treatment_ms=v.treatment_ms, estimator=v.estimator)
+                         control_ms=v.control_ms, treatment_ms=v.treatment_ms, estimator=v.estimator,
+                         unit=v.unit)
     return out
 
 

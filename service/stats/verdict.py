@@ -59,6 +59,9 @@ class Verdict:
     control_ms: float | None = None
     treatment_ms: float | None = None
     estimator: str = ""
+    # what the figures count: "ms", or "instructions" for a verdict on instruction counts (the
+    # fields named *_ms then hold instructions)
+    unit: str = "ms"
 
     def treatment_ci_ms(self) -> tuple[float, float] | None:
         """The interval of the change expressed in the treatment's milliseconds."""
@@ -115,6 +118,14 @@ class TriageStatus(str, enum.Enum):
 
 # A regression triaged as one of these is not a real problem: no more alerts, shown apart.
 SILENCED_TRIAGE = frozenset({TriageStatus.EXPECTED, TriageStatus.INVALID})
+
+
+class Metric(str, enum.Enum):
+    """What a verdict measured: wall time, or the instructions a process retired. A regression
+    says which metric opened it, and is verified and bisected on that one."""
+
+    TIME = "time"
+    INSTRUCTIONS = "instructions"
 
 
 class RegressionKind(str, enum.Enum):

@@ -28,7 +28,7 @@ from sqlalchemy import (
 from abwatch.builders.redact import mask_url
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from abwatch.service.stats.verdict import Outcome, RegressionKind, RegressionState, TriageStatus
+from abwatch.service.stats.verdict import Metric, Outcome, RegressionKind, RegressionState, TriageStatus
 
 from abwatch.service.store.base import Base, _enum, utcnow  # noqa: F401 - utcnow: re-exported
 
@@ -287,6 +287,8 @@ class Regression(Base):
     triage: Mapped[TriageStatus | None] = mapped_column(_enum(TriageStatus, "triage_status"))
     kind: Mapped[RegressionKind] = mapped_column(_enum(RegressionKind, "regression_kind", 16),
                                                  default=RegressionKind.RUNTIME, server_default="runtime")
+    # the metric whose verdict opened it (and verifies and bisects it): time, or instructions
+    metric: Mapped[Metric] = mapped_column(_enum(Metric, "metric", 16), default=Metric.TIME, server_default="time")
     change_pct: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -318,7 +320,8 @@ class Regression(Base):
         return {
             "id": self.id, "workload": self.workload.name,
             "repository": mask_url(self.workload.repository.url) if self.workload.repository else None,
-            "kind": RegressionKind(self.kind).value, "state": self.state.value, "change_pct": self.change_pct,
+            "kind": RegressionKind(self.kind).value, "metric": Metric(self.metric or Metric.TIME).value, "state": self.state.value,
+            "change_pct": self.change_pct,
             "run_id": self.run_id, "control_sha": self.control_commit.sha, "treatment_sha": self.treatment_commit.sha,
             "benchmark_verdict": self.benchmark_verdict, "verify_verdict": self.verify_verdict,
             "device": self.device.name if self.device else None,

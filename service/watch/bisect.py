@@ -32,10 +32,10 @@ from sqlalchemy.orm import Session
 
 from abwatch.builders.repo import RepoMirror
 from abwatch.service import stats
-from abwatch.service.compare import compile_time, driver, outcome
+from abwatch.service.compare import compile_time, driver, instructions, outcome
 from abwatch.service.notify import alerts, github
 from abwatch.service.config import Config
-from abwatch.service.stats.verdict import RegressionKind
+from abwatch.service.stats.verdict import Metric, RegressionKind
 from abwatch.service.store.models import BisectionStep, Regression, RunType, StepSide, StepVerdict
 from abwatch.service.store.rows import get_commit, get_repository
 
@@ -55,6 +55,13 @@ JUDGES: dict[RegressionKind, Judge] = {
     RegressionKind.RUNTIME: run_time,
     RegressionKind.COMPILE_TIME: compile_time.judged,
 }
+
+
+def judge_of(regression: Regression) -> Judge:
+    """What judges a step for ``regression``: its kind's verdict, on the metric that opened it."""
+    if regression.metric is Metric.INSTRUCTIONS:
+        return instructions.judged
+    return JUDGES[regression.kind]
 
 
 def max_builds(n: int) -> int:
@@ -109,9 +116,10 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
     progress = progress or driver.NullProgress()
     first = regressions[0]
     if judge is None:
-        if {r.kind for r in regressions} != {first.kind} or first.kind not in JUDGES:
-            raise ValueError(f"cannot bisect regressions of kinds {sorted({r.kind for r in regressions})} together")
-        judge = JUDGES[first.kind]
+        if {(r.kind, r.metric) for r in regressions} != {(first.kind, first.metric)} or first.kind not in JUDGES:
+            raise ValueError("cannot bisect regressions of kinds "
+                             f"{sorted({(r.kind.value, r.metric.value) for r in regressions})} together")
+        judge = judge_of(first)
     good, bad = good or first.control_commit.sha, first.treatment_commit.sha
     commits = mirror.first_parents(good, bad)
     if not commits or commits[-1] != bad:  # not on one first-parent line (e.g. a fixed: control)

@@ -296,14 +296,14 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
             select(Regression).where(Regression.run_id == run_id, Regression.state == RegressionState.REGRESS,
                                      Regression.kind.in_(list(bisect.JUDGES)), Regression.culprit_commit_id.is_(None))
             .order_by(Regression.id)))
-        by_verify: dict[tuple[int, str, str | None], list[Regression]] = {}
-        for regression in unbisected:  # one bisection per verify run (its config and budget), kind and start
+        by_verify: dict[tuple[int, str, str, str | None], list[Regression]] = {}
+        for regression in unbisected:  # one bisection per verify run (its config and budget), kind, metric, start
             verify_run = max(e.run_id for e in regression.events  # the confirming run, not a later note
                              if e.to_state == RegressionState.REGRESS and e.from_state != e.to_state
                              and e.run_id is not None)
             start = control_rule(config).bisect_from(session, mirror, regression)
-            by_verify.setdefault((verify_run, regression.kind, start), []).append(regression)
-        for (verify_run, _, start), regressions in by_verify.items():
+            by_verify.setdefault((verify_run, regression.kind, regression.metric, start), []).append(regression)
+        for (verify_run, _, _, start), regressions in by_verify.items():
             bisect.find_culprit(session, config, mirror, regressions, verify_run, progress, good=start)
     session.commit()
     return confirmed

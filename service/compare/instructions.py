@@ -1,0 +1,140 @@
+"""Instruction counts judged like wall time, for workloads with ``measure = [..., "instructions"]``.
+
+A counted invocation is one fresh process of the workload run under an instruction counter
+(:mod:`abwatch.runners.counters`: the hardware counter through perf where the kernel offers
+it, Valgrind otherwise); its one sample is the instructions it retired. Control and treatment
+processes run in interleaved ABBA/BAAB pairs, and the same stopping rule as wall time
+(:func:`stats.sequential_look`) judges their paired log ratios after each batch, with the
+threshold ``stats.instructions_threshold_pct`` (default 0.5 %), up to
+``run.instruction_repetitions`` pairs. Counts that vary between processes (a build that
+randomizes, threads) widen the interval like noisy times do: the verdict is then an honest
+``unknown``, never a guess.
+
+The verdict is kept in the comparison's details under ``instructions`` (with the counter's
+name as ``source`` and every count); when ``instructions`` is a workload's first metric it is
+also the comparison's verdict. A regression on instructions opens (or is noted on) the
+workload's ``runtime`` regression with ``metric = instructions``, and is verified and
+bisected on instructions.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from abwatch.runners.base import Runner
+from abwatch.runners.counters import CounterUnavailable, choose
+from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
+from abwatch.service import stats
+from abwatch.service.stats.verdict import Metric
+
+FIRST_LOOK = stats.MIN_PAIRS  # fewer pairs cannot decide anything
+BATCH = 2
+UNIT = "instructions"
+
+
+@dataclass(frozen=True)
+class CountJudged:
+    """The instructions verdict of one workload, the counts behind it and who counted them."""
+
+    verdict: stats.Verdict
+    samples: dict[str, list[float]]
+    source: str  # the counter's name: perf or valgrind
+    failure: str | None = None
+
+
+def wanted(workload) -> bool:
+    """Whether ``workload`` is measured on instructions."""
+    return Metric.INSTRUCTIONS.value in workload.measure
+
+
+def primary(workload) -> Metric:
+    """The metric whose verdict is the comparison's (the first in ``measure``)."""
+    return Metric(workload.measure[0])
+
+
+def unmeasured(reason: str) -> stats.Verdict:
+    """An ``unknown`` instructions verdict that was never judged, saying why."""
+    return replace(stats.compare([], []), reason=f"not judged: {reason}", unit=UNIT)
+
+
+def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, seed: int,
+            rng: random.Random, progress, timeout_s: float) -> CountJudged | None:
+    """Counted fresh processes of both sides, interleaved, until the stopping rule stops;
+    None when the workload is not measured on instructions."""
+    if not wanted(workload):
+        return None
+    try:
+        counter = choose(config.run.counter)
+    except CounterUnavailable as exc:
+        return CountJudged(unmeasured(str(exc)), {CONTROL: [], TREATMENT: []}, config.run.counter, str(exc))
+    most = config.run.instruction_repetitions
+    budget = stats.Budget(max_seconds=config.run.max_seconds, max_pairs=most, batch=BATCH)
+    samples: dict[str, list[float]] = {CONTROL: [], TREATMENT: []}
+    groups: dict[str, list[int]] = {CONTROL: [], TREATMENT: []}
+    started, look = time.monotonic(), 0
+    schedule = interleaved_schedule(min(most, FIRST_LOOK), 0, rng)
+    progress.message(f"  {workload.name}: instructions ({counter.name}): {len(schedule)} counted processes to start")
+    while True:
+        for slot in schedule:
+            result = runner.count_instructions(artifacts[slot.side], workload, timeout_s, counter, slot.side)
+            if result.status != "ok":
+                failure = f"{slot.side} counted process {slot.position} {result.status}: {result.message}"
+                verdict = replace(unmeasured(failure), stop_reason="counted process failed",
+                                  elapsed_s=time.monotonic() - started)
+                return CountJudged(verdict, samples, counter.name, failure)
+            samples[slot.side].extend(result.samples)
+            groups[slot.side].extend([slot.position] * len(result.samples))
+        look += 1
+        step = stats.sequential_look(
+            samples[CONTROL], samples[TREATMENT], groups[CONTROL], groups[TREATMENT], look=look,
+            elapsed_s=time.monotonic() - started, budget=budget,
+            threshold_pct=config.stats.instructions_threshold_pct, alpha=config.stats.alpha,
+            confidence=config.stats.confidence, equivalence_alpha=config.stats.equivalence_alpha, seed=seed)
+        if step.stop:
+            return CountJudged(replace(step.verdict, unit=UNIT, estimator="instructions per process, "
+                                       "median across processes"), samples, counter.name)
+        schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
+
+
+def details(judged: CountJudged) -> dict:
+    """The ``instructions`` object of a comparison's details (and of ``--json``): the whole
+    verdict (:meth:`Verdict.to_dict`, ``unit`` "instructions"), the counter as ``source``, the
+    processes' count per side as ``n``, the failure if any, and every count."""
+    return {
+        **judged.verdict.to_dict(), "source": judged.source,
+        "n": [len(judged.samples[CONTROL]), len(judged.samples[TREATMENT])], "failure": judged.failure,
+        "control_counts": [int(c) for c in judged.samples[CONTROL]],
+        "treatment_counts": [int(c) for c in judged.samples[TREATMENT]],
+    }
+
+
+def verdict_of(workload_details: Mapping[str, Any] | None) -> stats.Verdict:
+    """The instructions verdict a comparison's details hold (``unknown`` when none was made):
+    what verify and bisection judge a regression opened on instructions by."""
+    found = (workload_details or {}).get(Metric.INSTRUCTIONS.value) or {}
+    if not found.get("verdict") or found.get("failure"):
+        return unmeasured(found.get("failure") or "instructions not counted")
+    return stats.Verdict.from_dict(found)
+
+
+def judged(result) -> tuple[stats.Verdict, str | None]:
+    """A workload result's instructions verdict, and why it was not judged (None when it was):
+    what bisection reads of each step for a regression opened on instructions."""
+    if result.failure:
+        return result.verdict, result.failure
+    found = result.instructions or {}
+    if not found.get("verdict"):
+        return unmeasured("instructions not counted"), "instructions not counted"
+    return verdict_of({Metric.INSTRUCTIONS.value: found}), found.get("failure")
+
+
+def adjust(judged_list: list[CountJudged | None]) -> list[CountJudged | None]:
+    """Benjamini-Hochberg across one run's instructions verdicts (a family of its own)."""
+    present = [j for j in judged_list if j is not None]
+    adjusted = iter(stats.adjust_fdr([j.verdict for j in present]))
+    return [None if j is None else replace(j, verdict=next(adjusted)) for j in judged_list]
