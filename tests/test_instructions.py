@@ -125,6 +125,12 @@ def test_a_two_percent_change_is_found_on_instructions_where_time_cannot_say(tmp
     assert 1.0 < counted["change_pct"] < 2.5 and counted["ci_pct"][0] > 0.5
     assert len(counted["control_counts"]) == counted["n"][0] >= 8
     assert result["verdict"] != "regression"  # time, with a 5 % threshold, cannot call 2 %
+    # each side's v0.1 record carries its processes' median count and the counter
+    records = tmp_path / "records.jsonl"
+    assert main(["records", "export", "--run", str(out["run_id"]), "-o", str(records), "--db", db_url]) == 0
+    by_side = {r["metadata"]["side"]: r["metrics"] for r in map(json.loads, records.read_text().splitlines())}
+    assert by_side["treatment"]["instructions_median"] > by_side["control"]["instructions_median"] > 0
+    assert by_side["control"]["instructions_source"] == "valgrind"
     assert code == 1  # the instruction verdict opened a regression
     (regression,) = regressions_json(db_url, capsys)
     assert (regression["kind"], regression["metric"]) == ("runtime", "instructions")

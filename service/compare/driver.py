@@ -292,13 +292,15 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     if counted is not None:
         progress.message(f"  {workload.name}: instructions ({counted.source}) {counted.verdict.verdict.value} — "
                          f"{counted.verdict.reason}")
+    timed = verdict.unit == "ms"
     comparison = Comparison(
         run_id=run.id, workload_id=row.id, verdict=verdict.verdict,
         change_pct=verdict.change_pct,
         ci_low_pct=verdict.ci_pct[0] if verdict.ci_pct else None,
         ci_high_pct=verdict.ci_pct[1] if verdict.ci_pct else None,
-        p_value=verdict.p_value, control_median_ms=verdict.control_median_ms,
-        treatment_median_ms=verdict.treatment_median_ms,
+        # the ms columns hold times only: a row decided on instructions keeps its counts in details
+        p_value=verdict.p_value, control_median_ms=verdict.control_median_ms if timed else None,
+        treatment_median_ms=verdict.treatment_median_ms if timed else None,
         control_fastest_ms=stats.fastest_median(m.samples[CONTROL], m.groups[CONTROL]),
         treatment_fastest_ms=stats.fastest_median(m.samples[TREATMENT], m.groups[TREATMENT]),
         control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
@@ -348,7 +350,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
             if build is None:  # measured sides were built; the run row names their builds
                 raise DriverError(f"run {run.id}: no build row for its {side.value} side")
             record = run_record(config, run, build, side.value, workload, samples, raw,
-                                m.records[side.value], device_info, extra)
+                                m.records[side.value], device_info, extra, counts)
             session.add(to_row(record, run.id, side))
     session.commit()
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")

@@ -23,9 +23,11 @@ def engine_name(config: Config) -> str:
 
 
 def run_record(config: Config, run: Run, build: Build, side: str, workload, samples: list[float],
-               raw: list[dict], given: list[dict], device_info: DeviceInfo, tvm: TvmDetails | None) -> BenchmarkRecord:
+               raw: list[dict], given: list[dict], device_info: DeviceInfo, tvm: TvmDetails | None,
+               counted: dict | None = None) -> BenchmarkRecord:
     """Build the record; ``given`` are records the workload printed itself (their dict fields
-    fill in what abwatch does not know), ``tvm`` the TVM details of the comparison."""
+    fill in what abwatch does not know), ``tvm`` the TVM details of the comparison, ``counted``
+    its instruction counts (:func:`service.compare.instructions.details`) where it has them."""
     commit = run.control_commit if side == "control" else run.treatment_commit
     extra: dict = {}
     for record in given:
@@ -40,6 +42,9 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
         fastest[sample["invocation"]] = min(sample["runtime_ms"], fastest.get(sample["invocation"], float("inf")))
     metrics = {**extra.get("metrics", {}), "runtime_ms_median": statistics.median(samples),
                "runtime_ms_fastest": statistics.median(fastest.values()) if fastest else None, "n": len(samples)}
+    if counted and counted.get(f"{side}_counts"):  # the side's counted processes: their median and counter
+        metrics.update(instructions_median=statistics.median(counted[f"{side}_counts"]),
+                       instructions_source=counted["source"])
     runtime_config = {**extra.get("runtime_config", {}), **device_info.runtime_config}
     engine_config = {**extra.get("engine_config", {}), "builder": build.builder, "build_config_hash": build.config_hash}
     runtime_config.update(runtime_extra)
