@@ -9,6 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import requests
+
+from conftest import live_server
 
 from abwatch.runners.counters import COUNTERS, CounterUnavailable, choose
 from abwatch.service.cli.demo import make_demo_repo
@@ -145,6 +148,15 @@ def test_a_two_percent_change_is_found_on_instructions_where_time_cannot_say(tmp
     assert main(["show", str(out["run_id"]), "--db", db_url]) == 0  # showing is not judging
     shown = capsys.readouterr().out
     assert "instructions (valgrind, beside time, which decided the row) regression" in shown
+    # the API and the run page show the same verdict, its counter and its counts
+    with live_server(db_url, tmp_path / "serve") as base:
+        api = requests.get(f"{base}/api/runs/{out['run_id']}", timeout=30).json()
+        assert api["results"][0]["instructions"]["verdict"] == "regression"
+        assert api["results"][0]["instructions"]["source"] == "valgrind"
+        page = requests.get(f"{base}/runs/{out['run_id']}", timeout=30).text
+    table = page[page.index('id="instructions"'):]
+    assert "valgrind" in table and "regression" in table and "beside time" in table
+    assert f"{counted['control_ms']:,.0f}" in table
 
 
 def test_instructions_alone_decide_the_row_and_an_a_a_pair_is_the_same(tmp_path, sqlite_url, capsys):

@@ -114,6 +114,7 @@ def result_json(result: WorkloadResult) -> dict:
         "treatment_ms": v.treatment_ms,
         "treatment_ci_ms": list(ci_ms) if (ci_ms := v.treatment_ci_ms()) else None,
         "estimator": v.estimator or None,
+        "unit": v.unit,  # "instructions" where the first metric in `measure` is instructions
         "control": {"median_ms": v.control_median_ms, "n": v.control_n},
         "treatment": {"median_ms": v.treatment_median_ms, "n": v.treatment_n},
         "regression_id": result.regression_id,
