@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from abwatch.service import stats
-from abwatch.service.compare import compile_time, driver, lifecycle, outcome
+from abwatch.service.compare import compile_time, instructions, driver, lifecycle, outcome
 from abwatch.service.store import db
 from abwatch.service.watch import bisect, poll as watch
 from abwatch.service.config import load_config
@@ -67,9 +67,11 @@ def test_each_step_is_judged_by_the_judge_given(tmp_path, sqlite_url):
     engine.dispose()
 
 
-def test_the_kind_picks_the_judge():
-    assert {"runtime": bisect.run_time, "compile-time": compile_time.judged} == bisect.JUDGES
-    assert "correctness" not in bisect.JUDGES  # a wrong output has no "slower" to bisect on
+def test_the_kind_and_the_metric_pick_the_judge():
+    assert {("runtime", "time"): bisect.run_time, ("compile-time", "time"): compile_time.judged,
+            ("runtime", "instructions"): instructions.judged} == bisect.JUDGES
+    # a wrong output has no "slower" to bisect on
+    assert "correctness" not in {kind for kind, _ in bisect.JUDGES} and "correctness" not in bisect.BISECTED_KINDS
 
 
 def _judged(control: list[float], treatment: list[float]) -> compile_time.CompileJudged:

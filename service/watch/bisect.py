@@ -50,18 +50,19 @@ def run_time(result: outcome.WorkloadResult) -> tuple[stats.Verdict, str | None]
     return result.verdict, result.failure
 
 
-# The regression kinds bisection knows how to judge; a correctness regression is not bisected.
-JUDGES: dict[RegressionKind, Judge] = {
-    RegressionKind.RUNTIME: run_time,
-    RegressionKind.COMPILE_TIME: compile_time.judged,
+# What bisection (and a fix's check) judges a regression by: its kind's verdict on the metric that
+# opened it. A correctness regression is not bisected.
+JUDGES: dict[tuple[RegressionKind, Metric], Judge] = {
+    (RegressionKind.RUNTIME, Metric.TIME): run_time,
+    (RegressionKind.RUNTIME, Metric.INSTRUCTIONS): instructions.judged,
+    (RegressionKind.COMPILE_TIME, Metric.TIME): compile_time.judged,
 }
+BISECTED_KINDS = sorted({kind for kind, _ in JUDGES})
 
 
 def judge_of(regression: Regression) -> Judge:
     """What judges a step for ``regression``: its kind's verdict, on the metric that opened it."""
-    if regression.metric is Metric.INSTRUCTIONS:
-        return instructions.judged
-    return JUDGES[regression.kind]
+    return JUDGES[(regression.kind, regression.metric)]
 
 
 def max_builds(n: int) -> int:
@@ -116,7 +117,8 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
     progress = progress or driver.NullProgress()
     first = regressions[0]
     if judge is None:
-        if {(r.kind, r.metric) for r in regressions} != {(first.kind, first.metric)} or first.kind not in JUDGES:
+        if {(r.kind, r.metric) for r in regressions} != {(first.kind, first.metric)} \
+                or (first.kind, first.metric) not in JUDGES:
             raise ValueError("cannot bisect regressions of kinds "
                              f"{sorted({(r.kind.value, r.metric.value) for r in regressions})} together")
         judge = judge_of(first)

@@ -28,7 +28,7 @@ from abwatch.service.config import Config
 from abwatch.service.store.models import Comparison, Regression, Run, RunType
 from abwatch.service.compare.driver import Attach
 from abwatch.service.compare.outcome import WorkloadResult
-from abwatch.service.stats.verdict import RegressionKind, RegressionState
+from abwatch.service.stats.verdict import Metric, RegressionKind, RegressionState
 
 
 
@@ -62,7 +62,8 @@ class ControlRule(abc.ABC):
         """How a run's slowdown finds an open regression it is the same as (None: never)."""
         return None
 
-    def fixes(self, session: Session, run: Run, result: WorkloadResult, kind: RegressionKind) -> list[int]:
+    def fixes(self, session: Session, run: Run, result: WorkloadResult, kind: RegressionKind,
+              metric: Metric = Metric.TIME) -> list[int]:
         """Mark ``regress`` regressions of ``kind`` fixed that this run may undo, by measuring it.
 
         An improvement (by the verdict ``kind`` is judged by) on a workload with a ``regress``
@@ -71,18 +72,18 @@ class ControlRule(abc.ABC):
         evidence; anything else is a note on the regression saying why not. (Multiplying the two
         estimates instead made the outcome hang on the noise of the first one.) The ids fixed.
         """
-        v, not_judged = bisect.JUDGES[kind](result)
+        v, not_judged = bisect.JUDGES[(kind, metric)](result)
         if not_judged or v.verdict.value != "improvement" or v.change_pct is None:
             return []
         fixed = []
-        for regression in _regressed(session, run, result, kind):
+        for regression in _regressed(session, run, result, kind, metric):
             good = regression.control_commit.sha
             check = driver.run_compare(
                 session, self.config.model_copy(update={
                     "workloads": [w for w in self.config.workloads if w.name == result.workload]}),
                 good, run.treatment_commit.sha, run_type=RunType.REGRESS, parent_run_id=run.id)
             checked = next((r for r in check.results if r.workload == result.workload), None)
-            w, failed = bisect.JUDGES[kind](checked) if checked is not None else (None, "not measured")
+            w, failed = bisect.JUDGES[(kind, metric)](checked) if checked is not None else (None, "not measured")
             where = f"run {check.run_id}: {run.treatment_commit.sha[:12]} against the good commit {good[:12]}"
             if failed or w is None:
                 lifecycle.note(session, regression, run, f"not marked fixed: {where} could not judge ({failed})")
@@ -184,16 +185,17 @@ class PinnedBase(ControlRule):
 
         return attach
 
-    def fixes(self, session: Session, run: Run, result: WorkloadResult, kind: RegressionKind) -> list[int]:
+    def fixes(self, session: Session, run: Run, result: WorkloadResult, kind: RegressionKind,
+              metric: Metric = Metric.TIME) -> list[int]:
         """The run measures the level itself: fixed when its change against the base is back
         within the threshold and its confidence interval lies wholly below the regression's
         change (so it is not the regression measured low by chance)."""
-        v, not_judged = bisect.JUDGES[kind](result)
+        v, not_judged = bisect.JUDGES[(kind, metric)](result)
         if (not_judged or v.verdict.value == "regression" or v.change_pct is None or v.ci_pct is None
                 or v.change_pct > self.config.stats.threshold_pct):
             return []
         fixed = []
-        for regression in _regressed(session, run, result, kind):
+        for regression in _regressed(session, run, result, kind, metric):
             if regression.control_commit_id == run.control_commit_id and v.ci_pct[1] < regression.change_pct:
                 lifecycle.transition(session, regression, RegressionState.FIXED, run,
                                      f"run {run.id}: back to the base ({v.change_pct:+.2f}%, CI "
@@ -233,10 +235,12 @@ def control_rule(config: Config) -> ControlRule:
     return CONTROL_RULES[name](config, argument)
 
 
-def _regressed(session: Session, run: Run, result: WorkloadResult, kind: RegressionKind) -> list[Regression]:
-    """``regress`` regressions of ``kind`` on the run's device and this result's workload series
-    (another repository's or another spec's workload of this name is not undone)."""
+def _regressed(session: Session, run: Run, result: WorkloadResult, kind: RegressionKind,
+               metric: Metric) -> list[Regression]:
+    """``regress`` regressions of ``kind`` opened on ``metric``, on the run's device and this
+    result's workload series (another repository's or another spec's workload of this name is
+    not undone)."""
     workload_id = session.get_one(Comparison, result.comparison_id).workload_id
     return list(session.scalars(select(Regression).where(
-        Regression.state == RegressionState.REGRESS, Regression.kind == kind,
+        Regression.state == RegressionState.REGRESS, Regression.kind == kind, Regression.metric == metric,
         Regression.device_id == run.device_id, Regression.workload_id == workload_id)))

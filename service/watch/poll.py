@@ -199,8 +199,8 @@ def _fixes(session: Session, config: Config, outcome: outcome.CompareOutcome) ->
     judged by (:data:`service.watch.bisect.JUDGES`), as the control rule says (:meth:`ControlRule.fixes`)."""
     run = session.get_one(Run, outcome.run_id)
     rule = control_rule(config)
-    return [regression_id for result in outcome.results for kind in bisect.JUDGES
-            for regression_id in rule.fixes(session, run, result, kind)]
+    return [regression_id for result in outcome.results for kind, metric in bisect.JUDGES
+            for regression_id in rule.fixes(session, run, result, kind, metric)]
 
 
 def test_commit(session: Session, config: Config, job: Job, progress: driver.Progress | None = None) -> dict:
@@ -294,7 +294,7 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
     if config.watch.bisect:
         unbisected = list(session.scalars(
             select(Regression).where(Regression.run_id == run_id, Regression.state == RegressionState.REGRESS,
-                                     Regression.kind.in_(list(bisect.JUDGES)), Regression.culprit_commit_id.is_(None))
+                                     Regression.kind.in_(bisect.BISECTED_KINDS), Regression.culprit_commit_id.is_(None))
             .order_by(Regression.id)))
         by_verify: dict[tuple[int, str, str, str | None], list[Regression]] = {}
         for regression in unbisected:  # one bisection per verify run (its config and budget), kind, metric, start
