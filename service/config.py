@@ -42,8 +42,9 @@ class RunConfig(StrictModel):
     max_seconds: float = Field(default=900.0, gt=0, description="time budget per workload")
     compile_repetitions: int = Field(
         default=12, ge=0, description="tvm: most fresh-process compiles per side to judge compile time (0: off)")
+    # at least stats.MIN_PAIRS (8): fewer pairs never decide anything
     instruction_repetitions: int = Field(
-        default=10, ge=2, description='measure = [..."instructions"]: most counted processes per side')
+        default=12, ge=8, description='measure = [..."instructions"]: most counted processes per side')
     counter: Literal["auto", "perf", "valgrind"] = Field(
         default="auto", description="instruction counter: perf (hardware counter), valgrind, or auto (perf where "
                                     "the kernel counts instructions, else valgrind)")

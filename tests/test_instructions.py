@@ -112,6 +112,9 @@ def test_measure_is_checked_where_it_is_written(tmp_path):
         path.write_text(base + f"measure = {measure}\n")
         with pytest.raises(ConfigError, match=f"c.toml: workloads\\[0\\].measure(\\[0\\])?: .*{words}"):
             load_config(path)
+    path.write_text(base + "[run]\ninstruction_repetitions = 4\n")  # under 8 pairs nothing is ever decided
+    with pytest.raises(ConfigError, match="c.toml: run.instruction_repetitions: .*greater than or equal to 8"):
+        load_config(path)
 
 
 def test_a_two_percent_change_is_found_on_instructions_where_time_cannot_say(tmp_path, db_url, capsys):
