@@ -224,3 +224,12 @@ def test_the_shipped_nightly_config_loads_with_its_script_workloads():
     scripts = [w for w in config.workloads if w.kind == "tvm" and w.model.startswith("script:")]
     assert {Path(w.model.removeprefix("script:")).name for w in scripts} == {"attention_tvmscript.py", "mlp_nn.py"}
     assert all(Path(w.model.removeprefix("script:")).is_file() and w.script_sha256 for w in scripts)
+
+
+def test_the_offline_nightly_config_the_benchmark_ran_loads():
+    from pathlib import Path
+
+    config = load_config(Path(__file__).resolve().parent.parent / "config" / "tvm-nightly-offline.toml")
+    assert config.build.submodule_rewrites == {"https://github.com/": "/srv/mirrors/"}
+    assert config.build.cmake["TVM_FFI_USE_LIBBACKTRACE"] == "OFF"
+    assert [w.model.split(":")[0] for w in config.workloads] == ["builtin", "te", "script"]
