@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 STDERR_TAIL = 4000  # characters of a failed invocation's stderr kept as its message
 # Fixed in a counted process unless the workload sets them: Python's string hashing is seeded
-# per process, and a different seed walks dicts and sets in another order (measured: counts of
-# one CPython script spread 0.2 % with random seeds, under 0.01 % with one; docs/statistics.md).
+# per process, and a different seed walks dicts and sets in another order, so a Python
+# workload's count would vary between processes for no reason in the code.
 COUNTED_ENV = {"PYTHONHASHSEED": "0"}
 
 

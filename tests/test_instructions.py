@@ -198,3 +198,13 @@ def test_the_watch_bisects_an_instruction_regression_to_its_commit(tmp_path, fre
     # bisection judged its steps on instructions: the reworded commit as good, the culprit as bad
     assert [(s["summary"], s["side"]) for s in regression["bisection"]] == [("Reword", "good"),
                                                                           ("Do 1% more work", "bad")]
+
+
+def test_measuring_time_keeps_the_series_and_counting_alone_starts_one():
+    from abwatch.service.store.rows import workload_spec_hash
+
+    spec = {"name": "loop", "kind": "command", "command": ["./bench", "1"]}
+    before = workload_spec_hash("command", spec)  # a series stored before `measure` existed
+    assert workload_spec_hash("command", {**spec, "measure": ["time"]}) == before
+    assert workload_spec_hash("command", {**spec, "measure": ["time", "instructions"]}) == before
+    assert workload_spec_hash("command", {**spec, "measure": ["instructions"]}) != before
