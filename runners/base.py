@@ -126,12 +126,15 @@ class Runner(abc.ABC):
         return WORKLOAD_KINDS[workload.kind].compile_time(self, artifact_dir, workload, timeout_s, side)
 
     def count_instructions(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
-                           timeout_s: float, counter: InstructionCounter, side: str = "control") -> InvocationResult:
+                           timeout_s: float, counter: InstructionCounter, side: str = "control",
+                           what: str = "run") -> InvocationResult:
         """One fresh process of ``workload`` under ``counter``; its one sample is the number of
-        instructions it retired (what each kind counts: :data:`~abwatch.runners.workloads.WORKLOAD_KINDS`)."""
+        instructions ``what`` ("run" or "compile") retired (what each kind counts:
+        :data:`~abwatch.runners.workloads.WORKLOAD_KINDS`)."""
         from abwatch.runners.workloads import WORKLOAD_KINDS
 
-        return WORKLOAD_KINDS[workload.kind].count_instructions(self, artifact_dir, workload, timeout_s, side, counter)
+        return WORKLOAD_KINDS[workload.kind].count_instructions(self, artifact_dir, workload, timeout_s, side, counter,
+                                                                what)
 
     @abc.abstractmethod
     def teardown(self) -> None:

@@ -13,6 +13,21 @@ retires barely moves with load. Two sources:
 A counter wraps a command (an argument list, never a shell string) and reads the count back
 from the files it wrote into a scratch directory. :func:`choose` picks one for a config's
 ``run.counter`` (``auto``: perf where it works, else Valgrind).
+
+A TVM worker counts a *region* of itself instead (the compile call, or the timed calls), so
+that interpreter start-up and ``import tvm`` (4 G instructions, varying by ~0.1 % between
+processes) do not drown a compile of 80 M. :meth:`InstructionCounter.region_spec` says how
+the worker marks the region (``runners/tvm_worker.py``, ``_Region``) and
+:meth:`InstructionCounter.read_region` turns what it reported into a count:
+
+* perf: the worker opens the hardware counter itself (``perf_event_open``, user space,
+  inherited by threads it starts) and reads it before and after;
+* Valgrind 3.19 has no client request to start and stop cachegrind's counting (callgrind's
+  has, but it ran a TE matmul's compiling process 12x slower than cachegrind here: 437 s
+  against 37 s), so the worker
+  forks a child that exits at once before the region and another after it: a forked child
+  inherits its parent's counts, so the second child's count minus the first's is the
+  region's, to the instruction, whatever start-up cost.
 """
 
 from __future__ import annotations
@@ -50,6 +65,15 @@ class InstructionCounter(abc.ABC):
     def read(self, scratch: Path) -> int:
         """The instructions counted by the wrapped command's run (CountError if none were written)."""
 
+    @abc.abstractmethod
+    def region_argv(self, argv: list[str], scratch: Path) -> list[str]:
+        """``argv`` (a process that counts a region of itself) run as this counter needs."""
+
+    @abc.abstractmethod
+    def read_region(self, scratch: Path, reported: dict) -> int:
+        """The instructions of the region a worker reported (``reported``: what its ``_Region``
+        said) once its process has exited (CountError if they cannot be read)."""
+
 
 class PerfCounter(InstructionCounter):
     """The hardware counter through ``perf stat`` (children included, user space only)."""
@@ -81,6 +105,14 @@ class PerfCounter(InstructionCounter):
         except OSError as exc:
             raise CountError(f"perf wrote no count: {exc}") from None
 
+    def region_argv(self, argv: list[str], scratch: Path) -> list[str]:
+        return argv  # the worker opens the counter itself
+
+    def read_region(self, scratch: Path, reported: dict) -> int:
+        if not isinstance(reported.get("count"), int):
+            raise CountError(f"the worker reported no perf count: {reported}")
+        return reported["count"]
+
     @classmethod
     def _parse(cls, text: str) -> int:
         # CSV lines: value,unit,event,... ; "<not supported>" or "<not counted>" in place of a value
@@ -105,6 +137,30 @@ class ValgrindCounter(InstructionCounter):
     def wrap(self, argv: list[str], scratch: Path) -> list[str]:
         return ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--branch-sim=no", "--trace-children=yes",
                 f"--cachegrind-out-file={scratch}/cg.%p", f"--log-file={scratch}/valgrind.%p.log", "--", *argv]
+
+    def region_argv(self, argv: list[str], scratch: Path) -> list[str]:
+        return ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--branch-sim=no",
+                f"--cachegrind-out-file={scratch}/cg.%p", f"--log-file={scratch}/valgrind.%p.log", "--", *argv]
+
+    def read_region(self, scratch: Path, reported: dict) -> int:
+        marks = reported.get("marks")
+        if not (isinstance(marks, list) and len(marks) == 2 and all(isinstance(m, int) for m in marks)):
+            raise CountError(f"the worker reported no region marks: {reported}")
+        before, after = (self._summary(scratch / f"cg.{pid}") for pid in marks)
+        if after < before:
+            raise CountError(f"the region's end mark counted fewer instructions than its start ({after} < {before})")
+        return after - before
+
+    @staticmethod
+    def _summary(path: Path) -> int:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:
+            raise CountError(f"valgrind wrote no count for a region mark: {exc}") from None
+        for line in text.splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+        raise CountError(f"{path.name} has no summary line")
 
     def read(self, scratch: Path) -> int:
         total, found = 0, 0

@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -26,6 +27,11 @@ from abwatch.builders.environment import ArtifactInfoError, build_environment, b
 from abwatch.builders.procs import child_env, kill_tree
 from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig, TvmWorkloadConfig
 from abwatch.runners.base import InvocationResult, OutputTensor, TvmMetrics, WorkerReady
+from abwatch.runners.counters import CountError, InstructionCounter
+
+# Fixed in a counted worker: one thread, so the count is one thread's work, not the pool's
+# scheduling; Python's hash seed, so dicts and sets are walked in the same order every time.
+COUNTED_ENV = {"TVM_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 
 WORKER = Path(__file__).with_name("tvm_worker.py")
 COMPILE_TIMEOUT_S = 900.0
@@ -38,7 +44,8 @@ class WorkerError(Exception):
 class Worker:
     """One harness worker process and its line-based JSON conversation."""
 
-    def __init__(self, artifact: Path, spec: dict, env: dict[str, str]) -> None:
+    def __init__(self, artifact: Path, spec: dict, env: dict[str, str],
+                 wrap: Callable[[list[str]], list[str]] | None = None) -> None:
         try:
             python = build_python(artifact)
         except ArtifactInfoError as exc:
@@ -47,14 +54,16 @@ class Worker:
             raise WorkerError(f"{artifact} is not a TVM build (no {ARTIFACT_INFO}): a tvm workload needs "
                               "a tvm-wheel or tvm-source build")
         env = child_env(build_environment(artifact), env)
+        argv = [str(python), str(WORKER)]
         self.proc = subprocess.Popen(
-            [str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            wrap(argv) if wrap else argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
         )
         # the three pipes were asked for above, so they are there
         assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
         self.stdin, self.stdout, self.stderr_pipe = self.proc.stdin, self.proc.stdout, self.proc.stderr
         self.lines: queue.Queue = queue.Queue()
+        self.closed = False
         self.stderr: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
         threading.Thread(target=self._drain, daemon=True).start()
@@ -105,11 +114,14 @@ class Worker:
         """The last lines the worker wrote to stderr."""
         return "".join(self.stderr[-10:]).strip()[-2000:]
 
-    def close(self) -> None:
-        """Ask the worker to exit; kill it (and its children) if it does not."""
+    def close(self, wait_s: float = 10.0) -> None:
+        """Ask the worker to exit; kill it (and its children) if it does not within ``wait_s``."""
+        if self.closed:
+            return
+        self.closed = True
         try:
             self.send({"cmd": "exit"})
-            self.proc.wait(10)
+            self.proc.wait(wait_s)
         except (WorkerError, subprocess.TimeoutExpired):
             pass
         self.kill()
@@ -130,11 +142,16 @@ class TvmSessions:
         # made at the first compile: a runner made only to name its device leaves nothing behind
         self._libs: tempfile.TemporaryDirectory | None = None
         self.compiled: set[tuple[str, Path, str]] = set()
+        # the target string each build's workers resolved ("native" made this host's CPU)
+        self.resolved: dict[Path, str] = {}
+        # counted processes run in threads (run.counted_jobs): one of them compiles a side's library
+        self._libs_lock, self._ensuring = threading.Lock(), threading.Lock()
 
     def _lib_dir(self) -> Path:
-        if self._libs is None:
-            self._libs = tempfile.TemporaryDirectory(prefix="abwatch-tvm-libs-")
-        return Path(self._libs.name)
+        with self._libs_lock:
+            if self._libs is None:
+                self._libs = tempfile.TemporaryDirectory(prefix="abwatch-tvm-libs-")
+            return Path(self._libs.name)
 
     def spec(self, workload: TvmWorkloadConfig, side_options: dict) -> dict:
         """What the worker compiles: the workload, with any side-specific options."""
@@ -153,7 +170,7 @@ class TvmSessions:
         timing batch, and exits. The compiling invocation also reports compile time and outputs."""
         # Per side even when both sides are the same build (an A/A run).
         key = (side, artifact, workload.name)
-        lib = self._lib_dir() / f"{side}-{artifact.name}-{workload.name}.so"
+        lib = self._lib(artifact, workload, side)
         first = key not in self.compiled
         spec = dict(self.spec(workload, side_options), **({"export": str(lib)} if first else {"load": str(lib)}))
         threads = self.config.threads or os.cpu_count() or 1
@@ -163,6 +180,7 @@ class TvmSessions:
         try:
             worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)})
             ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s) if first else timeout_s)
+            self._resolved(artifact, ready)
             if first:
                 worker.send({"cmd": "outputs"})
                 metrics["compile_ms"], metrics["ready"] = ready["compile_ms"], cast(WorkerReady, ready)
@@ -198,7 +216,65 @@ class TvmSessions:
         finally:
             if worker is not None:
                 worker.close()
+        self._resolved(artifact, ready)
         return InvocationResult("ok", (float(ready["compile_ms"]),), time.monotonic() - start)
+
+    def _resolved(self, artifact: Path, ready: dict) -> None:
+        if isinstance(ready.get("target"), str):
+            self.resolved[artifact] = ready["target"]
+
+    def counted(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float, side: str,
+                side_options: dict, counter: InstructionCounter, what: str) -> InvocationResult:
+        """A fresh worker under ``counter`` that counts the instructions of ``what``: "compile"
+        (the compile call, compiled here for the runner's target) or "run" (``number`` calls of
+        the compiled workload, on this host's CPU only); its one sample is that count (per call
+        for "run")."""
+        if what == "run" and (self.rpc or self.device != "cpu"):
+            return InvocationResult("error", (), 0.0, f"instructions are counted on this host's CPU only; "
+                                    f"a run on {'an RPC board' if self.rpc else self.device} keeps wall time")
+        spec = dict(self.spec(workload, side_options), rpc=None, count=counter.name)
+        if self.target.get("mcpu") == "native" and artifact in self.resolved:
+            spec["target"] = self.resolved[artifact]  # this host's CPU, as a worker outside the counter saw it
+        if what == "compile":
+            spec["compile_only"] = True
+        else:  # loads the library this build compiled for the timed runs (compiling it first if needed)
+            failed = self._ensure_compiled(artifact, workload, timeout_s, side, side_options)
+            if failed is not None:
+                return failed
+            spec["load"] = str(self._lib(artifact, workload, side))
+        start = time.monotonic()
+        worker = None
+        with tempfile.TemporaryDirectory(prefix="abwatch-count-") as scratch:
+            try:
+                worker = Worker(artifact, spec, COUNTED_ENV, lambda argv: counter.region_argv(argv, Path(scratch)))
+                ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s))
+                if what == "run":
+                    worker.send({"cmd": "count_run"})
+                    ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s))
+                worker.close(120.0)  # the counts are written as it exits (slowly under Valgrind)
+                count = counter.read_region(Path(scratch), ready.get("instructions") or {})
+            except WorkerError as exc:
+                status = "timeout" if "timeout" in str(exc) else "error"
+                return InvocationResult(status, (), time.monotonic() - start, str(exc))
+            except CountError as exc:
+                return InvocationResult("error", (), time.monotonic() - start, f"{counter.name}: {exc}")
+            finally:
+                if worker is not None:
+                    worker.close()
+        per_call = count / ready["calls"] if what == "run" else count
+        return InvocationResult("ok", (float(per_call),), time.monotonic() - start)
+
+    def _lib(self, artifact: Path, workload: TvmWorkloadConfig, side: str) -> Path:
+        return self._lib_dir() / f"{side}-{artifact.name}-{workload.name}.so"
+
+    def _ensure_compiled(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float, side: str,
+                         side_options: dict) -> InvocationResult | None:
+        """Compile and export the side's library unless a timed run did; the failure if it fails."""
+        with self._ensuring:
+            if (side, artifact, workload.name) in self.compiled:
+                return None
+            result = self.run(artifact, workload, timeout_s, side, side_options)
+            return None if result.status == "ok" else result
 
     def close(self) -> None:
         """Remove the compiled libraries."""

@@ -6,9 +6,13 @@ model's own imports): never abwatch, which lives in another environment. Protoco
 
     -> {"model": ..., "input_shape": ..., "dtype": ..., "options": {...}, "target": {...},
         "device": "cpu"|"cuda", "number": N, "repeat": R, "seed": S, "rpc": null|{...},
-        "compile_only": bool}  (compile_only: report compile_ms, touch no device, then exit)
-    <- {"ready": true, "compile_ms": ..., "tvm_version": ..., "inputs": {...}} | {"error": ...}
+        "compile_only": bool, "count": null|"valgrind"|"perf"}
+        (compile_only: report compile_ms, touch no device, then exit; count: count the
+        instructions of the compile call, or with "count_run" of the timed calls)
+    <- {"ready": true, "compile_ms": ..., "tvm_version": ..., "inputs": {...},
+        "instructions": {...} (compile_only with count)} | {"error": ...}
     -> {"cmd": "run"}      <- {"samples": [ms, ...], "ops": {name: us}}
+    -> {"cmd": "count_run"}  <- {"instructions": {...}, "calls": N}  (N = number)
     -> {"cmd": "outputs"}  <- {"shape": [...], "dtype": "float32", "data": base64}
     -> {"cmd": "exit"}
 """
@@ -28,6 +32,19 @@ import traceback
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 import numpy as np  # noqa: E402
+
+
+def _region(counter: str):
+    """A :class:`worker_region.Region` for ``counter`` (that file sits beside this one, which
+    is not on ``sys.path``)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_region.py")
+    spec = importlib.util.spec_from_file_location("abwatch_worker_region", path)
+    assert spec is not None and spec.loader is not None  # a .py file's path always has both
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Region(counter)
 
 
 def _protocol_stream():
@@ -312,8 +329,10 @@ class Workload:
 
         self.tvm, self.spec = tvm, spec
         rng = np.random.default_rng(spec.get("seed", 0))
-        target_spec = dict(spec["target"])
-        if target_spec.get("mcpu") == "native":  # the host's CPU, as this TVM's LLVM names it
+        # a dict, or the string of a target an earlier worker resolved (a counted worker under
+        # Valgrind would otherwise resolve "native" to Valgrind's own CPU model)
+        target_spec = dict(spec["target"]) if isinstance(spec["target"], dict) else spec["target"]
+        if isinstance(target_spec, dict) and target_spec.get("mcpu") == "native":  # the host's CPU, as this TVM's LLVM names it
             from tvm.target import codegen
 
             target_spec["mcpu"] = codegen.llvm_get_system_cpu()
@@ -346,8 +365,14 @@ class Workload:
             self.is_vm = True
         start = time.perf_counter()
         self.compile_ms = None
+        self.region, self.instructions = _region(spec["count"]) if spec.get("count") else None, None
         if load:  # compiled by this build's first worker: every later process just loads it
             lib = tvm.runtime.load_module(load)
+        elif self.region is not None and spec.get("compile_only"):  # the compiler's instructions
+            self.region.start()
+            lib = tvm.compile(mod, target=target)
+            self.instructions = self.region.stop()
+            self.compile_ms = (time.perf_counter() - start) * 1000.0
         else:
             lib = tvm.compile(mod, target=target)
             self.compile_ms = (time.perf_counter() - start) * 1000.0
@@ -398,6 +423,18 @@ class Workload:
                     "op_features": {name: _features(self.args)}}
         features: dict = {}
         return {"samples": samples, "ops": self._ops(features), "op_features": features}
+
+    def count_run(self) -> dict:
+        """The instructions of ``number`` calls (one timed sample's worth), counted."""
+        if self.region is None:
+            raise RuntimeError("this worker was not started to count instructions")
+        number = int(self.spec["number"])
+        self.call(*self.args)  # the first call of a process is not timed either (lazy set-up)
+        self.region.start()
+        for _ in range(number):
+            self.call(*self.args)
+        self.dev.sync()
+        return {"instructions": self.region.stop(), "calls": number}
 
     def _ops(self, features: dict) -> dict:
         """Per-operator time (us) of one call, from the VM's instrument hook (local VMs only);
@@ -462,6 +499,7 @@ def main() -> int:
           "features": {name: bool(tvm.runtime.enabled(name)) for name in ("llvm", "cuda", "rpc")},
           "input_shapes": [list(x.shape) for x in workload.inputs],
           "num_threads": os.environ.get("TVM_NUM_THREADS"),
+          **({"instructions": workload.instructions} if workload.instructions else {}),
           **({"script_sha256": workload.script_sha256} if workload.script_sha256 else {})})
     for line in sys.stdin:
         command = json.loads(line).get("cmd")
@@ -470,6 +508,8 @@ def main() -> int:
                 send(workload.run())
             elif command == "outputs":
                 send(workload.outputs())
+            elif command == "count_run":
+                send(workload.count_run())
             elif command == "exit":
                 return 0
             else:

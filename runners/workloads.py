@@ -46,9 +46,9 @@ class WorkloadKind(abc.ABC):
         raise NotImplementedError(f"{self.kind} workloads have no compile step to time ({workload.name!r})")
 
     def count_instructions(self, runner: Runner, artifact_dir: Path, workload: Any, timeout_s: float,
-                           side: str, counter: InstructionCounter) -> InvocationResult:
+                           side: str, counter: InstructionCounter, what: str = "run") -> InvocationResult:
         """One fresh process of ``workload`` counted by ``counter``; its one sample is the
-        instructions it retired."""
+        instructions ``what`` ("run", or "compile" where :attr:`times_compiles`) retired."""
         raise NotImplementedError(f"{self.kind} workloads cannot be counted yet ({workload.name!r})")
 
     @abc.abstractmethod
@@ -74,7 +74,10 @@ class CommandKind(WorkloadKind):
         return InvocationResult("ok", samples, proc.wall_s, "", records)
 
     def count_instructions(self, runner: Runner, artifact_dir: Path, workload: CommandWorkloadConfig,
-                           timeout_s: float, side: str, counter: InstructionCounter) -> InvocationResult:
+                           timeout_s: float, side: str, counter: InstructionCounter,
+                           what: str = "run") -> InvocationResult:
+        if what != "run":
+            raise NotImplementedError(f"command workloads have no compile step to count ({workload.name!r})")
         # The whole process is counted: its start-up is the same on both sides, so it dilutes a
         # change but cannot fake one; what it prints is not read.
         with tempfile.TemporaryDirectory(prefix="abwatch-count-") as scratch:
@@ -132,6 +135,13 @@ class TvmKind(WorkloadKind):
     def compile_time(self, runner: Runner, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,
                      side: str) -> InvocationResult:
         return runner.tvm.compile_time(artifact_dir, workload, timeout_s, side, workload.overrides(side))
+
+    def count_instructions(self, runner: Runner, artifact_dir: Path, workload: TvmWorkloadConfig,
+                           timeout_s: float, side: str, counter: InstructionCounter,
+                           what: str = "run") -> InvocationResult:
+        # A region of the worker is counted (the compile call, or the timed calls), not its
+        # start-up: import tvm alone is ~4 G instructions against a compile's ~80 M.
+        return runner.tvm.counted(artifact_dir, workload, timeout_s, side, workload.overrides(side), counter, what)
 
     def record_fields(self, workload: TvmWorkloadConfig, worker: WorkerReady | None) -> tuple[dict, dict, dict]:
         args = {"model": workload.model, "dtype": workload.dtype, "options": workload.options,

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import requests
 
+import abwatch.runners
+
 from conftest import live_server
 
-from abwatch.runners.counters import COUNTERS, CounterUnavailable, choose
+from abwatch.runners.counters import COUNTERS, CounterUnavailable, CountError, choose
 from abwatch.service.cli.demo import make_demo_repo
 from abwatch.service.cli.main import main
 from abwatch.service.config import ConfigError, load_config
@@ -75,6 +77,59 @@ def test_the_hardware_counter_says_why_it_cannot_count_here_or_counts(loop, tmp_
     assert choose("auto").name == "valgrind"  # auto falls back
 
 
+REGION_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from worker_region import Region
+region = Region(sys.argv[2])
+sum(range(1000))  # start-up work outside the region
+region.start()
+x = 0
+for i in range(int(sys.argv[3])):
+    x += i * i
+print(json.dumps(region.stop()))
+"""
+
+
+def _count_region(counter, iterations: int, scratch: Path) -> int:
+    """A Python process (start-up and all) whose loop alone is counted, as the TVM worker counts
+    its compile call."""
+    scratch.mkdir()
+    runners = Path(abwatch.runners.__file__).parent  # where worker_region.py sits beside the worker
+    argv = counter.region_argv(["python3", "-c", REGION_SCRIPT, str(runners), counter.name, str(iterations)], scratch)
+    out = subprocess.run(argv, check=True, capture_output=True, text=True,
+                         env={"PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin"})
+    return counter.read_region(scratch, json.loads(out.stdout))
+
+
+def test_a_region_of_a_process_is_counted_without_its_start_up(tmp_path):
+    valgrind = COUNTERS["valgrind"]
+    small = _count_region(valgrind, 20_000, tmp_path / "a")
+    again = _count_region(valgrind, 20_000, tmp_path / "b")
+    large = _count_region(valgrind, 40_000, tmp_path / "c")
+    whole = _count(valgrind, ["python3", "-c", "pass"], tmp_path / "d")
+    assert abs(again - small) <= small * 0.001  # the same region, counted again: (almost) the same count
+    per_iteration = (large - small) / 20_000
+    assert 50 <= per_iteration <= 3000, per_iteration  # a loop turn of CPython at module level, in instructions
+    assert small < whole / 3  # the interpreter's start-up (tens of millions) is not in the region
+    with pytest.raises(CountError, match="region marks"):
+        valgrind.read_region(tmp_path / "a", {"count": 5})
+
+
+def test_the_hardware_counter_counts_a_region_or_says_why_not(tmp_path):
+    from abwatch.runners.worker_region import Region, RegionError
+
+    try:
+        region = Region("perf")
+    except RegionError as exc:  # this machine: the kernel does not expose the counter
+        assert str(exc).startswith("perf_event_open: ")
+        assert COUNTERS["perf"].unavailable() is not None
+        return
+    region.start()
+    sum(range(100_000))
+    assert region.stop()["count"] > 100_000
+
+
 def _config(tmp_path, repo, measure: str, threshold_pct: float = 5.0) -> str:
     path = tmp_path / "abwatch.toml"
     path.write_text(f"""
@@ -106,14 +161,18 @@ device = "bench-box"
 
 def test_measure_is_checked_where_it_is_written(tmp_path):
     base = '[build]\nkind = "tvm-wheel"\n[[workloads]]\nname = "mlp"\nkind = "tvm"\nmodel = "builtin:mlp"\n'
-    for measure, words in (('["instructions"]', "command workloads only"), ('["time", "time"]', "twice"),
-                           ('["cycles"]', "time"), ("[]", "at least 1")):
+    for measure, words in (('["time", "time"]', "twice"), ('["cycles"]', "time"), ("[]", "at least 1")):
         path = tmp_path / "c.toml"
         path.write_text(base + f"measure = {measure}\n")
         with pytest.raises(ConfigError, match=f"c.toml: workloads\\[0\\].measure(\\[0\\])?: .*{words}"):
             load_config(path)
-    path.write_text(base + "[run]\ninstruction_repetitions = 4\n")  # under 8 pairs nothing is ever decided
-    with pytest.raises(ConfigError, match="c.toml: run.instruction_repetitions: .*greater than or equal to 8"):
+    path.write_text(base + 'measure = ["time", "instructions"]\n')  # a TVM workload's compile and run are counted
+    assert load_config(path).workloads[0].measure == ["time", "instructions"]
+    path.write_text(base + "[run]\ninstruction_repetitions = 3\n")  # under the first look's 4 pairs: never decided
+    with pytest.raises(ConfigError, match="c.toml: run.instruction_repetitions: .*greater than or equal to 4"):
+        load_config(path)
+    path.write_text(base + "[run]\ncounted_jobs = 0\n")
+    with pytest.raises(ConfigError, match="c.toml: run.counted_jobs: .*greater than or equal to 1"):
         load_config(path)
 
 
@@ -198,6 +257,12 @@ def test_the_watch_bisects_an_instruction_regression_to_its_commit(tmp_path, fre
     # bisection judged its steps on instructions: the reworded commit as good, the culprit as bad
     assert [(s["summary"], s["side"]) for s in regression["bisection"]] == [("Reword", "good"),
                                                                           ("Do 1% more work", "bad")]
+    # the history of the counts: the tested commits' instructions, the step at the culprit's range
+    code = main(["history", "loop", "--metric", "instructions", "--json", "--all-branches", "--db", fresh_pg_url])
+    history = json.loads(capsys.readouterr().out)
+    assert code == 0 and history["unit"] == "instructions" and len(history["series"]) >= 2
+    counts = {p["sha"]: p["median_ms"] for p in history["series"]}
+    assert counts[shas(repo)["doc2"]] > counts[shas(repo)["base"]] * 1.005  # 1 % more loop, diluted by start-up
 
 
 def test_measuring_time_keeps_the_series_and_counting_alone_starts_one():
@@ -208,3 +273,51 @@ def test_measuring_time_keeps_the_series_and_counting_alone_starts_one():
     assert workload_spec_hash("command", {**spec, "measure": ["time"]}) == before
     assert workload_spec_hash("command", {**spec, "measure": ["time", "instructions"]}) == before
     assert workload_spec_hash("command", {**spec, "measure": ["instructions"]}) != before
+
+
+@pytest.mark.slow
+def test_a_tvm_workloads_compile_and_timed_calls_are_counted(capsys, tmp_path, tvm_cache, sqlite_url):
+    """0.26.0 -> 0.27.0.post1 on a TE matmul counted on instructions alone: the compile call's
+    instructions (without start-up and ``import tvm``) and the timed calls' per call, each in
+    fresh processes under Valgrind, judged, shown and written to the records."""
+    from tests.test_tvm import MATMUL, NEW, OLD, compare, write
+
+    run = ("repetitions = 4\nmax_repetitions = 4\ncompile_repetitions = 4\ninstruction_repetitions = 4\n"
+           'counter = "valgrind"')
+    config = write(tmp_path, tvm_cache, MATMUL + 'measure = ["instructions"]\n', run=run)
+    code, payload, err = compare(capsys, config, sqlite_url, OLD, NEW)
+    result = payload["results"][0]
+    assert result["unit"] == "instructions" and result["failure"] is None, result  # instructions alone decide
+    compiled, called = result["compile_instructions"], result["instructions"]
+    for counted in (compiled, called):
+        assert counted["source"] == "valgrind" and counted["n"] == [4, 4] and counted["failure"] is None
+        assert counted["verdict"] != "unknown" and counted["ci_pct"][1] - counted["ci_pct"][0] < 1.0, counted
+    # the compile region only: tens of millions, where a process importing tvm retires ~4 G
+    assert all(10**6 < c < 10**9 for c in compiled["control_counts"] + compiled["treatment_counts"])
+    assert compiled["verdict"] == "improvement" and compiled["ci_pct"][1] < 0  # 0.27 compiles with less work
+    assert all(0 < c < 10**8 for c in called["control_counts"])  # one 64^3 matmul call, not a process
+    assert "matmul: compile instructions (valgrind" in err
+    code, shown, _ = main_text(capsys, "show", payload["run_id"], "--db", sqlite_url)
+    assert "matmul: compile instructions (valgrind, beside compile time)" in shown
+    code, records, _ = main_text(capsys, "records", "export", "--run", payload["run_id"], "--db", sqlite_url)
+    metrics = [json.loads(line)["metrics"] for line in records.splitlines()]
+    assert {m["instructions_source"] for m in metrics} == {"valgrind"}
+    assert all(m["compilation_instructions_median"] > 10**6 for m in metrics)
+
+
+def main_text(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_a_run_on_a_gpu_or_a_board_keeps_wall_time_and_says_so(tmp_path):
+    from abwatch.runners.tvm_sessions import TvmSessions
+    from abwatch.service.config import RunnerConfig, TvmWorkloadConfig
+
+    workload = TvmWorkloadConfig(name="mlp", model="builtin:mlp", measure=["time", "instructions"])
+    for device, rpc, words in (("cuda", None, "a run on cuda keeps wall time"),
+                               ("cpu", {"tracker": "127.0.0.1:9190", "key": "board"}, "an RPC board keeps wall time")):
+        sessions = TvmSessions(RunnerConfig(), {"kind": "llvm"}, device, rpc)
+        result = sessions.counted(tmp_path, workload, 10, "control", {}, COUNTERS["valgrind"], "run")
+        assert result.status == "error" and words in result.message and "this host's CPU only" in result.message

@@ -348,10 +348,11 @@ def _history_command(args: argparse.Namespace, session, out: Console, err: Conso
                   "--series: " + "; ".join(f"{w.id}: {w.repository.url} spec {w.spec_hash[:12]}" for w in found),
                   markup=False)
     series_id = chosen.id if chosen else None
-    points = history.series(session, args.workload, args.device, series_id)
+    points = history.series(session, args.workload, args.device, series_id, args.metric)
     if not points:
         raise DriverError(f"no history for workload {args.workload!r}"
-                                 + (f" on device {args.device!r}" if args.device else ""))
+                          + (f" on device {args.device!r}" if args.device else "")
+                          + (f" on {args.metric} (it is recorded only where measured)" if args.metric != "time" else ""))
     skipped = 0
     line = None if args.all_branches else history.first_parent_line(session, args.workload, series_id)
     if line is not None:
@@ -368,9 +369,10 @@ def _history_command(args: argparse.Namespace, session, out: Console, err: Conso
         err.print(f"abwatch: no step changes: {note}", markup=False)
     if args.json:
         print(json.dumps({**report.history_json(args.workload, points, steps), "left_out": skipped, "note": note,
+                          "metric": args.metric, "unit": history.METRICS[args.metric][1],
                           "series_id": series_id, "repository": chosen.repository.url if chosen else None,
                           "spec_hash": chosen.spec_hash if chosen else None}))
         return 0
-    report.print_history(out, args.workload, points, steps, skipped)
+    report.print_history(out, args.workload, points, steps, skipped, history.METRICS[args.metric][1])
     return 0
 

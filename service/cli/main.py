@@ -101,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     p = with_db(sub.add_parser("history", help="a workload's per-commit series and its step changes"))
     p.add_argument("workload", help="workload name, as in the config")
     p.add_argument("--device", help="device (record 'hardware') to restrict to")
+    p.add_argument("--metric", choices=["time", "instructions", "compile-time", "compile-instructions"],
+                   default="time", help="what the series follows (default: time; instructions where counted)")
     p.add_argument("--max-pvalue", type=float, default=0.001,
                    help="largest p-value at which a step change is reported (default: 0.001)")
     p.add_argument("--series", type=int, metavar="ID",

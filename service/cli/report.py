@@ -140,28 +140,32 @@ def verdict_table(outcome: CompareOutcome, width: int) -> Table:
 
 
 def print_instructions(out: Console, r: WorkloadResult) -> None:
-    """Which metric decided the row, and the instructions verdict where instructions were counted."""
-    counted = r.instructions
-    if not counted:
-        return
+    """Which metric decided the row, and the instructions verdicts (of the run, and of a TVM
+    workload's compile) where instructions were counted."""
     decided = "decided the row" if r.verdict.unit == "instructions" else "beside time, which decided the row"
-    change, ci = counted.get("change_pct"), counted.get("ci_pct")
-    line = (f"{r.workload}: instructions ({counted.get('source')}, {decided}) {counted['verdict']}"
-            + (f" {change:+.3f}%" if isinstance(change, (int, float)) else "")
-            + (f" (CI {ci[0]:+.3f}..{ci[1]:+.3f}%)" if ci else ""))
-    if counted.get("control_ms") is not None and counted.get("treatment_ms") is not None:
-        line += (f"; {counted['control_ms']:,.0f} -> {counted['treatment_ms']:,.0f} instructions, "
-                 f"{counted['n'][0]} counted processes a side")
-    out.print(line + (f"; {counted['failure']}" if counted.get("failure") else f" — {counted['reason']}"),
-              markup=False)
+    compiled = r.details.get("compile_instructions") if r.details else None
+    for label, counted, why in (("instructions", r.instructions, decided),
+                                ("compile instructions", compiled, "beside compile time")):
+        if not counted:
+            continue
+        change, ci = counted.get("change_pct"), counted.get("ci_pct")
+        line = (f"{r.workload}: {label} ({counted.get('source')}, {why}) {counted['verdict']}"
+                + (f" {change:+.3f}%" if isinstance(change, (int, float)) else "")
+                + (f" (CI {ci[0]:+.3f}..{ci[1]:+.3f}%)" if ci else ""))
+        if counted.get("control_ms") is not None and counted.get("treatment_ms") is not None:
+            line += (f"; {counted['control_ms']:,.0f} -> {counted['treatment_ms']:,.0f} instructions, "
+                     f"{counted['n'][0]} counted processes a side")
+        out.print(line + (f"; {counted['failure']}" if counted.get("failure") else f" — {counted['reason']}"),
+                  markup=False)
 
 
 def regression_cell(r) -> str:
     """The regressions a workload's result opened (or, in a verify run, judged): speed and output."""
     cells = [str(r.regression_id)] if r.regression_id is not None else []
-    compiled = (r.details or {}).get("compile") or {}
-    if compiled.get("regression_id") is not None:
-        cells.append(f"{compiled['regression_id']} compile")
+    for key in ("compile", "compile_instructions"):  # a compile-time regression, by time or by instructions
+        compiled = (r.details or {}).get(key) or {}
+        if compiled.get("regression_id") is not None:
+            cells.append(f"{compiled['regression_id']} compile")
     if r.correctness_regression_id is not None:
         cells.append(f"{r.correctness_regression_id} output")
     return ", ".join(cells) or "-"
@@ -281,7 +285,7 @@ def sparkline(values: list[float]) -> str:
     return "".join(SPARK[min(len(SPARK) - 1, int((v - low) / span * len(SPARK)))] for v in values)
 
 
-def print_history(out: Console, workload: str, points, found, skipped: int = 0) -> None:
+def print_history(out: Console, workload: str, points, found, skipped: int = 0, unit: str = "ms") -> None:
     """``abwatch history`` in text mode: a sparkline (on a terminal that can draw it), then one
     row per commit, each step change marked at the first commit after it."""
     out.print(f"{workload}: {len(points)} commits, {len(found)} step change(s)"
@@ -293,14 +297,14 @@ def print_history(out: Console, workload: str, points, found, skipped: int = 0) 
     table = Table(box=box.SIMPLE_HEAD)
     table.add_column("commit", no_wrap=True)
     table.add_column("date", no_wrap=True)
-    table.add_column("median ms", justify="right", no_wrap=True)
+    table.add_column(f"median {unit}", justify="right", no_wrap=True)
     table.add_column("runs", justify="right", no_wrap=True)
     table.add_column("step", overflow="fold")
     table.add_column("summary", overflow="fold")
     for p in points:
         s = steps.get(p.sha)
         table.add_row(short_sha(p.sha), f"{p.committed_at:%Y-%m-%d %H:%M}" if p.committed_at else "-",
-                      f"{p.median_ms:.3f}", str(p.runs),
+                      f"{p.median_ms:,.0f}" if unit == "instructions" else f"{p.median_ms:.3f}", str(p.runs),
                       f"◆ {s.change_pct:+.2f}% (p={s.p_value:.2g})" if s else "", p.summary)
     out.print(table)
     out.print("runs: the runs that measured the commit (median of their medians); ◆: a step change "

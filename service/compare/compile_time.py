@@ -26,7 +26,7 @@ from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
 from abwatch.service.compare import lifecycle
-from abwatch.service.stats.verdict import RegressionKind
+from abwatch.service.stats.verdict import Metric, RegressionKind
 from abwatch.service.store.models import Comparison, Regression, Run, RunType
 from abwatch.service.compare.outcome import verdict_json
 
@@ -90,21 +90,26 @@ def details(judged: CompileJudged) -> dict:
 
 
 def open_if_slower(session: Session, run: Run, comparison: Comparison, judged: CompileJudged | None,
-                   attach=None) -> int | None:
+                   attach=None, counted=None) -> tuple[int | None, Metric]:
     """Open a ``compile-time`` regression when a benchmark run found compiles slower (or note it
-    on the open one ``attach`` finds it the same as)."""
-    if judged is None or run.run_type != RunType.BENCHMARK or judged.verdict.verdict != stats.Outcome.REGRESSION:
-        return None
-    v = judged.verdict
+    on the open one ``attach`` finds it the same as): by wall time, or else by the compile's
+    instructions (``counted``, an :class:`instructions.CountJudged`). The regression's id (None
+    when none) and the metric that opened it."""
+    opener = next(((metric, j.verdict) for metric, j in ((Metric.TIME, judged), (Metric.INSTRUCTIONS, counted))
+                   if j is not None and j.verdict.verdict == stats.Outcome.REGRESSION), None)
+    if opener is None or run.run_type != RunType.BENCHMARK:
+        return None, Metric.TIME
+    metric, v = opener
+    what = "compile time" if metric is Metric.TIME else "compile instructions"
     regression: Regression = lifecycle.open_or_attach(
-        session, run, comparison, KIND, v, attach, reason=f"compile time {v.reason}")
+        session, run, comparison, KIND, v, attach, reason=f"{what} {v.reason}", metric=metric)
     if regression.run_id != run.id:  # a re-run of the pair, or attached: the one opened earlier stays as it was
-        return regression.id
+        return regression.id, metric
     assert v.change_pct is not None  # a regression verdict always carries its estimate
     regression.change_pct = v.change_pct
-    regression.benchmark_verdict = {**verdict_json(v, run.id), "kind": KIND.value}
+    regression.benchmark_verdict = {**verdict_json(v, run.id), "kind": KIND.value, "metric": metric.value}
     session.flush()
-    return regression.id
+    return regression.id, metric
 
 
 def verdict_of(workload_details: Mapping[str, Any] | None) -> stats.Verdict:

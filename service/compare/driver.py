@@ -51,6 +51,7 @@ from abwatch.service.store.rows import (
 )
 
 MAX_REF_LENGTH = 256  # the refs' column width
+WHATS = ("run", "compile")  # what instructions are counted of, each its own family and verdict
 
 
 # Given the run, the comparison, the regression kind and the least change (%) the run's evidence
@@ -178,15 +179,17 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
                                          {CONTROL: [], TREATMENT: []}), None
             judged = None if m.failure else compile_time.measure(
                 runner, workload, artifacts, config, run.seed, rng, progress, timeout)
-            counted = None if m.failure else instructions.measure(
-                runner, workload, artifacts, config, run.seed, rng, progress, timeout)
-            measured.append((workload, m, verdict, judged, counted))
+            counted, counted_compile = (None, None) if m.failure else (instructions.measure(
+                runner, workload, artifacts, config, run.seed, rng, progress, timeout, what) for what in WHATS)
+            measured.append((workload, m, verdict, judged, (counted, counted_compile)))
     # each metric is a family of its own for Benjamini-Hochberg
     timed = iter(stats.adjust_fdr([verdict for _, _, verdict, _, _ in measured if verdict is not None]))
     compiles = compile_time.adjust([judged for _, _, _, judged, _ in measured])
-    counts = instructions.adjust([counted for *_, counted in measured])
+    counts = instructions.adjust([c[0] for *_, c in measured])
+    compile_counts = instructions.adjust([c[1] for *_, c in measured])
     results = []
-    for (workload, m, verdict, _, _), judged, counted in zip(measured, compiles, counts, strict=True):
+    for (workload, m, verdict, _, _), judged, counted, counted_compile in zip(measured, compiles, counts,
+                                                                             compile_counts, strict=True):
         if verdict is not None:
             verdict = next(timed)
         if instructions.primary(workload) is Metric.INSTRUCTIONS:
@@ -195,7 +198,7 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
             m = replace(m, failure=counted.failure)
         assert verdict is not None
         results.append(_store_result(session, config, run, workload, m, verdict, device_info, progress, judged,
-                                     attach, counted))
+                                     attach, counted, counted_compile))
     unjudged = [r.workload for r in results if r.failure]
     run.status = RunStatus.INCOMPLETE if unjudged else RunStatus.COMPLETED
     if unjudged:
@@ -281,13 +284,18 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
 def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig | TvmWorkloadConfig,
                   m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress,
                   judged: compile_time.CompileJudged | None = None, attach: Attach | None = None,
-                  counted: instructions.CountJudged | None = None) -> WorkloadResult:
+                  counted: instructions.CountJudged | None = None,
+                  counted_compile: instructions.CountJudged | None = None) -> WorkloadResult:
     """Store the comparison, open regressions (speed, compile time, output) if found, write the records."""
     row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
     extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
              if isinstance(workload, TvmWorkloadConfig) and m.failure is None else None)
     if extra is not None and judged is not None:
         extra["compile"] = compile_time.details(judged)
+    if extra is not None and counted_compile is not None:
+        extra["compile_instructions"] = instructions.details(counted_compile)
+        progress.message(f"  {workload.name}: compile instructions ({counted_compile.source}) "
+                         f"{counted_compile.verdict.verdict.value} — {counted_compile.verdict.reason}")
     counts = instructions.details(counted) if counted is not None else None
     if counted is not None:
         progress.message(f"  {workload.name}: instructions ({counted.source}) {counted.verdict.verdict.value} — "
@@ -324,10 +332,14 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
             progress.message(f"  {workload.name}: regression {regression.id} (run {regression.run_id}) "
                              "is open for this pair (or is this slowdown, seen again) already")
         regression_id = regression.id
-    compile_id = compile_time.open_if_slower(session, run, comparison, judged, attach)
-    if compile_id is not None and extra is not None:  # a new dict, so the JSON column sees the change
-        comparison.details = {**comparison.details, "compile": {**extra["compile"], "regression_id": compile_id}}
-        extra["compile"] = comparison.details["compile"]
+    compile_id, compile_metric = compile_time.open_if_slower(session, run, comparison, judged, attach,
+                                                             counted_compile)
+    if compile_id is not None and extra is not None:
+        if compile_metric is Metric.TIME:
+            extra["compile"] = {**extra["compile"], "regression_id": compile_id}
+        else:
+            extra["compile_instructions"] = {**extra["compile_instructions"], "regression_id": compile_id}
+        comparison.details = {**comparison.details, **extra}  # a new dict, so the JSON column sees the change
     if judged is not None:
         progress.message(f"  {workload.name}: compile time {judged.verdict.verdict.value} — {judged.verdict.reason}")
     if isinstance(workload, TvmWorkloadConfig) and extra is not None and extra["error"]["mismatch"]:
@@ -427,7 +439,9 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
                                  expect=RegressionState.VERIFY)
             continue
         v = result.verdict
-        if regression.kind == compile_time.KIND:  # judged again on the verify run's compiles
+        if regression.kind == compile_time.KIND and regression.metric is Metric.INSTRUCTIONS:
+            v = instructions.verdict_of(result.details, "compile")  # on the verify run's counted compiles
+        elif regression.kind == compile_time.KIND:  # judged again on the verify run's compiles
             v = compile_time.verdict_of(result.details)
         elif regression.metric is Metric.INSTRUCTIONS:  # and on the instructions it was opened by
             v = instructions.verdict_of({"instructions": result.instructions})

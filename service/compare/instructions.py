@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,12 +30,19 @@ from typing import Any
 from abwatch.runners.base import Runner
 from abwatch.runners.counters import CounterUnavailable, choose
 from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
+from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
 from abwatch.service.stats.verdict import Metric
 
-FIRST_LOOK = stats.MIN_PAIRS  # fewer pairs cannot decide anything
+# A near-deterministic metric needs few processes: the counts of a TVM compile region differ
+# by ~0.01 % between processes, so 4 pairs bound the change far inside 0.5 %; counts that vary
+# more widen the interval and more pairs are added, as for time.
+FIRST_LOOK = 4
 BATCH = 2
 UNIT = "instructions"
+# what is counted: the workload's run (a command's whole process, a TVM workload's timed
+# calls) or, for kinds that compile, the compile call; and where its verdict is kept
+WHAT = {"run": Metric.INSTRUCTIONS.value, "compile": "compile_instructions"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,12 @@ def wanted(workload) -> bool:
     return Metric.INSTRUCTIONS.value in workload.measure
 
 
+def counts_compiles(workload, config) -> bool:
+    """Whether ``workload``'s compile is counted: instructions are measured, its kind compiles,
+    and compiles are measured at all (``run.compile_repetitions`` > 0)."""
+    return wanted(workload) and WORKLOAD_KINDS[workload.kind].times_compiles and config.run.compile_repetitions > 0
+
+
 def primary(workload) -> Metric:
     """The metric whose verdict is the comparison's (the first in ``measure``)."""
     return Metric(workload.measure[0])
@@ -63,10 +77,12 @@ def unmeasured(reason: str) -> stats.Verdict:
 
 
 def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, seed: int,
-            rng: random.Random, progress, timeout_s: float) -> CountJudged | None:
+            rng: random.Random, progress, timeout_s: float, what: str = "run") -> CountJudged | None:
     """Counted fresh processes of both sides, interleaved, until the stopping rule stops;
-    None when the workload is not measured on instructions."""
-    if not wanted(workload):
+    None when the workload is not measured on instructions (or, for ``what="compile"``, its
+    compile is not counted). ``run.counted_jobs`` processes run at once: a count does not
+    depend on what else the machine does."""
+    if not (counts_compiles(workload, config) if what == "compile" else wanted(workload)):
         return None
     try:
         counter = choose(config.run.counter)
@@ -78,27 +94,37 @@ def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, see
     groups: dict[str, list[int]] = {CONTROL: [], TREATMENT: []}
     started, look = time.monotonic(), 0
     schedule = interleaved_schedule(min(most, FIRST_LOOK), 0, rng)
-    progress.message(f"  {workload.name}: instructions ({counter.name}): {len(schedule)} counted processes to start")
-    while True:
-        for slot in schedule:
-            result = runner.count_instructions(artifacts[slot.side], workload, timeout_s, counter, slot.side)
-            if result.status != "ok":
-                failure = f"{slot.side} counted process {slot.position} {result.status}: {result.message}"
-                verdict = replace(unmeasured(failure), stop_reason="counted process failed",
-                                  elapsed_s=time.monotonic() - started)
-                return CountJudged(verdict, samples, counter.name, failure)
-            samples[slot.side].extend(result.samples)
-            groups[slot.side].extend([slot.position] * len(result.samples))
-        look += 1
-        step = stats.sequential_look(
-            samples[CONTROL], samples[TREATMENT], groups[CONTROL], groups[TREATMENT], look=look,
-            elapsed_s=time.monotonic() - started, budget=budget,
-            threshold_pct=config.stats.instructions_threshold_pct, alpha=config.stats.alpha,
-            confidence=config.stats.confidence, equivalence_alpha=config.stats.equivalence_alpha, seed=seed)
-        if step.stop:
-            return CountJudged(replace(step.verdict, unit=UNIT, estimator="instructions per process, "
-                                       "median across processes"), samples, counter.name)
-        schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
+    label = "compile instructions" if what == "compile" else "instructions"
+    progress.message(f"  {workload.name}: {label} ({counter.name}): {len(schedule)} counted processes to start, "
+                     f"{config.run.counted_jobs} at a time")
+
+    def count(slot):
+        return runner.count_instructions(artifacts[slot.side], workload, timeout_s, counter, slot.side, what)
+
+    with ThreadPoolExecutor(max_workers=config.run.counted_jobs) as pool:
+        while True:
+            for slot, result in zip(schedule, pool.map(count, schedule), strict=True):
+                if result.status != "ok":
+                    failure = f"{slot.side} counted process {slot.position} {result.status}: {result.message}"
+                    verdict = replace(unmeasured(failure), stop_reason="counted process failed",
+                                      elapsed_s=time.monotonic() - started)
+                    return CountJudged(verdict, samples, counter.name, failure)
+                samples[slot.side].extend(result.samples)
+                groups[slot.side].extend([slot.position] * len(result.samples))
+            look += 1
+            step = stats.sequential_look(
+                samples[CONTROL], samples[TREATMENT], groups[CONTROL], groups[TREATMENT], look=look,
+                elapsed_s=time.monotonic() - started, budget=budget,
+                threshold_pct=config.stats.instructions_threshold_pct, alpha=config.stats.alpha,
+                confidence=config.stats.confidence, equivalence_alpha=config.stats.equivalence_alpha, seed=seed,
+                min_pairs=FIRST_LOOK, min_samples=FIRST_LOOK)
+            if step.stop:
+                estimator = ("instructions of the compile call per process" if what == "compile" else
+                             "instructions per call of the timed calls" if WORKLOAD_KINDS[workload.kind].times_compiles
+                             else "instructions per process")
+                return CountJudged(replace(step.verdict, unit=UNIT, estimator=f"{estimator}, median across processes"),
+                                   samples, counter.name)
+            schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
 
 
 def details(judged: CountJudged) -> dict:
@@ -113,10 +139,11 @@ def details(judged: CountJudged) -> dict:
     }
 
 
-def verdict_of(workload_details: Mapping[str, Any] | None) -> stats.Verdict:
-    """The instructions verdict a comparison's details hold (``unknown`` when none was made):
-    what verify and bisection judge a regression opened on instructions by."""
-    found = (workload_details or {}).get(Metric.INSTRUCTIONS.value) or {}
+def verdict_of(workload_details: Mapping[str, Any] | None, what: str = "run") -> stats.Verdict:
+    """The instructions verdict (of the run, or of the compile) a comparison's details hold
+    (``unknown`` when none was made): what verify and bisection judge a regression opened
+    on instructions by."""
+    found = (workload_details or {}).get(WHAT[what]) or {}
     if not found.get("verdict") or found.get("failure"):
         return unmeasured(found.get("failure") or "instructions not counted")
     return stats.Verdict.from_dict(found)
@@ -138,3 +165,15 @@ def adjust(judged_list: list[CountJudged | None]) -> list[CountJudged | None]:
     present = [j for j in judged_list if j is not None]
     adjusted = iter(stats.adjust_fdr([j.verdict for j in present]))
     return [None if j is None else replace(j, verdict=next(adjusted)) for j in judged_list]
+
+
+def judged_compile(result) -> tuple[stats.Verdict, str | None]:
+    """A workload result's compile-instructions verdict, and why it was not judged (None when
+    it was): what bisection reads of each step for a ``compile-time`` regression opened on
+    instructions."""
+    if result.failure:
+        return result.verdict, result.failure
+    found = (result.details or {}).get(WHAT["compile"]) or {}
+    if not found.get("verdict"):
+        return unmeasured("compile instructions not counted"), "compile instructions not counted"
+    return verdict_of(result.details, "compile"), found.get("failure")

@@ -122,6 +122,7 @@ def result_json(result: WorkloadResult) -> dict:
         "failure": result.failure,
         **({"ops": result.details["ops"], "error": result.details["error"],
             "compile_ms": result.details["compile_ms"], "compile": result.details.get("compile"),
+            "compile_instructions": result.details.get("compile_instructions"),
             "correctness_regression_id": result.correctness_regression_id}
            if result.details is not None else {}),
         **({"instructions": result.instructions} if result.instructions is not None else {}),

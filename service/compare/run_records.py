@@ -54,6 +54,10 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
                        ops={op["name"]: op["control_us"] if side == "control" else op["treatment_us"]
                             for op in tvm["ops"]},
                        op_features=tvm["op_features"].get(side, {}))
+        compiled = tvm.get("compile_instructions") or {}
+        if compiled.get(f"{side}_counts"):  # the compile call's instructions, median of the counted processes
+            metrics.update(compilation_instructions_median=statistics.median(compiled[f"{side}_counts"]),
+                           instructions_source=compiled["source"])
         runtime_config.update(num_threads=worker.get("num_threads"), target=worker.get("target"))
         engine_config.update(tvm_version=worker.get("tvm_version"), features=worker.get("features"),
                              target=worker.get("target"))

@@ -54,9 +54,19 @@ def series_of(session: Session, workload: str) -> list[Workload]:
     return [row for row, _ in rows]
 
 
+# What a series may follow: the record metrics it reads, the first present wins, and its unit.
+METRICS: dict[str, tuple[tuple[str, ...], str]] = {
+    "time": (("runtime_ms_fastest", "runtime_ms_median"), "ms"),
+    "instructions": (("instructions_median",), "instructions"),  # a command's process; TVM: per timed call
+    "compile-time": (("compilation_ms",), "ms"),
+    "compile-instructions": (("compilation_instructions_median",), "instructions"),
+}
+
+
 def series(session: Session, workload: str, hardware: str | None = None,
-           series_id: int | None = None) -> list[Point]:
-    """The per-commit medians of ``workload`` (optionally on one device), oldest commit first.
+           series_id: int | None = None, metric: str = "time") -> list[Point]:
+    """The per-commit medians of ``workload`` (optionally on one device), oldest commit first,
+    on ``metric`` (a key of :data:`METRICS`; its values are in ``Point.median_ms`` whatever the unit).
 
     ``series_id`` (a workload row, see :func:`series_of`) keeps only the runs that measured
     that series: one repository, one spec. Commits are looked up in the repository of the
@@ -71,8 +81,8 @@ def series(session: Session, workload: str, hardware: str | None = None,
     by_sha: dict[tuple[int, str], list[float]] = {}
     for record, repository_id in session.execute(query):
         metrics = record.fields.get("metrics", {})
-        # the verdict's scale (each process's fastest sample, their median) where the run kept it
-        median = metrics.get("runtime_ms_fastest") or metrics.get("runtime_ms_median")
+        # time: the verdict's scale (each process's fastest sample, their median) where the run kept it
+        median = next((metrics[k] for k in METRICS[metric][0] if metrics.get(k) is not None), None)
         if record.engine_version and isinstance(median, (int, float)):
             by_sha.setdefault((repository_id, record.engine_version), []).append(float(median))
     if not by_sha:

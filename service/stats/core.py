@@ -69,7 +69,7 @@ def _mixture_rho2(alpha: float, plan: int) -> float:
     return (-2.0 * math.log(alpha) + math.log(-2.0 * math.log(alpha) + 1.0)) / plan
 
 
-def cs_multiplier(n: int, alpha: float, plan: int = DEFAULT_PLAN_PAIRS) -> float:
+def cs_multiplier(n: int, alpha: float, plan: int = DEFAULT_PLAN_PAIRS, min_pairs: int = MIN_PAIRS) -> float:
     """Half-width of the two-sided anytime-valid confidence sequence at ``n`` units, in
     standard errors (sd / sqrt(n)).
 
@@ -79,9 +79,10 @@ def cs_multiplier(n: int, alpha: float, plan: int = DEFAULT_PLAN_PAIRS) -> float
     at after every batch, any number of times, and the run may stop whenever it likes.
     At small n the standard deviation is itself uncertain: the multiplier is widened by
     Student's t over the normal quantile (df = n - 1), which the asymptotic result omits
-    and which the ground-truth suite showed is needed below ~10 pairs.
+    and which the ground-truth suite showed is needed below ~10 pairs. Under ``min_pairs``
+    (default :data:`MIN_PAIRS`) the interval is unbounded.
     """
-    if n < MIN_PAIRS:
+    if n < max(min_pairs, 2):
         return math.inf
     r2 = _mixture_rho2(alpha, plan)
     width = math.sqrt(2.0 * (n * r2 + 1.0) / (n * r2) * math.log(math.sqrt(n * r2 + 1.0) / alpha))
@@ -94,13 +95,13 @@ def _small_sample(n: int, alpha: float) -> float:
     return float(sps.t.ppf(q, n - 1) / sps.norm.ppf(q))
 
 
-def cs_p_value(z: float, n: int, alpha: float, plan: int = DEFAULT_PLAN_PAIRS) -> float:
+def cs_p_value(z: float, n: int, alpha: float, plan: int = DEFAULT_PLAN_PAIRS, min_pairs: int = MIN_PAIRS) -> float:
     """Anytime-valid p-value of "no change" for an estimate ``z`` standard errors from 0.
 
     The smallest level at which the confidence sequence (tuned at ``alpha``, widened as in
     :func:`cs_multiplier`) excludes 0, so ``p < alpha`` exactly when the interval does.
     """
-    if n < MIN_PAIRS:
+    if n < max(min_pairs, 2):
         return 1.0
     r2 = _mixture_rho2(alpha, plan)
     zz = z / _small_sample(n, alpha)
@@ -169,6 +170,7 @@ def compare(
     paired: bool = False,
     plan_pairs: int = DEFAULT_PLAN_PAIRS,
     equivalence_alpha: float = DEFAULT_EQUIVALENCE_ALPHA,
+    min_pairs: int = MIN_PAIRS,
 ) -> Verdict:
     """Judge ``treatment`` against ``control`` (both sequences of milliseconds).
 
@@ -213,11 +215,11 @@ def compare(
         ci, method = (change, change), "identical samples"
         p_value = 1.0 if med_a == med_b else 0.0
     elif paired and control_groups is not None and treatment_groups is not None and _positive(ca, cb):
-        change, ci, p_value, same_ci = _paired(ca, cb, confidence, plan_pairs, 2.0 * equivalence_alpha)
+        change, ci, p_value, same_ci = _paired(ca, cb, confidence, plan_pairs, 2.0 * equivalence_alpha, min_pairs)
         if not all(math.isfinite(x) for x in ci):  # under MIN_PAIRS the sequence is unbounded: no interval
             pairs = min(len(ca), len(cb))
             return _figures(Verdict(Outcome.UNKNOWN, change, None, None, method=PAIRED_METHOD,
-                                    reason=f"too few pairs for an interval ({pairs}; {MIN_PAIRS} are needed)",
+                                    reason=f"too few pairs for an interval ({pairs}; {min_pairs} are needed)",
                                     **base), float(np.median(_fastest(ca))), FASTEST_ESTIMATOR)
         judged = replace(_decide(change, ci, p_value, base, same_ci=same_ci), method=PAIRED_METHOD)
         return _figures(judged, float(np.median(_fastest(ca))), FASTEST_ESTIMATOR)
@@ -271,7 +273,7 @@ def _positive(ca: np.ndarray, cb: np.ndarray) -> bool:
 PAIRED_METHOD = ("paired process medians: trimmed mean of log ratios, "
                  "anytime-valid confidence sequence and p-value")
 def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float, plan: int,
-            same_alpha: float) -> tuple[float, tuple[float, float], float, tuple[float, float]]:
+            same_alpha: float, min_pairs: int = MIN_PAIRS) -> tuple[float, tuple[float, float], float, tuple[float, float]]:
     """Change, confidence sequence, anytime p-value and the equivalence interval (at
     ``same_alpha``, for `same`) from the paired processes' log ratios, one estimate for all.
 
@@ -296,9 +298,9 @@ def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float, plan: int,
     if se == 0.0:
         point = (pct(estimate), pct(estimate))
         return pct(estimate), point, 1.0 if estimate == 0 else 0.0, point
-    half = cs_multiplier(k, alpha, plan) * se
-    same_half = cs_multiplier(k, same_alpha, plan) * se  # the equivalence interval (two one-sided tests)
-    p_value = cs_p_value(estimate / se, k, alpha, plan)
+    half = cs_multiplier(k, alpha, plan, min_pairs) * se
+    same_half = cs_multiplier(k, same_alpha, plan, min_pairs) * se  # the equivalence interval (two one-sided tests)
+    p_value = cs_p_value(estimate / se, k, alpha, plan, min_pairs)
     return (pct(estimate), (pct(estimate - half), pct(estimate + half)), p_value,
             (pct(estimate - same_half), pct(estimate + same_half)))
 

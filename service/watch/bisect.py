@@ -56,6 +56,7 @@ JUDGES: dict[tuple[RegressionKind, Metric], Judge] = {
     (RegressionKind.RUNTIME, Metric.TIME): run_time,
     (RegressionKind.RUNTIME, Metric.INSTRUCTIONS): instructions.judged,
     (RegressionKind.COMPILE_TIME, Metric.TIME): compile_time.judged,
+    (RegressionKind.COMPILE_TIME, Metric.INSTRUCTIONS): instructions.judged_compile,
 }
 BISECTED_KINDS = sorted({kind for kind, _ in JUDGES})
 
