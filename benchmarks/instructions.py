@@ -110,6 +110,10 @@ def summary(rows: list[dict]) -> None:
             print(f"| {tag} | {metric} | {len(mine)} | {100 * ok / len(mine):.0f} % | {shown} | "
                   f"{statistics.median(r[metric]['pairs'] for r in mine):g} | "
                   f"{statistics.median(r[metric]['seconds'] for r in mine):.1f} |")
+    slower = [r for r in rows if r["time"]["verdict"] == "regression"]
+    missed = [r for r in slower if r["instructions"]["verdict"] != "regression"]
+    print(f"\nwall-time regressions: {len(slower)}; instructions missed {len(missed)} of them"
+          + (f" ({', '.join(sorted({r['tag'] for r in missed}))})" if missed else ""))
     counts = sorted({c for r in rows for c in r["instructions"]["base_counts"]})
     loads = [r["load"] for r in rows]
     print(f"\nbase process instructions over {len(rows)} trials at load {min(loads):.1f}-{max(loads):.1f}: "

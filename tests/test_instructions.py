@@ -188,7 +188,7 @@ def test_a_two_percent_change_is_found_on_instructions_where_time_cannot_say(tmp
     assert counted["source"] == "valgrind" and counted["unit"] == "instructions"
     assert counted["verdict"] == "regression", counted
     assert 1.0 < counted["change_pct"] < 2.5 and counted["ci_pct"][0] > 0.5
-    assert len(counted["control_counts"]) == counted["n"][0] >= 8
+    assert len(counted["control_counts"]) == counted["n"][0] >= 4  # the first look: 4 counted pairs
     assert result["verdict"] != "regression"  # time, with a 5 % threshold, cannot call 2 %
     # each side's v0.1 record carries its processes' median count and the counter
     records = tmp_path / "records.jsonl"
@@ -232,7 +232,7 @@ def test_instructions_alone_decide_the_row_and_an_a_a_pair_is_the_same(tmp_path,
     (result,) = json.loads(capsys.readouterr().out)["results"]
     assert code == 0
     assert result["verdict"] == "same" and result["instructions"]["verdict"] == "same"
-    assert result["control"]["n"] == 8  # the counted processes: no timed invocation ran
+    assert result["control"]["n"] == 4  # the counted processes of the first look: no timed invocation ran
     assert abs(result["change_pct"]) < 0.01
 
 
@@ -284,7 +284,8 @@ def test_a_tvm_workloads_compile_and_timed_calls_are_counted(capsys, tmp_path, t
 
     run = ("repetitions = 4\nmax_repetitions = 4\ncompile_repetitions = 4\ninstruction_repetitions = 4\n"
            'counter = "valgrind"')
-    config = write(tmp_path, tvm_cache, MATMUL + 'measure = ["instructions"]\n', run=run)
+    # instructions first: they decide the row; time beside them (a v0.1 record needs a run time)
+    config = write(tmp_path, tvm_cache, MATMUL + 'measure = ["instructions", "time"]\n', run=run)
     code, payload, err = compare(capsys, config, sqlite_url, OLD, NEW)
     result = payload["results"][0]
     assert result["unit"] == "instructions" and result["failure"] is None, result  # instructions alone decide

@@ -143,7 +143,7 @@ def print_instructions(out: Console, r: WorkloadResult) -> None:
     """Which metric decided the row, and the instructions verdicts (of the run, and of a TVM
     workload's compile) where instructions were counted."""
     decided = "decided the row" if r.verdict.unit == "instructions" else "beside time, which decided the row"
-    compiled = r.details.get("compile_instructions") if r.details else None
+    compiled = r.compile_instructions
     for label, counted, why in (("instructions", r.instructions, decided),
                                 ("compile instructions", compiled, "beside compile time")):
         if not counted:
@@ -162,8 +162,8 @@ def print_instructions(out: Console, r: WorkloadResult) -> None:
 def regression_cell(r) -> str:
     """The regressions a workload's result opened (or, in a verify run, judged): speed and output."""
     cells = [str(r.regression_id)] if r.regression_id is not None else []
-    for key in ("compile", "compile_instructions"):  # a compile-time regression, by time or by instructions
-        compiled = (r.details or {}).get(key) or {}
+    # a compile-time regression, opened by time or by instructions
+    for compiled in ((r.details or {}).get("compile") or {}, r.compile_instructions or {}):
         if compiled.get("regression_id") is not None:
             cells.append(f"{compiled['regression_id']} compile")
     if r.correctness_regression_id is not None:

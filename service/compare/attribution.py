@@ -53,7 +53,6 @@ class TvmDetails(TypedDict):
     error: OutputDiff
     workers: dict[str, WorkerReady]
     compile: NotRequired[dict[str, Any]]  # a verdict on compile time, where one was made
-    compile_instructions: NotRequired[dict[str, Any]]  # a verdict on the compile's instructions, where counted
 
 
 def op_type(name: str) -> str:

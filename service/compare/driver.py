@@ -292,8 +292,8 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
              if isinstance(workload, TvmWorkloadConfig) and m.failure is None else None)
     if extra is not None and judged is not None:
         extra["compile"] = compile_time.details(judged)
-    if extra is not None and counted_compile is not None:
-        extra["compile_instructions"] = instructions.details(counted_compile)
+    compile_counts = instructions.details(counted_compile) if counted_compile is not None else None
+    if counted_compile is not None:
         progress.message(f"  {workload.name}: compile instructions ({counted_compile.source}) "
                          f"{counted_compile.verdict.verdict.value} — {counted_compile.verdict.reason}")
     counts = instructions.details(counted) if counted is not None else None
@@ -313,7 +313,8 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         treatment_fastest_ms=stats.fastest_median(m.samples[TREATMENT], m.groups[TREATMENT]),
         control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
         error=m.failure,
-        details={"verdict": verdict.to_dict(), **(extra or {}), **({"instructions": counts} if counts else {})},
+        details={"verdict": verdict.to_dict(), **(extra or {}), **({"instructions": counts} if counts else {}),
+                 **({"compile_instructions": compile_counts} if compile_counts else {})},
     )
     session.add(comparison)
     session.flush()
@@ -334,12 +335,12 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         regression_id = regression.id
     compile_id, compile_metric = compile_time.open_if_slower(session, run, comparison, judged, attach,
                                                              counted_compile)
-    if compile_id is not None and extra is not None:
-        if compile_metric is Metric.TIME:
-            extra["compile"] = {**extra["compile"], "regression_id": compile_id}
-        else:
-            extra["compile_instructions"] = {**extra["compile_instructions"], "regression_id": compile_id}
+    if compile_id is not None and compile_metric is Metric.TIME and extra is not None:
+        extra["compile"] = {**extra["compile"], "regression_id": compile_id}
         comparison.details = {**comparison.details, **extra}  # a new dict, so the JSON column sees the change
+    elif compile_id is not None and compile_counts is not None:
+        compile_counts = {**compile_counts, "regression_id": compile_id}
+        comparison.details = {**comparison.details, "compile_instructions": compile_counts}
     if judged is not None:
         progress.message(f"  {workload.name}: compile time {judged.verdict.verdict.value} — {judged.verdict.reason}")
     if isinstance(workload, TvmWorkloadConfig) and extra is not None and extra["error"]["mismatch"]:
@@ -362,12 +363,13 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
             if build is None:  # measured sides were built; the run row names their builds
                 raise DriverError(f"run {run.id}: no build row for its {side.value} side")
             record = run_record(config, run, build, side.value, workload, samples, raw,
-                                m.records[side.value], device_info, extra, counts)
+                                m.records[side.value], device_info, extra, counts, compile_counts)
             session.add(to_row(record, run.id, side))
     session.commit()
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
     return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,
-                          correctness_id, extra, workload_id=row.id, instructions=counts)
+                          correctness_id, extra, workload_id=row.id, instructions=counts,
+                          compile_instructions=compile_counts)
 
 
 def run_verify(session: Session, run_id: int, *, progress: Progress | None = None) -> tuple[CompareOutcome, list]:
@@ -440,7 +442,7 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
             continue
         v = result.verdict
         if regression.kind == compile_time.KIND and regression.metric is Metric.INSTRUCTIONS:
-            v = instructions.verdict_of(result.details, "compile")  # on the verify run's counted compiles
+            v = instructions.verdict_of({"compile_instructions": result.compile_instructions}, "compile")
         elif regression.kind == compile_time.KIND:  # judged again on the verify run's compiles
             v = compile_time.verdict_of(result.details)
         elif regression.metric is Metric.INSTRUCTIONS:  # and on the instructions it was opened by

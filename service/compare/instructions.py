@@ -173,7 +173,7 @@ def judged_compile(result) -> tuple[stats.Verdict, str | None]:
     instructions."""
     if result.failure:
         return result.verdict, result.failure
-    found = (result.details or {}).get(WHAT["compile"]) or {}
+    found = result.compile_instructions or {}
     if not found.get("verdict"):
         return unmeasured("compile instructions not counted"), "compile instructions not counted"
-    return verdict_of(result.details, "compile"), found.get("failure")
+    return verdict_of({WHAT["compile"]: found}, "compile"), found.get("failure")

@@ -49,6 +49,8 @@ class WorkloadResult:
     workload_id: int | None = None  # the series (workloads row)
     # the instructions verdict and counts (service.compare.instructions.details), where counted
     instructions: dict[str, Any] | None = None
+    # a TVM workload's compile call counted the same way, where counted
+    compile_instructions: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,8 @@ def result_json(result: WorkloadResult) -> dict:
         "failure": result.failure,
         **({"ops": result.details["ops"], "error": result.details["error"],
             "compile_ms": result.details["compile_ms"], "compile": result.details.get("compile"),
-            "compile_instructions": result.details.get("compile_instructions"),
             "correctness_regression_id": result.correctness_regression_id}
            if result.details is not None else {}),
         **({"instructions": result.instructions} if result.instructions is not None else {}),
+        **({"compile_instructions": result.compile_instructions} if result.compile_instructions is not None else {}),
     }

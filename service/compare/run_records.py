@@ -24,7 +24,7 @@ def engine_name(config: Config) -> str:
 
 def run_record(config: Config, run: Run, build: Build, side: str, workload, samples: list[float],
                raw: list[dict], given: list[dict], device_info: DeviceInfo, tvm: TvmDetails | None,
-               counted: dict | None = None) -> BenchmarkRecord:
+               counted: dict | None = None, compile_counted: dict | None = None) -> BenchmarkRecord:
     """Build the record; ``given`` are records the workload printed itself (their dict fields
     fill in what abwatch does not know), ``tvm`` the TVM details of the comparison, ``counted``
     its instruction counts (:func:`service.compare.instructions.details`) where it has them."""
@@ -54,7 +54,7 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
                        ops={op["name"]: op["control_us"] if side == "control" else op["treatment_us"]
                             for op in tvm["ops"]},
                        op_features=tvm["op_features"].get(side, {}))
-        compiled = tvm.get("compile_instructions") or {}
+        compiled = compile_counted or {}
         if compiled.get(f"{side}_counts"):  # the compile call's instructions, median of the counted processes
             metrics.update(compilation_instructions_median=statistics.median(compiled[f"{side}_counts"]),
                            instructions_source=compiled["source"])

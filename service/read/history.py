@@ -54,13 +54,35 @@ def series_of(session: Session, workload: str) -> list[Workload]:
     return [row for row, _ in rows]
 
 
-# What a series may follow: the record metrics it reads, the first present wins, and its unit.
+# What a series may follow: the record metrics it reads (the first present wins), and its unit.
 METRICS: dict[str, tuple[tuple[str, ...], str]] = {
     "time": (("runtime_ms_fastest", "runtime_ms_median"), "ms"),
-    "instructions": (("instructions_median",), "instructions"),  # a command's process; TVM: per timed call
     "compile-time": (("compilation_ms",), "ms"),
-    "compile-instructions": (("compilation_instructions_median",), "instructions"),
+    "instructions": ((), "instructions"),  # a command's process; TVM: per timed call
+    "compile-instructions": ((), "instructions"),
 }
+# Counts are read from the comparisons (a workload measured on instructions alone writes no
+# v0.1 record, whose schema requires a run time): the details key of each.
+COUNTED = {"instructions": "instructions", "compile-instructions": "compile_instructions"}
+
+
+def _counts(session: Session, workload: str, hardware: str | None, series_id: int | None,
+            metric: str) -> dict[tuple[int, str], list[float]]:
+    """Each side's median count per (repository, sha), from the comparisons that counted them."""
+    query = (select(Comparison.details, Run).join(Run, Run.id == Comparison.run_id)
+             .join(Workload, Workload.id == Comparison.workload_id).where(Workload.name == workload))
+    if series_id is not None:
+        query = query.where(Comparison.workload_id == series_id)
+    by_sha: dict[tuple[int, str], list[float]] = {}
+    for details, run in session.execute(query):
+        if hardware is not None and (run.device is None or run.device.name != hardware):
+            continue
+        found = (details or {}).get(COUNTED[metric]) or {}
+        for side, commit in (("control", run.control_commit), ("treatment", run.treatment_commit)):
+            counts = found.get(f"{side}_counts")
+            if counts:
+                by_sha.setdefault((run.repository_id, commit.sha), []).append(float(pystats.median(counts)))
+    return by_sha
 
 
 def series(session: Session, workload: str, hardware: str | None = None,
@@ -72,19 +94,8 @@ def series(session: Session, workload: str, hardware: str | None = None,
     that series: one repository, one spec. Commits are looked up in the repository of the
     run that measured them, never by sha alone.
     """
-    query = (select(Record, Run.repository_id).join(Run, Run.id == Record.run_id)
-             .where(Record.workload == workload))
-    if series_id is not None:
-        query = query.where(Record.run_id.in_(select(Comparison.run_id).where(Comparison.workload_id == series_id)))
-    if hardware is not None:
-        query = query.where(Record.hardware == hardware)
-    by_sha: dict[tuple[int, str], list[float]] = {}
-    for record, repository_id in session.execute(query):
-        metrics = record.fields.get("metrics", {})
-        # time: the verdict's scale (each process's fastest sample, their median) where the run kept it
-        median = next((metrics[k] for k in METRICS[metric][0] if metrics.get(k) is not None), None)
-        if record.engine_version and isinstance(median, (int, float)):
-            by_sha.setdefault((repository_id, record.engine_version), []).append(float(median))
+    by_sha = (_counts(session, workload, hardware, series_id, metric) if metric in COUNTED
+              else _recorded(session, workload, hardware, series_id, metric))
     if not by_sha:
         return []
     commits = {(c.repository_id, c.sha): c for c in session.scalars(
@@ -98,6 +109,25 @@ def series(session: Session, workload: str, hardware: str | None = None,
     ]
     # commit time orders the history; ties (same second) keep the sha order stable
     return sorted(points, key=lambda p: (p.committed_at is None, p.committed_at or datetime.min, p.sha))
+
+
+def _recorded(session: Session, workload: str, hardware: str | None, series_id: int | None,
+              metric: str) -> dict[tuple[int, str], list[float]]:
+    """Each record's ``metric`` per (repository, sha)."""
+    query = (select(Record, Run.repository_id).join(Run, Run.id == Record.run_id)
+             .where(Record.workload == workload))
+    if series_id is not None:
+        query = query.where(Record.run_id.in_(select(Comparison.run_id).where(Comparison.workload_id == series_id)))
+    if hardware is not None:
+        query = query.where(Record.hardware == hardware)
+    by_sha: dict[tuple[int, str], list[float]] = {}
+    for record, repository_id in session.execute(query):
+        metrics = record.fields.get("metrics", {})
+        # time: the verdict's scale (each process's fastest sample, their median) where the run kept it
+        median = next((metrics[k] for k in METRICS[metric][0] if metrics.get(k) is not None), None)
+        if record.engine_version and isinstance(median, (int, float)):
+            by_sha.setdefault((repository_id, record.engine_version), []).append(float(median))
+    return by_sha
 
 
 def first_parent_line(session: Session, workload: str, series_id: int | None = None) -> tuple[str, set[str]] | None:
