@@ -69,7 +69,17 @@ def test_each_step_is_judged_by_the_judge_given(tmp_path, sqlite_url):
 
 def test_the_kind_and_the_metric_pick_the_judge():
     assert {("runtime", "time"): bisect.run_time, ("compile-time", "time"): compile_time.judged,
-            ("runtime", "instructions"): instructions.judged} == bisect.JUDGES
+            ("runtime", "instructions"): instructions.judged,
+            ("compile-time", "instructions"): instructions.judged_compile} == bisect.JUDGES
+    # the compile judge reads the compile's counts, not the run's
+    slower = stats.compare([100.0] * 6, [110.0] * 6, control_groups=range(6), treatment_groups=range(6))
+    same = stats.compare([100.0] * 6, [100.0] * 6, control_groups=range(6), treatment_groups=range(6))
+    counted = instructions.CountJudged(slower, {"control": [100.0] * 6, "treatment": [110.0] * 6}, "valgrind")
+    result = outcome.WorkloadResult("mlp", same, 1, None, None, compile_instructions=instructions.details(counted))
+    verdict, not_judged = bisect.JUDGES[("compile-time", "instructions")](result)
+    assert not_judged is None and verdict.verdict == stats.Outcome.REGRESSION and verdict.change_pct == pytest.approx(10)
+    verdict, not_judged = bisect.JUDGES[("runtime", "instructions")](result)
+    assert not_judged == "instructions not counted"
     # a wrong output has no "slower" to bisect on
     assert "correctness" not in {kind for kind, _ in bisect.JUDGES} and "correctness" not in bisect.BISECTED_KINDS
 

@@ -40,12 +40,11 @@ from abwatch.service.compare.outcome import (
 )
 from abwatch.service.config import CommandWorkloadConfig, Config, TvmWorkloadConfig
 from abwatch.service.store.models import (
-    Build, Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, Side, utcnow,
+    Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, Side, utcnow,
 )
 from abwatch.service.stats.verdict import Metric, RegressionState, RegressionKind
 from abwatch.service.compare.progress import NullProgress, Progress
-from abwatch.service.records.v01 import to_row
-from abwatch.service.compare.run_records import run_record
+from abwatch.service.compare.run_records import write_records
 from abwatch.service.store.rows import (
     earlier_series, get_commits, get_device, get_repository, get_workload, write_samples,
 )
@@ -292,14 +291,10 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
              if isinstance(workload, TvmWorkloadConfig) and m.failure is None else None)
     if extra is not None and judged is not None:
         extra["compile"] = compile_time.details(judged)
-    compile_counts = instructions.details(counted_compile) if counted_compile is not None else None
-    if counted_compile is not None:
-        progress.message(f"  {workload.name}: compile instructions ({counted_compile.source}) "
-                         f"{counted_compile.verdict.verdict.value} — {counted_compile.verdict.reason}")
-    counts = instructions.details(counted) if counted is not None else None
-    if counted is not None:
-        progress.message(f"  {workload.name}: instructions ({counted.source}) {counted.verdict.verdict.value} — "
-                         f"{counted.verdict.reason}")
+    for label, c in (("compile instructions", counted_compile), ("instructions", counted)):
+        if c is not None:
+            progress.message(f"  {workload.name}: {label} ({c.source}) {c.verdict.verdict.value} — {c.verdict.reason}")
+    counts, compile_counts = (instructions.details(c) if c is not None else None for c in (counted, counted_compile))
     timed = verdict.unit == "ms"
     comparison = Comparison(
         run_id=run.id, workload_id=row.id, verdict=verdict.verdict,
@@ -355,16 +350,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
                                                        reason=why).id
     if verdict.verdict == stats.Outcome.SAME:
         noise.learn(session, row.id, run.device_id, m.samples, m.groups)
-    for side in (Side.CONTROL, Side.TREATMENT):
-        samples = m.samples[side.value]
-        if samples:
-            raw = [{"runtime_ms": v, "invocation": g} for v, g in zip(samples, m.groups[side.value], strict=True)]
-            build = session.get(Build, run.control_build_id if side is Side.CONTROL else run.treatment_build_id)
-            if build is None:  # measured sides were built; the run row names their builds
-                raise DriverError(f"run {run.id}: no build row for its {side.value} side")
-            record = run_record(config, run, build, side.value, workload, samples, raw,
-                                m.records[side.value], device_info, extra, counts, compile_counts)
-            session.add(to_row(record, run.id, side))
+    write_records(session, config, run, workload, m, device_info, extra, counts, compile_counts)
     session.commit()
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
     return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,

@@ -9,8 +9,8 @@ from abwatch.runners.base import DeviceInfo
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service.compare.attribution import TvmDetails
 from abwatch.service.config import Config
-from abwatch.service.store.models import Build, Run
-from abwatch.service.records.v01 import BenchmarkRecord
+from abwatch.service.store.models import Build, Run, Side
+from abwatch.service.records.v01 import BenchmarkRecord, to_row
 
 
 def engine_name(config: Config) -> str:
@@ -87,3 +87,20 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
         metrics=metrics,
         runtime_raw=raw,
     )
+
+
+def write_records(session, config: Config, run: Run, workload, m, device_info: DeviceInfo, tvm: TvmDetails | None,
+                  counted: dict | None, compile_counted: dict | None) -> None:
+    """Add one record per side that has timed samples (``m``: the workload's measurement);
+    the v0.1 schema requires a run time, so a side counted alone has none."""
+    for side in (Side.CONTROL, Side.TREATMENT):
+        samples = m.samples[side.value]
+        if not samples:
+            continue
+        raw = [{"runtime_ms": v, "invocation": g} for v, g in zip(samples, m.groups[side.value], strict=True)]
+        build = session.get(Build, run.control_build_id if side is Side.CONTROL else run.treatment_build_id)
+        if build is None:  # measured sides were built; the run row names their builds
+            raise RuntimeError(f"run {run.id}: no build row for its {side.value} side")
+        record = run_record(config, run, build, side.value, workload, samples, raw, m.records[side.value],
+                            device_info, tvm, counted, compile_counted)
+        session.add(to_row(record, run.id, side))
