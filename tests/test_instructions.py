@@ -322,3 +322,48 @@ def test_a_run_on_a_gpu_or_a_board_keeps_wall_time_and_says_so(tmp_path):
         sessions = TvmSessions(RunnerConfig(), {"kind": "llvm"}, device, rpc)
         result = sessions.counted(tmp_path, workload, 10, "control", {}, COUNTERS["valgrind"], "run")
         assert result.status == "error" and words in result.message and "this host's CPU only" in result.message
+
+
+EXTRA_FUNCTIONS = '''
+import tvm
+from tvm import te
+
+
+def workload(extra=0):
+    """main, and ``extra`` functions that are compiled but never called: more compile work, the
+    same outputs."""
+    def function(name, n):
+        a, b = te.placeholder((n,), "float32", "a"), te.placeholder((n,), "float32", "b")
+        func = te.create_prim_func([a, b, te.compute((n,), lambda i: a[i] * 2.0 + b[i], name="c")])
+        return func.with_attr("global_symbol", name)
+    names = ["main", *(f"f{k}" for k in range(extra))]
+    return tvm.IRModule({name: function(name, 1024 + k) for k, name in enumerate(names)})
+'''
+
+
+@pytest.mark.slow
+def test_a_compile_doing_more_work_is_a_compile_time_regression_on_instructions(capsys, tmp_path, tvm_cache,
+                                                                                  sqlite_url):
+    """The treatment's module has three more functions to compile: four compiles a side cannot
+    decide on wall time (8 pairs are needed), the counted compile calls can. The compile-time
+    regression says instructions opened it, and verify judges it on the compile's counts again."""
+    from tests.test_tvm import NEW, compare, write
+
+    script = tmp_path / "extra.py"
+    script.write_text(EXTRA_FUNCTIONS)
+    workloads = (f'[[workloads]]\nname = "extra"\nkind = "tvm"\nmodel = "script:{script}"\n'
+                 'measure = ["time", "instructions"]\ntreatment_options = {options = {extra = 3}}\n')
+    run = ("repetitions = 4\nmax_repetitions = 4\ncompile_repetitions = 4\ninstruction_repetitions = 4\n"
+           'counter = "valgrind"')
+    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, workloads, run=run), sqlite_url, NEW, NEW)
+    result = payload["results"][0]
+    assert result["failure"] is None, result
+    assert result["compile"]["verdict"] == "unknown"  # too few compiles for wall time
+    compiled = result["compile_instructions"]
+    assert compiled["verdict"] == "regression" and compiled["ci_pct"][0] > 50, compiled
+    assert result["error"]["mismatch"] is False  # main computes the same on both sides
+    (regression,) = [r for r in regressions_json(sqlite_url, capsys) if r["kind"] == "compile-time"]
+    assert regression["metric"] == "instructions" and compiled["regression_id"] == regression["id"]
+    assert main(["verify", str(payload["run_id"]), "--db", sqlite_url]) == 1
+    (regression,) = [r for r in regressions_json(sqlite_url, capsys) if r["kind"] == "compile-time"]
+    assert regression["state"] == "regress" and regression["verify_verdict"]["unit"] == "instructions"
