@@ -40,6 +40,12 @@ from pathlib import Path
 from typing import ClassVar
 
 
+# Fixed in every counted process unless the workload sets it: Python's string hashing is seeded
+# per process, and a different seed walks dicts and sets in another order, so a Python
+# program's count would vary between processes for no reason in the code.
+COUNTED_ENV = {"PYTHONHASHSEED": "0"}
+
+
 class CounterUnavailable(RuntimeError):
     """No instruction counter can be used here (the message says why and what to install)."""
 

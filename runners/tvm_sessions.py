@@ -27,11 +27,12 @@ from abwatch.builders.environment import ArtifactInfoError, build_environment, b
 from abwatch.builders.procs import child_env, kill_tree
 from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig, TvmWorkloadConfig
 from abwatch.runners.base import InvocationResult, OutputTensor, TvmMetrics, WorkerReady
+from abwatch.runners import counters
 from abwatch.runners.counters import CountError, InstructionCounter
 
-# Fixed in a counted worker: one thread, so the count is one thread's work, not the pool's
-# scheduling; Python's hash seed, so dicts and sets are walked in the same order every time.
-COUNTED_ENV = {"TVM_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+# A counted worker also runs one thread: the count is then one thread's work, not the pool's
+# spinning and stealing.
+COUNTED_ENV = {**counters.COUNTED_ENV, "TVM_NUM_THREADS": "1"}
 
 WORKER = Path(__file__).with_name("tvm_worker.py")
 COMPILE_TIMEOUT_S = 900.0

@@ -16,17 +16,13 @@ from abwatch.builders.environment import ArtifactInfoError, build_environment
 from abwatch.builders.procs import ProcessResult, child_env, passed, run_process
 from abwatch.builders.spec import CommandWorkloadConfig, TvmWorkloadConfig
 from abwatch.runners.base import InvocationResult, WorkerReady
-from abwatch.runners.counters import CountError, InstructionCounter
+from abwatch.runners.counters import COUNTED_ENV, CountError, InstructionCounter
 from abwatch.runners.harness import OutputError, parse_output
 
 if TYPE_CHECKING:
     from abwatch.runners.base import Runner
 
 STDERR_TAIL = 4000  # characters of a failed invocation's stderr kept as its message
-# Fixed in a counted process unless the workload sets them: Python's string hashing is seeded
-# per process, and a different seed walks dicts and sets in another order, so a Python
-# workload's count would vary between processes for no reason in the code.
-COUNTED_ENV = {"PYTHONHASHSEED": "0"}
 
 
 class WorkloadKind(abc.ABC):
