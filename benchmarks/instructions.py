@@ -7,10 +7,12 @@ The C benchmark (``benchmarks.detector.real``: a dependent multiply-add loop, ~2
 with +0.5, +1 and +2 % more work. Each trial compares base with one tag, the tags in turn:
 
 * **instructions**: counted processes (``runners.counters``; Valgrind here), interleaved,
-  judged by :func:`stats.sequential_look` after 8 pairs and every 2 more, up to 12 pairs, at
+  judged by :func:`stats.sequential_look` after ``--first`` pairs (the service's first look,
+  :data:`service.compare.instructions.FIRST_LOOK`) and every 2 more, up to 12 pairs, at
   ``--threshold`` — what ``service.compare.instructions`` does;
 * **time**: as many timed pairs as instructions used, judged once by the same rule at the
-  same threshold (what wall time says for the same number of processes).
+  same threshold and the same fewest pairs (what wall time says for the same number of
+  processes).
 
 A verdict is *right* when it is ``regression`` for a tag with more work and ``same`` for the
 no-op. One JSON line per trial; a table at the end: right %, verdicts, median pairs and
@@ -32,24 +34,27 @@ from collections import Counter
 from abwatch.runners.counters import choose
 from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
 from abwatch.service import stats
+from abwatch.service.compare.instructions import FIRST_LOOK
 from benchmarks.detector.real import RealBench
 
 TAGS = ("same", "plus0.5", "plus1", "plus2")
-FIRST, MOST, BATCH = 8, 12, 2
+MOST, BATCH = 12, 2
 
 
-def _judge(samples: dict, groups: dict, look: int, elapsed: float, threshold: float, most: int) -> stats.Look:
+def _judge(samples: dict, groups: dict, look: int, elapsed: float, threshold: float, most: int,
+           first: int) -> stats.Look:
     return stats.sequential_look(samples[CONTROL], samples[TREATMENT], groups[CONTROL], groups[TREATMENT],
                                  look=look, elapsed_s=elapsed, threshold_pct=threshold,
-                                 budget=stats.Budget(max_seconds=3600, max_pairs=most, batch=BATCH))
+                                 budget=stats.Budget(max_seconds=3600, max_pairs=most, batch=BATCH),
+                                 min_pairs=first, min_samples=first)
 
 
-def counted(bench: RealBench, counter, tag: str, rng: random.Random, threshold: float) -> dict:
+def counted(bench: RealBench, counter, tag: str, rng: random.Random, threshold: float, first: int) -> dict:
     """Instructions: counted pairs until the rule stops."""
     samples: dict[str, list[float]] = {CONTROL: [], TREATMENT: []}
     groups: dict[str, list[int]] = {CONTROL: [], TREATMENT: []}
     walls: list[float] = []
-    schedule, look, spent = interleaved_schedule(FIRST, 0, rng), 0, 0.0
+    schedule, look, spent = interleaved_schedule(first, 0, rng), 0, 0.0
     while True:
         for slot in schedule:
             path = bench.paths["base"] if slot.side == CONTROL else bench.paths[tag]
@@ -61,7 +66,7 @@ def counted(bench: RealBench, counter, tag: str, rng: random.Random, threshold: 
             walls.append(result.wall_s)
             spent += result.wall_s
         look += 1
-        step = _judge(samples, groups, look, spent, threshold, MOST)
+        step = _judge(samples, groups, look, spent, threshold, MOST, first)
         if step.stop:
             v = step.verdict
             return {"verdict": v.verdict.value, "change_pct": v.change_pct, "ci_pct": v.ci_pct,
@@ -71,7 +76,7 @@ def counted(bench: RealBench, counter, tag: str, rng: random.Random, threshold: 
         schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
 
 
-def timed(bench: RealBench, tag: str, pairs: int, rng: random.Random, threshold: float) -> dict:
+def timed(bench: RealBench, tag: str, pairs: int, rng: random.Random, threshold: float, first: int) -> dict:
     """Wall time: ``pairs`` timed pairs, judged once."""
     samples: dict[str, list[float]] = {CONTROL: [], TREATMENT: []}
     groups: dict[str, list[int]] = {CONTROL: [], TREATMENT: []}
@@ -85,7 +90,7 @@ def timed(bench: RealBench, tag: str, pairs: int, rng: random.Random, threshold:
         groups[slot.side].extend([slot.position] * len(result.samples))
         spent += result.wall_s
         walls.append(result.wall_s)
-    v = _judge(samples, groups, 1, spent, threshold, pairs).verdict
+    v = _judge(samples, groups, 1, spent, threshold, pairs, first).verdict
     return {"verdict": v.verdict.value, "change_pct": v.change_pct, "ci_pct": v.ci_pct, "pairs": pairs,
             "seconds": round(spent, 2), "process_s": statistics.median(walls)}
 
@@ -97,6 +102,7 @@ def right(tag: str, verdict: str) -> bool:
 
 def summary(rows: list[dict]) -> None:
     """The table of the trials in ``rows``."""
+    print(f"first look: {', '.join(str(f) for f in sorted({r.get('first', 8) for r in rows}))} pairs\n")
     print("| change | metric | trials | right | verdicts | median pairs | median s to verdict |")
     print("|---|---|---|---|---|---|---|")
     for tag in TAGS:
@@ -130,6 +136,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=25, help="trials per tag")
     parser.add_argument("--threshold", type=float, default=0.25, help="threshold (%%) for both metrics")
     parser.add_argument("--counter", default="auto")
+    parser.add_argument("--first", type=int, default=FIRST_LOOK, help="pairs at the first look (default: the service's)")
     parser.add_argument("--out", help="append each trial as a JSON line here")
     parser.add_argument("--summarize", help="print the table of an earlier --out file and exit")
     args = parser.parse_args()
@@ -145,9 +152,9 @@ def main() -> None:
             for tag in TAGS:
                 rng = random.Random(trial * 100 + TAGS.index(tag))
                 started = time.monotonic()
-                instructions = counted(bench, counter, tag, rng, args.threshold)
-                wall = timed(bench, tag, instructions["pairs"], rng, args.threshold)
-                row = {"trial": trial, "tag": tag, "load": os.getloadavg()[0], "counter": counter.name,
+                instructions = counted(bench, counter, tag, rng, args.threshold, args.first)
+                wall = timed(bench, tag, instructions["pairs"], rng, args.threshold, args.first)
+                row = {"trial": trial, "tag": tag, "first": args.first, "load": os.getloadavg()[0], "counter": counter.name,
                        "instructions": instructions, "time": wall, "wall_s": round(time.monotonic() - started, 1)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)

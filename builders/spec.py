@@ -275,7 +275,7 @@ class CommandWorkloadConfig(StrictModel):
         return self.max_samples or MAX_SAMPLES
 
 
-# What each model reads from ``options`` (runners/tvm_worker.py); any other key is an error.
+# What each model reads from ``options`` (runners/worker_models.py); any other key is an error.
 MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
     "builtin:mlp": ("hidden", "classes", "weight_scale"),
     "builtin:cnn": ("classes", "weight_scale"),

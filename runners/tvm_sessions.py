@@ -234,8 +234,6 @@ class TvmSessions:
             return InvocationResult("error", (), 0.0, f"instructions are counted on this host's CPU only; "
                                     f"a run on {'an RPC board' if self.rpc else self.device} keeps wall time")
         spec = dict(self.spec(workload, side_options), rpc=None, count=counter.name)
-        if self.target.get("mcpu") == "native" and artifact in self.resolved:
-            spec["target"] = self.resolved[artifact]  # this host's CPU, as a worker outside the counter saw it
         if what == "compile":
             spec["compile_only"] = True
         else:  # loads the library this build compiled for the timed runs (compiling it first if needed)
@@ -243,6 +241,11 @@ class TvmSessions:
             if failed is not None:
                 return failed
             spec["load"] = str(self._lib(artifact, workload, side))
+        if self.target.get("mcpu") == "native":
+            failed = self._name_native(artifact, workload, timeout_s, side, side_options)
+            if failed is not None:
+                return failed
+            spec["target"] = self.resolved[artifact]  # this host's CPU, as a worker outside the counter saw it
         start = time.monotonic()
         worker = None
         with tempfile.TemporaryDirectory(prefix="abwatch-count-") as scratch:
@@ -264,6 +267,17 @@ class TvmSessions:
                     worker.close()
         per_call = count / ready["calls"] if what == "run" else count
         return InvocationResult("ok", (float(per_call),), time.monotonic() - start)
+
+    def _name_native(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float, side: str,
+                     side_options: dict) -> InvocationResult | None:
+        """Make sure an uncounted worker of ``artifact`` has named this host's CPU (under Valgrind
+        ``mcpu=native`` is Valgrind's own CPU model): one compile outside the counter when no
+        worker of this build ran yet; its failure, if it fails."""
+        with self._ensuring:
+            if artifact in self.resolved:
+                return None
+            named = self.compile_time(artifact, workload, timeout_s, side, side_options)
+        return None if named.status == "ok" else named
 
     def _lib(self, artifact: Path, workload: TvmWorkloadConfig, side: str) -> Path:
         return self._lib_dir() / f"{side}-{artifact.name}-{workload.name}.so"

@@ -42,9 +42,9 @@ class RunConfig(StrictModel):
     max_seconds: float = Field(default=900.0, gt=0, description="time budget per workload")
     compile_repetitions: int = Field(
         default=12, ge=0, description="tvm: most fresh-process compiles per side to judge compile time (0: off)")
-    # at least the first look's 4 pairs (service/compare/instructions.py)
+    # at least the first look's 3 pairs (FIRST_LOOK, service/compare/instructions.py)
     instruction_repetitions: int = Field(
-        default=12, ge=4, description='measure = [..."instructions"]: most counted processes per side')
+        default=12, ge=3, description='measure = [..."instructions"]: most counted processes per side')
     counted_jobs: int = Field(
         default_factory=lambda: os.cpu_count() or 1, ge=1,
         description="counted processes run at once (a count does not depend on the machine's load; "
