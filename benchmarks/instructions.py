@@ -7,9 +7,10 @@ The C benchmark (``benchmarks.detector.real``: a dependent multiply-add loop, ~2
 with +0.5, +1 and +2 % more work. Each trial compares base with one tag, the tags in turn:
 
 * **instructions**: counted processes (``runners.counters``; Valgrind here), interleaved,
-  judged by :func:`stats.sequential_look` after ``--first`` pairs (the service's first look,
-  :data:`service.compare.instructions.FIRST_LOOK`) and every 2 more, up to 12 pairs, at
-  ``--threshold`` — what ``service.compare.instructions`` does;
+  judged by the service's own loop (:func:`service.compare.fresh.until_decided`: the rule
+  after ``--first`` pairs, the service's first look
+  :data:`service.compare.instructions.FIRST_LOOK`, and every 2 more, up to 12 pairs) at
+  ``--threshold``, one process at a time;
 * **time**: as many timed pairs as instructions used, judged once by the same rule at the
   same threshold and the same fewest pairs (what wall time says for the same number of
   processes).
@@ -32,48 +33,46 @@ import time
 from collections import Counter
 
 from abwatch.runners.counters import choose
-from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
+from abwatch.runners.base import InvocationResult
+from abwatch.runners.harness import CONTROL, TREATMENT, Slot, interleaved_schedule
 from abwatch.service import stats
+from abwatch.service.compare import fresh
 from abwatch.service.compare.instructions import FIRST_LOOK
 from benchmarks.detector.real import RealBench
 
 TAGS = ("same", "plus0.5", "plus1", "plus2")
-MOST, BATCH = 12, 2
+MOST = 12
 
 
-def _judge(samples: dict, groups: dict, look: int, elapsed: float, threshold: float, most: int,
-           first: int) -> stats.Look:
+def _judge(samples: dict, groups: dict, elapsed: float, threshold: float, pairs: int, first: int) -> stats.Look:
+    """One look of the rule at ``pairs`` timed pairs, with the counted loop's fewest pairs."""
     return stats.sequential_look(samples[CONTROL], samples[TREATMENT], groups[CONTROL], groups[TREATMENT],
-                                 look=look, elapsed_s=elapsed, threshold_pct=threshold,
-                                 budget=stats.Budget(max_seconds=3600, max_pairs=most, batch=BATCH),
-                                 min_pairs=first, min_samples=first)
+                                 look=1, elapsed_s=elapsed, threshold_pct=threshold,
+                                 budget=stats.Budget(max_seconds=3600, max_pairs=pairs, batch=fresh.BATCH),
+                                 min_pairs=first, min_samples=min(first, stats.MIN_SAMPLES))
 
 
 def counted(bench: RealBench, counter, tag: str, rng: random.Random, threshold: float, first: int) -> dict:
-    """Instructions: counted pairs until the rule stops."""
-    samples: dict[str, list[float]] = {CONTROL: [], TREATMENT: []}
-    groups: dict[str, list[int]] = {CONTROL: [], TREATMENT: []}
+    """Instructions: counted pairs, one process at a time, until the rule stops (the service's
+    own loop, :func:`service.compare.fresh.until_decided`)."""
     walls: list[float] = []
-    schedule, look, spent = interleaved_schedule(first, 0, rng), 0, 0.0
-    while True:
-        for slot in schedule:
-            path = bench.paths["base"] if slot.side == CONTROL else bench.paths[tag]
-            result = bench.runner.count_instructions(path, bench.workload, 120, counter, slot.side)
-            if result.status != "ok":
-                raise RuntimeError(f"counted process failed: {result.message}")
-            samples[slot.side].extend(result.samples)
-            groups[slot.side].append(slot.position)
-            walls.append(result.wall_s)
-            spent += result.wall_s
-        look += 1
-        step = _judge(samples, groups, look, spent, threshold, MOST, first)
-        if step.stop:
-            v = step.verdict
-            return {"verdict": v.verdict.value, "change_pct": v.change_pct, "ci_pct": v.ci_pct,
-                    "pairs": len(samples[CONTROL]), "seconds": round(spent, 2),
-                    "base_counts": sorted(set(int(c) for c in samples[CONTROL])),
-                    "process_s": statistics.median(walls)}
-        schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
+
+    def count(slot: Slot) -> InvocationResult:
+        path = bench.paths["base"] if slot.side == CONTROL else bench.paths[tag]
+        result = bench.runner.count_instructions(path, bench.workload, 120, counter, slot.side)
+        walls.append(result.wall_s)
+        return result
+
+    rule = fresh.Rule(threshold, stats.DEFAULT_ALPHA, stats.DEFAULT_CONFIDENCE, stats.DEFAULT_EQUIVALENCE_ALPHA,
+                      first, MOST, 3600, seed=0)
+    judged = fresh.until_decided(count, rule, rng, "counted process")
+    if judged.verdict is None:
+        raise RuntimeError(judged.failure)
+    v = judged.verdict
+    return {"verdict": v.verdict.value, "change_pct": v.change_pct, "ci_pct": v.ci_pct,
+            "pairs": len(judged.samples[CONTROL]), "seconds": round(judged.elapsed_s, 2),
+            "base_counts": sorted(set(int(c) for c in judged.samples[CONTROL])),
+            "process_s": statistics.median(walls)}
 
 
 def timed(bench: RealBench, tag: str, pairs: int, rng: random.Random, threshold: float, first: int) -> dict:
@@ -90,7 +89,7 @@ def timed(bench: RealBench, tag: str, pairs: int, rng: random.Random, threshold:
         groups[slot.side].extend([slot.position] * len(result.samples))
         spent += result.wall_s
         walls.append(result.wall_s)
-    v = _judge(samples, groups, 1, spent, threshold, pairs, first).verdict
+    v = _judge(samples, groups, spent, threshold, pairs, first).verdict
     return {"verdict": v.verdict.value, "change_pct": v.change_pct, "ci_pct": v.ci_pct, "pairs": pairs,
             "seconds": round(spent, 2), "process_s": statistics.median(walls)}
 

@@ -6,7 +6,8 @@ worker loads that library, so each build compiles once while every invocation is
 fresh process (the statistics' unit: two processes of one build differ by several
 percent, so one long-lived worker per side would turn that into false alarms). A worker
 that fails to compile, crashes or exceeds its time is killed and reported as that
-build's failure.
+build's failure. Counted workers are forked from a per-build fork server that has imported
+TVM (below, ``ForkServers``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
@@ -135,6 +136,104 @@ class Worker:
             self.stdin.close()
 
 
+# Fork servers for counted workers: ``import tvm`` once per build, not once per count.
+#
+# Under Valgrind a counted worker spent about half its time in ``import tvm`` (~25 s of 40-55 s
+# on a 2-core machine), which the count leaves out anyway. So a counted worker is a child
+# forked from a fork server: a worker of the build (tvm_worker.py given {"fork": true}) that has
+# imported TVM under the counter and nothing else. Each child builds and compiles its workload
+# from scratch, as a fresh process would, and exits; the server never compiles, so no child
+# inherits a compiled module or a warm cache. Idle servers (a few hundred MB each under
+# Valgrind) are kept between counts, at most ``keep``, the least recently used closed first.
+
+
+class ForkServer:
+    """One fork server under ``counter`` and the scratch directory its counts are written to."""
+
+    def __init__(self, artifact: Path, env: dict[str, str], counter: InstructionCounter, timeout_s: float) -> None:
+        self.key = (artifact, counter.name)
+        self._scratch = tempfile.TemporaryDirectory(prefix="abwatch-count-")
+        self.scratch = Path(self._scratch.name)
+        try:
+            self.worker = Worker(artifact, {"fork": True}, env, lambda argv: counter.region_argv(argv, self.scratch))
+            self.worker.receive(timeout_s)
+        except WorkerError:
+            self._scratch.cleanup()
+            raise
+
+    def forget_counts(self) -> None:
+        """Remove the count files the last child left (the server's own is written at its exit)."""
+        for path in self.scratch.glob("cg.*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def close(self) -> None:
+        """Stop the server (and any child) and remove its scratch directory."""
+        self.worker.close()
+        self._scratch.cleanup()
+
+
+class ForkServers:
+    """The idle fork servers of one runner, by build and counter."""
+
+    def __init__(self, keep: int | None = None) -> None:
+        self.keep = keep or max(4, 2 * (os.cpu_count() or 1))
+        self._idle: list[ForkServer] = []  # least recently used first
+        self._lock = threading.Lock()
+
+    @property
+    def idle(self) -> list[ForkServer]:
+        """The idle servers, least recently used first."""
+        with self._lock:
+            return list(self._idle)
+
+    @contextlib.contextmanager
+    def one(self, artifact: Path, env: dict[str, str], counter: InstructionCounter,
+            timeout_s: float) -> Iterator[ForkServer]:
+        """An idle server of ``artifact`` under ``counter`` (started if none is idle), for one
+        count at a time. It goes back to the idle ones if the count went well; it is closed if
+        anything failed (its child may have hung or broken the conversation)."""
+        with self._lock:
+            found = next((s for s in reversed(self._idle) if s.key == (artifact, counter.name)), None)
+            if found is not None:
+                self._idle.remove(found)
+        server = found or ForkServer(artifact, env, counter, timeout_s)
+        try:
+            yield server
+        except BaseException:
+            server.close()
+            raise
+        server.forget_counts()
+        with self._lock:
+            self._idle.append(server)
+            evicted, self._idle = self._idle[:-self.keep], self._idle[-self.keep:]
+        for old in evicted:
+            old.close()
+
+    def close(self) -> None:
+        """Close every idle server."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for server in idle:
+            server.close()
+
+
+def _from_child(server: Worker, timeout_s: float) -> dict:
+    """A forked child's reply; WorkerError if the child died first (its server then says so)."""
+    reply = server.receive(timeout_s)
+    if "forked" in reply:
+        raise WorkerError(_ended(reply, server))
+    return reply
+
+
+def _ended(reply: dict, server: Worker) -> str:
+    status = reply.get("status")
+    # Valgrind 3.19 decodes no AVX-512: code compiled for such a host's CPU stops it with SIGILL
+    hint = (" (SIGILL: an instruction the counter cannot run, such as AVX-512 under Valgrind)"
+            if status == -4 else "")
+    return f"counted worker ended with status {status}{hint}: {server.tail()}".rstrip(": ")
+
+
 class TvmSessions:
     """Runs TVM invocations for one runner; keeps each build's compiled library."""
 
@@ -147,6 +246,7 @@ class TvmSessions:
         self.resolved: dict[Path, str] = {}
         # counted processes run in threads (run.counted_jobs): one of them compiles a side's library
         self._libs_lock, self._ensuring = threading.Lock(), threading.Lock()
+        self.forks = ForkServers()
 
     def _lib_dir(self) -> Path:
         with self._libs_lock:
@@ -226,10 +326,10 @@ class TvmSessions:
 
     def counted(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float, side: str,
                 side_options: dict, counter: InstructionCounter, what: str) -> InvocationResult:
-        """A fresh worker under ``counter`` that counts the instructions of ``what``: "compile"
-        (the compile call, compiled here for the runner's target) or "run" (``number`` calls of
-        the compiled workload, on this host's CPU only); its one sample is that count (per call
-        for "run")."""
+        """A fresh worker under ``counter`` (forked from the build's fork server) that counts the
+        instructions of ``what``: "compile" (the compile call, compiled here for the runner's
+        target) or "run" (``number`` calls of the compiled workload, on this host's CPU only);
+        its one sample is that count (per call for "run")."""
         if what == "run" and (self.rpc or self.device != "cpu"):
             return InvocationResult("error", (), 0.0, f"instructions are counted on this host's CPU only; "
                                     f"a run on {'an RPC board' if self.rpc else self.device} keeps wall time")
@@ -247,24 +347,26 @@ class TvmSessions:
                 return failed
             spec["target"] = self.resolved[artifact]  # this host's CPU, as a worker outside the counter saw it
         start = time.monotonic()
-        worker = None
-        with tempfile.TemporaryDirectory(prefix="abwatch-count-") as scratch:
-            try:
-                worker = Worker(artifact, spec, COUNTED_ENV, lambda argv: counter.region_argv(argv, Path(scratch)))
-                ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s))
+        wait_s = max(COMPILE_TIMEOUT_S, timeout_s)
+        try:
+            with self.forks.one(artifact, COUNTED_ENV, counter, wait_s) as server:
+                server.worker.send({"cmd": "fork"})
+                _from_child(server.worker, wait_s)  # forked: the spec goes to the child
+                server.worker.send(spec)
+                ready = _from_child(server.worker, wait_s)
                 if what == "run":
-                    worker.send({"cmd": "count_run"})
-                    ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s))
-                worker.close(120.0)  # the counts are written as it exits (slowly under Valgrind)
-                count = counter.read_region(Path(scratch), ready.get("instructions") or {})
-            except WorkerError as exc:
-                status = "timeout" if "timeout" in str(exc) else "error"
-                return InvocationResult(status, (), time.monotonic() - start, str(exc))
-            except CountError as exc:
-                return InvocationResult("error", (), time.monotonic() - start, f"{counter.name}: {exc}")
-            finally:
-                if worker is not None:
-                    worker.close()
+                    server.worker.send({"cmd": "count_run"})
+                    ready = _from_child(server.worker, wait_s)
+                server.worker.send({"cmd": "exit"})  # to the child; its server says when it is gone
+                ended = server.worker.receive(120.0)  # the counts are written as it exits (slowly under Valgrind)
+                if ended.get("status") != 0:
+                    raise WorkerError(_ended(ended, server.worker))
+                count = counter.read_region(server.scratch, ready.get("instructions") or {})
+        except WorkerError as exc:
+            status = "timeout" if "timeout" in str(exc) else "error"
+            return InvocationResult(status, (), time.monotonic() - start, str(exc))
+        except CountError as exc:
+            return InvocationResult("error", (), time.monotonic() - start, f"{counter.name}: {exc}")
         per_call = count / ready["calls"] if what == "run" else count
         return InvocationResult("ok", (float(per_call),), time.monotonic() - start)
 
@@ -292,7 +394,8 @@ class TvmSessions:
             return None if result.status == "ok" else result
 
     def close(self) -> None:
-        """Remove the compiled libraries."""
+        """Stop the fork servers; remove the compiled libraries."""
+        self.forks.close()
         if self._libs is not None:
             self._libs.cleanup()
             self._libs = None

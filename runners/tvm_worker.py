@@ -15,11 +15,18 @@ model's own imports): never abwatch, which lives in another environment. Protoco
     -> {"cmd": "count_run"}  <- {"instructions": {...}, "calls": N}  (N = number)
     -> {"cmd": "outputs"}  <- {"shape": [...], "dtype": "float32", "data": base64}
     -> {"cmd": "exit"}
+
+A fork server (counted workers) is started with ``{"fork": true}`` instead of a workload:
+
+    <- {"forking": true, "tvm_version": ...}
+    -> {"cmd": "fork"}  <- {"child": pid}  then the conversation above with the forked
+       child, from its spec to its "exit"; <- {"forked": true, "status": exit status}
 """
 
 from __future__ import annotations
 
 import base64
+import gc
 import hashlib
 import json
 import os
@@ -372,14 +379,9 @@ class Workload:
                 "data": base64.b64encode(array.tobytes()).decode()}
 
 
-def main() -> int:
-    """Serve one workload until told to exit or stdin closes."""
-    out = _protocol_stream()
-
-    def send(obj: dict) -> None:
-        out.write(json.dumps(obj) + "\n")
-
-    spec = json.loads(sys.stdin.readline())
+def serve(spec: dict, send) -> int:
+    """Compile ``spec``'s workload, say so, and serve its commands until told to exit or stdin
+    closes; the exit status."""
     try:
         workload = Workload(spec)
     except ScriptError as exc:  # the user's script: their file and line, not this worker's traceback
@@ -413,6 +415,75 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - report and keep serving
             send({"error": f"{command} failed: {type(exc).__name__}: {exc}"})
     return 0
+
+
+def fork_server(out, send) -> int:
+    """Import TVM once, then fork a fresh worker per ``{"cmd": "fork"}``: the child says so,
+    reads its spec and serves it (:func:`serve`) on the same stdin/stdout, and exits; the
+    parent, which reads nothing while a child lives, then says how it ended. Counted workers
+    start this way, so Valgrind runs ``import tvm`` once per build rather than once per count."""
+    import tvm
+    from tvm import relax  # noqa: F401 - what every workload imports, imported before the forks
+
+    fork_line = json.dumps({"cmd": "fork"}).encode() + b"\n"
+    first = _fork(out, send, warm_up=True)  # the loop below, once, before any counted child
+    send({"forking": True, "tvm_version": tvm.__version__, "warm_up": first})
+    while True:
+        # Every child starts from the same state of this process, whatever came before: the
+        # same few bytes read the same way (the spec goes to the child), nothing left to
+        # collect, and all that is here frozen out of the child's collections.
+        line = _read_line()
+        if line != fork_line:
+            if line not in (b"", json.dumps({"cmd": "exit"}).encode() + b"\n"):
+                send({"error": f"a fork server forks; unknown request {line[:80]!r}"})
+                continue
+            return 0
+        send({"forked": True, "status": _fork(out, send)})
+
+
+def _read_line() -> bytes:
+    """One line of stdin, read a byte at a time from the descriptor: no buffer for a child to
+    inherit, and the same allocations for the same line every time."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte:
+            return line
+        line += byte
+    return line
+
+
+def _fork(out, send, warm_up: bool = False) -> int:
+    """Fork a child that serves one spec read from stdin (or, warming up, exits at once); its
+    exit status once it has ended."""
+    gc.collect()
+    gc.freeze()
+    pid = os.fork()
+    if pid == 0:  # the child: a worker of its own, never back into the server's loop
+        code = 1
+        try:
+            if warm_up:
+                code = 0
+            else:
+                send({"child": os.getpid()})
+                code = serve(json.loads(_read_line()), send)
+        finally:
+            out.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def main() -> int:
+    """Serve one workload (or, given ``{"fork": true}``, fork workers) until told to exit or
+    stdin closes."""
+    out = _protocol_stream()
+
+    def send(obj: dict) -> None:
+        out.write(json.dumps(obj) + "\n")
+
+    spec = json.loads(sys.stdin.readline())
+    return fork_server(out, send) if spec.get("fork") else serve(spec, send)
 
 
 if __name__ == "__main__":

@@ -144,3 +144,24 @@ def test_a_compile_improvement_checks_a_compile_time_regression_not_a_runtime_on
         assert notes["runtime"] == [] and len(notes["compile-time"]) == 1
         assert "against the good commit" in notes["compile-time"][0] and "could not judge" in notes["compile-time"][0]
     engine.dispose()
+
+
+def test_a_compile_regression_on_time_or_instructions_makes_compare_exit_1():
+    rng = random.Random(5)
+    control = [400 + rng.random() * 8 for _ in range(12)]
+    same_run_time = replace(stats.compare([1.0] * 12, [1.0] * 12), verdict=stats.Outcome.SAME)
+    on_time = {"compile": compile_time.details(_judged(control, [600 + rng.random() * 8 for _ in range(12)]))}
+    unchanged = {"compile": compile_time.details(_judged(control, control))}
+    slower = stats.compare([100.0] * 6, [110.0] * 6, control_groups=range(6), treatment_groups=range(6))
+    counted = instructions.details(instructions.CountJudged(slower, {"control": [100.0] * 6, "treatment": [110.0] * 6},
+                                                            "valgrind"))
+
+    def exit_code(**result) -> int:
+        run = outcome.CompareOutcome(1, "benchmark", "completed", [],
+                                     [outcome.WorkloadResult("mlp", same_run_time, 1, None, None, **result)])
+        return run.exit_code
+
+    assert exit_code(details=unchanged) == 0
+    assert exit_code(details=on_time) == 1
+    assert exit_code(details=unchanged, compile_instructions=counted) == 1
+    assert exit_code(instructions=counted) == 1

@@ -312,7 +312,8 @@ def test_a_tvm_workloads_compile_and_timed_calls_are_counted(capsys, tmp_path, t
 def test_a_counted_compile_is_for_this_hosts_cpu_even_when_nothing_ran_before(tmp_path, tvm_cache):
     """Under Valgrind ``mcpu=native`` names Valgrind's own CPU model: a runner whose first act is
     a counted compile first has a worker outside the counter name this host's CPU, and counts the
-    compile for that target, as every later counted compile of the build does."""
+    compile for that target, as every later counted compile of the build does. Counted workers
+    are forked from one fork server per build, which a child that dies takes down with it."""
     from abwatch.builders import TvmWheelBuilder
     from abwatch.runners import CpuRunner
     from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
@@ -327,11 +328,24 @@ def test_a_counted_compile_is_for_this_hosts_cpu_even_when_nothing_ran_before(tm
         assert first.status == "ok", first.message
         named = runner.tvm.resolved[artifact]  # named by the uncounted compile, not under Valgrind
         assert json.loads(named)["mcpu"] not in ("", "native")  # e.g. rocketlake, where Valgrind's is haswell
+        (server,) = runner.tvm.forks.idle  # idle between counts, TVM imported
         again = runner.count_instructions(artifact, workload, 600, COUNTERS["valgrind"], "control", "compile")
         assert again.status == "ok" and runner.tvm.resolved[artifact] == named
         assert abs(again.samples[0] - first.samples[0]) / first.samples[0] < 1e-3  # the same target's compile
+        assert runner.tvm.forks.idle == [server]  # the second count was a child of the same server
+        # a child that dies says how, and its server is not used again
+        script = tmp_path / "dies.py"
+        script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+        dies = TvmWorkloadConfig(name="dies", model=f"script:{script}", measure=["instructions"])
+        died = runner.count_instructions(artifact, dies, 600, COUNTERS["valgrind"], "control", "compile")
+        assert died.status == "error" and "counted worker ended with status -9" in died.message, died.message
+        assert runner.tvm.forks.idle == [] and server.worker.proc.poll() is not None
+        after = runner.count_instructions(artifact, workload, 600, COUNTERS["valgrind"], "control", "compile")
+        assert after.status == "ok" and abs(after.samples[0] - first.samples[0]) / first.samples[0] < 1e-3
+        (newest,) = runner.tvm.forks.idle
     finally:
         runner.teardown()
+    assert newest.worker.proc.poll() is not None and not runner.tvm.forks.idle  # teardown stops the servers
 
 
 def main_text(capsys, *argv) -> tuple[int, str, str]:
@@ -392,6 +406,13 @@ def test_a_compile_doing_more_work_is_a_compile_time_regression_on_instructions(
     assert result["error"]["mismatch"] is False  # main computes the same on both sides
     (regression,) = [r for r in regressions_json(sqlite_url, capsys) if r["kind"] == "compile-time"]
     assert regression["metric"] == "instructions" and compiled["regression_id"] == regression["id"]
+    assert code == 1, err  # a compile-time regression is a regression found
+    # the run page's Instructions table has the compile's row, beside compile time
+    with live_server(sqlite_url, tmp_path / "serve") as base:
+        page = requests.get(f"{base}/runs/{payload['run_id']}", timeout=30).text
+    table = page[page.index('id="instructions"'):page.index("</table>", page.index('id="instructions"'))]
+    assert "beside compile time" in table and "regression" in table and "valgrind" in table
+    assert f"{compiled['treatment_ms']:,.0f}" in table
     assert main(["verify", str(payload["run_id"]), "--db", sqlite_url]) == 1
     (regression,) = [r for r in regressions_json(sqlite_url, capsys) if r["kind"] == "compile-time"]
     assert regression["state"] == "regress" and regression["verify_verdict"]["unit"] == "instructions"

@@ -13,7 +13,6 @@ compile opens a ``compile-time`` regression that goes through the usual lifecycl
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,18 +20,17 @@ from collections.abc import Mapping
 
 from sqlalchemy.orm import Session
 
-from abwatch.runners.base import Runner
-from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
+from abwatch.runners.base import InvocationResult, Runner
+from abwatch.runners.harness import CONTROL, TREATMENT, Slot
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
-from abwatch.service.compare import lifecycle
+from abwatch.service.compare import fresh, lifecycle
 from abwatch.service.stats.verdict import Metric, RegressionKind
 from abwatch.service.store.models import Comparison, Regression, Run, RunType
 from abwatch.service.compare.outcome import verdict_json
 
 KIND = RegressionKind.COMPILE_TIME
 FIRST_LOOK = stats.MIN_PAIRS  # fewer pairs cannot decide anything
-BATCH = 2
 
 
 @dataclass(frozen=True)
@@ -51,31 +49,19 @@ def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, see
     most = config.run.compile_repetitions
     if not WORKLOAD_KINDS[workload.kind].times_compiles or most < 1:
         return None
-    budget = stats.Budget(max_seconds=config.run.max_seconds, max_pairs=most, batch=BATCH)
-    samples: dict[str, list[float]] = {CONTROL: [], TREATMENT: []}
-    groups: dict[str, list[int]] = {CONTROL: [], TREATMENT: []}
-    started, look = time.monotonic(), 0
-    schedule = interleaved_schedule(min(most, FIRST_LOOK), 0, rng)
-    progress.message(f"  {workload.name}: compile time: {len(schedule)} fresh-process compiles to start")
-    while True:
-        for slot in schedule:
-            result = runner.compile_time(artifacts[slot.side], workload, timeout_s, slot.side)
-            if result.status != "ok":
-                failure = f"{slot.side} compile {slot.position} {result.status}: {result.message}"
-                verdict = replace(stats.compare([], []), reason=f"not judged: {failure}",
-                                  stop_reason="compile failed", elapsed_s=time.monotonic() - started)
-                return CompileJudged(verdict, samples, failure)
-            samples[slot.side].extend(result.samples)
-            groups[slot.side].extend([slot.position] * len(result.samples))
-        look += 1
-        step = stats.sequential_look(
-            samples[CONTROL], samples[TREATMENT], groups[CONTROL], groups[TREATMENT], look=look,
-            elapsed_s=time.monotonic() - started, budget=budget, threshold_pct=config.stats.threshold_pct,
-            alpha=config.stats.alpha, confidence=config.stats.confidence,
-            equivalence_alpha=config.stats.equivalence_alpha, seed=seed)
-        if step.stop:
-            return CompileJudged(step.verdict, samples)
-        schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
+    progress.message(f"  {workload.name}: compile time: {min(most, FIRST_LOOK)} pairs of fresh-process compiles "
+                     "to start")
+
+    def compile_once(slot: Slot) -> InvocationResult:
+        return runner.compile_time(artifacts[slot.side], workload, timeout_s, slot.side)
+
+    rule = fresh.rule(config, config.stats.threshold_pct, FIRST_LOOK, most, seed)
+    judged = fresh.until_decided(compile_once, rule, rng, "compile")
+    if judged.verdict is None:
+        verdict = replace(stats.compare([], []), reason=f"not judged: {judged.failure}",
+                          stop_reason="compile failed", elapsed_s=judged.elapsed_s)
+        return CompileJudged(verdict, judged.samples, judged.failure)
+    return CompileJudged(judged.verdict, judged.samples)
 
 
 def details(judged: CompileJudged) -> dict:

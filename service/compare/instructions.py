@@ -20,18 +20,18 @@ bisected on instructions.
 from __future__ import annotations
 
 import random
-import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from abwatch.runners.base import Runner
+from abwatch.runners.base import InvocationResult, Runner
 from abwatch.runners.counters import CounterUnavailable, choose
-from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
+from abwatch.runners.harness import CONTROL, TREATMENT, Slot
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
+from abwatch.service.compare import fresh
 from abwatch.service.stats.verdict import Metric
 
 # A near-deterministic metric needs few processes: the counts of a TVM compile region differ
@@ -39,7 +39,6 @@ from abwatch.service.stats.verdict import Metric
 # truth: 100 % right at 3 pairs, docs/statistics.md); counts that vary more widen the
 # interval (Student's t at 2 degrees of freedom) and more pairs are added, as for time.
 FIRST_LOOK = 3
-BATCH = 2
 UNIT = "instructions"
 # what is counted: the workload's run (a command's whole process, a TVM workload's timed
 # calls) or, for kinds that compile, the compile call; and where its verdict is kept
@@ -90,42 +89,25 @@ def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, see
     except CounterUnavailable as exc:
         return CountJudged(unmeasured(str(exc)), {CONTROL: [], TREATMENT: []}, config.run.counter, str(exc))
     most = config.run.instruction_repetitions
-    budget = stats.Budget(max_seconds=config.run.max_seconds, max_pairs=most, batch=BATCH)
-    samples: dict[str, list[float]] = {CONTROL: [], TREATMENT: []}
-    groups: dict[str, list[int]] = {CONTROL: [], TREATMENT: []}
-    started, look = time.monotonic(), 0
-    schedule = interleaved_schedule(min(most, FIRST_LOOK), 0, rng)
     label = "compile instructions" if what == "compile" else "instructions"
-    progress.message(f"  {workload.name}: {label} ({counter.name}): {len(schedule)} counted processes to start, "
-                     f"{config.run.counted_jobs} at a time")
+    progress.message(f"  {workload.name}: {label} ({counter.name}): {min(most, FIRST_LOOK)} pairs of counted "
+                     f"processes to start, {config.run.counted_jobs} at a time")
 
-    def count(slot):
+    def count(slot: Slot) -> InvocationResult:
         return runner.count_instructions(artifacts[slot.side], workload, timeout_s, counter, slot.side, what)
 
+    rule = fresh.rule(config, config.stats.instructions_threshold_pct, FIRST_LOOK, most, seed)
     with ThreadPoolExecutor(max_workers=config.run.counted_jobs) as pool:
-        while True:
-            for slot, result in zip(schedule, pool.map(count, schedule), strict=True):
-                if result.status != "ok":
-                    failure = f"{slot.side} counted process {slot.position} {result.status}: {result.message}"
-                    verdict = replace(unmeasured(failure), stop_reason="counted process failed",
-                                      elapsed_s=time.monotonic() - started)
-                    return CountJudged(verdict, samples, counter.name, failure)
-                samples[slot.side].extend(result.samples)
-                groups[slot.side].extend([slot.position] * len(result.samples))
-            look += 1
-            step = stats.sequential_look(
-                samples[CONTROL], samples[TREATMENT], groups[CONTROL], groups[TREATMENT], look=look,
-                elapsed_s=time.monotonic() - started, budget=budget,
-                threshold_pct=config.stats.instructions_threshold_pct, alpha=config.stats.alpha,
-                confidence=config.stats.confidence, equivalence_alpha=config.stats.equivalence_alpha, seed=seed,
-                min_pairs=FIRST_LOOK, min_samples=FIRST_LOOK)
-            if step.stop:
-                estimator = ("instructions of the compile call per process" if what == "compile" else
-                             "instructions per call of the timed calls" if WORKLOAD_KINDS[workload.kind].times_compiles
-                             else "instructions per process")
-                return CountJudged(replace(step.verdict, unit=UNIT, estimator=f"{estimator}, median across processes"),
-                                   samples, counter.name)
-            schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
+        judged = fresh.until_decided(count, rule, rng, "counted process", each=pool.map)
+    if judged.verdict is None:
+        verdict = replace(unmeasured(judged.failure or ""), stop_reason="counted process failed",
+                          elapsed_s=judged.elapsed_s)
+        return CountJudged(verdict, judged.samples, counter.name, judged.failure)
+    estimator = ("instructions of the compile call per process" if what == "compile" else
+                 "instructions per call of the timed calls" if WORKLOAD_KINDS[workload.kind].times_compiles
+                 else "instructions per process")
+    return CountJudged(replace(judged.verdict, unit=UNIT, estimator=f"{estimator}, median across processes"),
+                       judged.samples, counter.name)
 
 
 def details(judged: CountJudged) -> dict:

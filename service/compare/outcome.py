@@ -65,12 +65,11 @@ class CompareOutcome:
 
     @property
     def exit_code(self) -> int:
-        """3 if a build failed, 1 if any regression (time, instructions or output), 4 if a workload
-        could not be judged, else 0."""
+        """3 if a build failed, 1 if any regression (time, instructions, output, or a compile's
+        time or instructions), 4 if a workload could not be judged, else 0."""
         if self.status == RunStatus.BUILD_FAILED.value:
             return EXIT_BUILD_FAILED
-        if any(r.verdict.verdict == Outcome.REGRESSION or r.correctness_regression_id
-               or (r.instructions or {}).get("verdict") == Outcome.REGRESSION.value for r in self.results):
+        if any(regressed(r) for r in self.results):
             return EXIT_REGRESSION
         if self.status == RunStatus.INCOMPLETE.value:
             return EXIT_INCOMPLETE
@@ -88,6 +87,15 @@ class CompareOutcome:
                 for b in self.builds
             ],
         }
+
+
+def regressed(result: WorkloadResult) -> bool:
+    """Whether any verdict of a workload's comparison is a regression: its speed (the first
+    metric), its instructions beside it, its output, its compile's time or instructions."""
+    compiled = result.details.get("compile") if result.details else None
+    beside = (result.instructions, compiled, result.compile_instructions)
+    return (result.verdict.verdict == Outcome.REGRESSION or result.correctness_regression_id is not None
+            or any((v or {}).get("verdict") == Outcome.REGRESSION.value for v in beside))
 
 
 def verdict_json(v: Verdict, run_id: int) -> dict:
