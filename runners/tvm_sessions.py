@@ -176,8 +176,11 @@ class ForkServer:
 class ForkServers:
     """The idle fork servers of one runner, by build and counter."""
 
-    def __init__(self, keep: int | None = None) -> None:
-        self.keep = keep or max(4, 2 * (os.cpu_count() or 1))
+    # a run's counts use a few at once: at most the first look's 6 processes, of two builds
+    KEEP = 8
+
+    def __init__(self, keep: int = KEEP) -> None:
+        self.keep = keep
         self._idle: list[ForkServer] = []  # least recently used first
         self._lock = threading.Lock()
 
