@@ -162,8 +162,9 @@ class ForkServer:
             raise
 
     def forget_counts(self) -> None:
-        """Remove the count files the last child left (the server's own is written at its exit)."""
-        for path in self.scratch.glob("cg.*"):
+        """Remove what the last child left in the scratch directory, whatever the counter wrote
+        (the server's own files are written through descriptors it holds, or at its exit)."""
+        for path in self.scratch.iterdir():
             with contextlib.suppress(OSError):
                 path.unlink()
 
@@ -234,7 +235,8 @@ def _ended(reply: dict, server: Worker) -> str:
     # Valgrind 3.19 decodes no AVX-512: code compiled for such a host's CPU stops it with SIGILL
     hint = (" (SIGILL: an instruction the counter cannot run, such as AVX-512 under Valgrind)"
             if status == -4 else "")
-    return f"counted worker ended with status {status}{hint}: {server.tail()}".rstrip(": ")
+    tail = server.tail()
+    return f"counted worker ended with status {status}{hint}" + (f": {tail}" if tail else "")
 
 
 class TvmSessions:

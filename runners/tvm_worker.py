@@ -425,7 +425,7 @@ def fork_server(out, send) -> int:
     import tvm
     from tvm import relax  # noqa: F401 - what every workload imports, imported before the forks
 
-    fork_line = json.dumps({"cmd": "fork"}).encode() + b"\n"
+    fork_line, exit_line = (json.dumps({"cmd": cmd}).encode() + b"\n" for cmd in ("fork", "exit"))
     first = _fork(out, send, warm_up=True)  # the loop below, once, before any counted child
     send({"forking": True, "tvm_version": tvm.__version__, "warm_up": first})
     while True:
@@ -434,7 +434,7 @@ def fork_server(out, send) -> int:
         # collect, and all that is here frozen out of the child's collections.
         line = _read_line()
         if line != fork_line:
-            if line not in (b"", json.dumps({"cmd": "exit"}).encode() + b"\n"):
+            if line not in (b"", exit_line):
                 send({"error": f"a fork server forks; unknown request {line[:80]!r}"})
                 continue
             return 0
