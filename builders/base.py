@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, TypeVar
@@ -31,6 +32,34 @@ class BuildFailed(Exception):
         super().__init__(message)
         self.log = log
         self.duration_s = duration_s
+
+
+# Lines that say why a step failed (compilers, CMake, git, Python tracebacks, setuptools-scm)
+_CAUSE = re.compile(r"(?<![\w/.-])(error|fatal|failed|cannot|unable to|no such file|not found|undefined reference|"
+                    r"not our ref|did not contain)(?![\w/-])|\w+Error\b", re.IGNORECASE)
+# pip's frame around a failed package build: says that it failed, never why
+_FRAME = re.compile(r"^(error: subprocess-exited-with-error|error: metadata-generation-failed|ERROR: Failed to build|"
+                    r"ERROR: Could not build|ERROR: Failed building|note: |hint: |[×╰│]|Failed to build\b|"
+                    r"\*\*\* CMake build failed)")
+
+
+def failure_lines(output: str, most: int = 6) -> list[str]:
+    """The last lines of a failed step's ``output`` that say why (``most`` at most).
+
+    Tools put the cause hundreds of lines above their last words (pip ends any failed
+    package build with the same few lines), so the lines kept are those that name an error,
+    each with the line after it when it ends in ``:`` (CMake writes the message there);
+    with none of those, the last lines.
+    """
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    picked: list[str] = []
+    for i, line in enumerate(lines):
+        if _CAUSE.search(line) and not _FRAME.match(line):
+            picked.append(line)
+            if line.endswith(":") and i + 1 < len(lines):
+                picked.append(lines[i + 1])
+    chosen = list(dict.fromkeys(picked))[-most:] or lines[-most:]
+    return [line[:300] for line in chosen]
 
 
 S = TypeVar("S", bound=BuildSpec)

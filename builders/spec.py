@@ -173,7 +173,12 @@ class TvmSourceBuildConfig(BuildSpec):
                               "tvm with LLVM, a small module is compiled too); empty: no check")
     submodule_rewrites: dict[str, str] = Field(default_factory=dict)
     submodules: list[str] | None = Field(
-        default=None, description="submodule paths to check out (recursively); default: all")
+        default=None, description="submodule paths to check out, each with its parents and its own "
+        "submodules; default: all, recursively")
+    submodule_fallbacks: dict[str, Path] = Field(
+        default_factory=dict, description="submodule path (from the repository's root, e.g. "
+        "3rdparty/tvm-ffi/3rdparty/dlpack) -> a directory whose files stand in for it when its pinned "
+        "commit cannot be checked out (missing from the mirror)")
     jobs: int | None = Field(default=None, ge=1)
     cache_limit_gb: float = Field(default=20.0, gt=0)
     pack_deltas: bool = Field(default=True, description="keep older builds' large files as binary deltas")
@@ -182,8 +187,8 @@ class TvmSourceBuildConfig(BuildSpec):
 
     def hashed(self) -> dict[str, Any]:
         """What changes the artifact (not limits, mirrors, parallelism or packing)."""
-        payload = self.model_dump(exclude={"submodule_rewrites", "submodules", "jobs", "cache_limit_gb",
-                                           "timeout_s", "pack_deltas", "check_import"})
+        payload = self.model_dump(exclude={"submodule_rewrites", "submodules", "submodule_fallbacks", "jobs",
+                                           "cache_limit_gb", "timeout_s", "pack_deltas", "check_import"})
         for newer in ("env", "keep"):  # keeps the keys of builds made before these existed
             if not payload[newer]:
                 del payload[newer]

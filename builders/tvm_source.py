@@ -8,8 +8,11 @@ the ``python/`` package — goes into the artifact cache with every file stored 
 so neighbouring commits share their unchanged libraries. The artifact runs with
 ``PYTHONPATH=<artifact>/python TVM_LIBRARY_PATH=<artifact>/lib`` in a venv holding the
 apache-tvm-ffi release of the ``3rdparty/tvm-ffi`` submodule's tag, or, when the submodule sits
-between tags, that package built from the submodule's own source; after each build the
-build's Python imports TVM and compiles a small module (``check_import``).
+between tags, that package built from the submodule's own source (``builders.tvm_ffi``); after
+each build the build's Python imports TVM and compiles a small module (``check_import``).
+
+A failed step names itself (checkout, submodules, configure, compile, tvm-ffi package,
+post-build check) with the lines of its output that say why (``failure_lines``).
 """
 
 from __future__ import annotations
@@ -23,15 +26,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-from abwatch.builders.base import Artifact, Builder, BuildFailed, repo_url, section
+from abwatch.builders.base import Artifact, Builder, BuildFailed, failure_lines, repo_url, section
 from abwatch.builders.cache import ArtifactCache, flocked
 from abwatch.builders.environment import build_environment, build_python
 from abwatch.builders.procs import child_env, run_process
 from abwatch.builders.repo import RepoMirror
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmSourceBuildConfig
+from abwatch.builders.tvm_ffi import FfiState, ffi_state, ffi_worktree, package_settings, remove_worktree, \
+    update_submodules
 
 LOG_LIMIT = 400_000
 RUNTIME_TARGET = "tvm_runtime"
@@ -116,8 +121,13 @@ class TvmSourceBuilder(Builder):
         if proc.timed_out:
             raise BuildFailed(f"{what} timed out", "", 0.0)
         if proc.returncode != 0:
-            raise BuildFailed(f"{what} failed (status {proc.returncode})", "", 0.0)
+            why = " | ".join(failure_lines(proc.stdout)) or "it printed nothing"
+            raise BuildFailed(f"{what} failed (status {proc.returncode}): {why}", "", 0.0)
         return proc.stdout
+
+    def _step(self, log: list[str], deadline: float) -> Callable[[list[str], str, Path | None], str]:
+        """``_run`` as the one-step callable ``builders.tvm_ffi`` takes."""
+        return lambda argv, what, cwd: self._run(argv, log, what, cwd=cwd, deadline=deadline)
 
     def _git(self) -> list[str]:
         argv = ["git", "-c", "protocol.file.allow=always", "-c", "advice.detachedHead=false"]
@@ -137,17 +147,10 @@ class TvmSourceBuilder(Builder):
         self._run(git + ["-C", str(src), "checkout", "--force", "--detach", sha], log, f"checkout of {sha[:12]}",
                   deadline=deadline)
         self._run(git + ["-C", str(src), "submodule", "sync", "--recursive"], log, "submodule sync", deadline=deadline)
-        if self.config.submodules is None:
-            self._run(git + ["-C", str(src), "submodule", "update", "--init", "--recursive", "--force"], log,
-                      "submodule update", deadline=deadline)
-        else:
-            # Only the listed paths, parents first (a CPU build of TVM needs just 3rdparty/tvm-ffi
-            # and its dlpack); each is updated from the repository that contains it.
-            for path in self.config.submodules:
-                parent = next((p for p in Path(path).parents if (src / p / ".git").exists()), Path("."))
-                self._run(git + ["-C", str(src / parent), "submodule", "update", "--init", "--force", "--",
-                                 str(Path(path).relative_to(parent))], log, f"submodule update {path}",
-                          deadline=deadline)
+        # all submodules, or the listed ones (a CPU build of TVM needs just 3rdparty/tvm-ffi), with
+        # their parents and their own submodules; a pin missing from a mirror takes its fallback
+        update_submodules(self._step(log, deadline), git, src, only=self.config.submodules,
+                          fallbacks=self.config.submodule_fallbacks, log=log)
         build.mkdir(exist_ok=True)
         lines = [f"set({name} {_cmake_value(value)})\n" for name, value in sorted(self.config.cmake.items())]
         config_cmake = "".join(lines) + "set(CMAKE_BUILD_TYPE Release)\n"
@@ -162,14 +165,14 @@ class TvmSourceBuilder(Builder):
         if not incremental:
             launcher = [f"-DCMAKE_C_COMPILER_LAUNCHER={ccache}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={ccache}"] if ccache else []
             self._run([cmake, "-G", "Ninja", "-S", str(src), "-B", str(build), f"-DCMAKE_MAKE_PROGRAM={ninja}",
-                       "-DCMAKE_BUILD_TYPE=Release", *launcher], log, "cmake configure", env=env, deadline=deadline)
+                       "-DCMAKE_BUILD_TYPE=Release", *launcher], log, "configure", env=env, deadline=deadline)
         if ccache:
             self._run([ccache, "--zero-stats"], log, "ccache", env=env)
         targets = self.config.targets or ([RUNTIME_TARGET] if self.config.runtime_only else [])
         jobs = str(self.config.jobs or os.cpu_count() or 1)
         started = time.monotonic()
         out = self._run([cmake, "--build", str(build), "--parallel", jobs,
-                         *(["--target", *targets] if targets else [])], log, f"build of {sha[:12]}",
+                         *(["--target", *targets] if targets else [])], log, f"compile of {sha[:12]}",
                         env=env, deadline=deadline)
         metrics = {"incremental": incremental, "compile_s": time.monotonic() - started,
                    "steps": len(re.findall(r"^\[\d+/\d+\]", out, flags=re.M)), "jobs": int(jobs),
@@ -193,7 +196,7 @@ class TvmSourceBuilder(Builder):
                                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info"))
             for kept in self.config.keep:  # scripts of script:repo: and command workloads
                 _copy_into(src, kept, staging / "src")
-            ffi = _ffi_state(src)
+            ffi = ffi_state(src)
             python = self._venv(ffi, log)
             info = {"python": python, "env_paths": {"PYTHONPATH": "python", "TVM_LIBRARY_PATH": "lib"},
                     "sha": sha, "libraries": [p.name for p in libraries],
@@ -209,38 +212,49 @@ class TvmSourceBuilder(Builder):
 
         ``{ffi_version}`` in a requirement becomes the submodule's release when the submodule
         sits at a release tag; between tags the package is built from the submodule's own
-        source instead (a release's Python side may not match the library built here).
+        source instead (a release's Python side may not match the library built here), with
+        the build's CMake settings and ccache (``builders.tvm_ffi``).
         """
-        packages = []
+        packages, from_source = [], None
         for requirement in self.config.python_packages:
             if "{ffi_version}" in requirement:
                 if ffi is None:
                     log.append(f"note: no 3rdparty/tvm-ffi submodule; skipping {requirement}\n")
-                    continue
-                requirement = (requirement.replace("{ffi_version}", ffi.release) if ffi.release
-                               else str(self._ffi_source(ffi, log)))
+                elif ffi.release:
+                    packages.append(requirement.replace("{ffi_version}", ffi.release))
+                else:
+                    from_source = ffi
+                continue
             packages.append(requirement)
-        digest = hashlib.sha256(json.dumps(packages).encode()).hexdigest()[:12]
+        settings = package_settings(self.config.cmake, tool("ccache")) if from_source else []
+        key = packages + ([f"tvm-ffi source {from_source.sha}", *settings] if from_source else [])
+        digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
         venv = self.workspace.parent / f"venv-{digest}"
         if not (venv / ".abwatch-complete").exists():
             shutil.rmtree(venv, ignore_errors=True)
             self._run([sys.executable, "-m", "venv", str(venv)], log, "venv")
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
             if packages:
-                self._run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-                           "--no-input", *packages], log, "pip install")
-            (venv / ".abwatch-complete").write_text(json.dumps(packages))
+                self._run(pip + packages, log, "pip install")
+            if from_source:
+                self._ffi_package(from_source, pip + settings, log)
+            (venv / ".abwatch-complete").write_text(json.dumps(key))
         return str(venv / "bin" / "python")
 
-    def _ffi_source(self, ffi: FfiState, log: list[str]) -> Path:
-        """A clean copy of the submodule's tree at its commit (kept: venvs are keyed by it)."""
+    def _ffi_package(self, ffi: FfiState, pip: list[str], log: list[str]) -> None:
+        """Build and install apache-tvm-ffi from a worktree of the submodule at its commit."""
+        log.append(f"note: 3rdparty/tvm-ffi is at {ffi.describe}, between release tags: its Python "
+                   "package is built from the submodule's source\n")
+        deadline = time.monotonic() + self.config.timeout_s
         target = self.workspace.parent / f"tvm-ffi-src-{ffi.sha[:12]}"
-        if not (target / ".abwatch-complete").exists():
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(ffi.path, target, symlinks=True, ignore=shutil.ignore_patterns(".git"))
-            (target / ".abwatch-complete").write_text(ffi.describe)
-            log.append(f"note: 3rdparty/tvm-ffi is at {ffi.describe}, between release tags: its Python "
-                       "package is built from the submodule's source\n")
-        return target
+        ffi_worktree(self._step(log, deadline), self._git(), ffi, target,
+                     fallbacks=self.config.submodule_fallbacks, log=log)
+        env = child_env(self.config.env, {"CCACHE_BASEDIR": str(self.workspace.parent),
+                                          "CCACHE_DIR": str(self.ccache_dir), "CCACHE_NOHASHDIR": "1"})
+        try:
+            self._run(pip + [str(target)], log, f"tvm-ffi package ({ffi.describe})", env=env, deadline=deadline)
+        finally:
+            remove_worktree(ffi, target)
 
     def _check(self, staging: Path, ffi: FfiState | None, log: list[str]) -> None:
         """Import ``check_import`` with the new build (and for ``tvm`` with LLVM, compile a small
@@ -251,7 +265,7 @@ class TvmSourceBuilder(Builder):
         compiles = self.config.check_import == "tvm" and self.config.cmake.get("USE_LLVM", "OFF").upper() != "OFF"
         env = child_env(self.config.env, build_environment(staging))
         argv = [str(build_python(staging)), "-c", CHECK, self.config.check_import, "1" if compiles else ""]
-        log.append(f"$ {' '.join(argv[:2])} <check of {self.config.check_import}>\n")
+        log.append(f"$ {' '.join(argv[:2])} <post-build check: import {self.config.check_import}>\n")
         proc = run_process(argv, cwd=staging, env=env, timeout_s=600, merge_stderr=True)
         log.append(proc.stdout)
         if proc.returncode == 0 and not proc.timed_out:
@@ -259,7 +273,7 @@ class TvmSourceBuilder(Builder):
         installed = next((line.split(" ", 1)[1] for line in proc.stdout.splitlines()
                           if line.startswith("apache-tvm-ffi ")), "not installed")
         tail = proc.stdout.strip().splitlines()[-1:] or ["timed out" if proc.timed_out else "no output"]
-        raise BuildFailed(f"the build does not work with its Python: import {self.config.check_import} failed "
+        raise BuildFailed(f"post-build check failed: import {self.config.check_import} "
                           f"({tail[0][:300]}); tvm-ffi: submodule {ffi.describe if ffi else 'absent'}, "
                           f"Python package apache-tvm-ffi {installed}", "", 0.0)
 
@@ -279,30 +293,6 @@ if sys.argv[2]:
     module.compile(module.IRModule({"main": te.create_prim_func([a, b])}), target="llvm")
 print("check passed", flush=True)
 """
-
-
-@dataclass(frozen=True)
-class FfiState:
-    """Where the ``3rdparty/tvm-ffi`` submodule stands: its commit, ``git describe``, and the
-    release it is (``None`` between tags, as apache/tvm often pins it)."""
-
-    path: Path
-    sha: str
-    describe: str
-    release: str | None
-
-
-def _ffi_state(src: Path) -> FfiState | None:
-    ffi = src / "3rdparty" / "tvm-ffi"
-    if not (ffi / ".git").exists():
-        return None
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(ffi), *args], capture_output=True, text=True).stdout.strip()
-
-    sha, describe = git("rev-parse", "HEAD"), git("describe", "--tags") or "untagged"
-    exact = git("describe", "--tags", "--exact-match")
-    return FfiState(ffi, sha, describe, exact.lstrip("v") or None)
 
 
 def _copy_into(src: Path, kept: str, into: Path) -> None:

@@ -285,6 +285,9 @@ def parse_config(data: dict, source: str, base_dir: Path) -> Config:
     if not config.cache_dir.is_absolute():
         updates["cache_dir"] = (base_dir / config.cache_dir).resolve()
     _check_cache_dir(updates.get("cache_dir", config.cache_dir), source)
+    if isinstance(config.build, TvmSourceBuildConfig) and config.build.submodule_fallbacks:
+        updates["build"] = config.build.model_copy(update={"submodule_fallbacks": _fallback_dirs(
+            config.build.submodule_fallbacks, source, base_dir)})
     workloads = [_resolved(w, index, source, base_dir) for index, w in enumerate(config.workloads)]
     if workloads != config.workloads:
         updates["workloads"] = workloads
@@ -322,6 +325,18 @@ def _resolved(workload: CommandWorkloadConfig | TvmWorkloadConfig, index: int, s
     if workload.script_sha256 not in (None, digest):
         raise ConfigError(f"{key}: {script} has SHA-256 {digest}, the config says {workload.script_sha256}")
     return workload.model_copy(update={"model": f"script:{script}", "script_sha256": digest})
+
+
+def _fallback_dirs(fallbacks: dict[str, Path], source: str, base_dir: Path) -> dict[str, Path]:
+    """``build.submodule_fallbacks`` made absolute; each must be a directory now, not half-way
+    through a build that needs it."""
+    resolved = {}
+    for name, directory in fallbacks.items():
+        path = (base_dir / directory).resolve()
+        if not path.is_dir():
+            raise ConfigError(f"{source}: build.submodule_fallbacks.\"{name}\": {path} is not a directory")
+        resolved[name] = path
+    return resolved
 
 
 def _check_cache_dir(path: Path, source: str) -> None:

@@ -197,8 +197,10 @@ def test_build_failure_keeps_its_log(project, tmp_path):
     builder = TvmSourceBuilder(make_config(project, tmp_path))
     with pytest.raises(BuildFailed) as info:
         builder.build(shas["broken"])
-    assert "build of" in str(info.value) and "failed" in str(info.value)
-    assert "compiler.cc" in info.value.log and "error" in info.value.log
+    # the step, and the compiler's own words from hundreds of lines up the log
+    assert str(info.value).startswith(f"compile of {shas['broken'][:12]} failed (status 1): ")
+    assert "compiler.cc:1:1: error: expected unqualified-id" in str(info.value)
+    assert "compiler.cc" in info.value.log
     assert builder.cache.get(builder.cache_key(shas["broken"])) is None
 
 
@@ -248,3 +250,9 @@ command = ["ls", "lib"]
         failed = session.scalars(select(Build).where(Build.status == BuildStatus.BUILD_FAILED)).one()
         assert ok.metrics["incremental"] is False and ok.metrics["steps"] >= 4
         assert "compiler.cc" in failed.log
+    # the run's summary, the JSON's log tail and `abwatch show` name the step and the cause
+    cause = "compiler.cc:1:1: error: expected unqualified-id"
+    assert payload["builds"][1]["log_tail"].splitlines()[-1].startswith("abwatch: compile of")
+    assert payload["builds"][1]["failure"].startswith("compile of") and cause in payload["builds"][1]["failure"]
+    main(["show", str(payload["run_id"]), "--db", sqlite_url])
+    assert f"treatment build 2 failed: compile of {shas['broken'][:12]} failed (status 1): " in capsys.readouterr().out

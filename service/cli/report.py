@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from abwatch.service.compare.building import build_failure
 from abwatch.service.compare.outcome import CompareOutcome, WorkloadResult
 from abwatch.service.stats.verdict import RegressionKind
 from abwatch.service.store.models import Regression
@@ -78,7 +79,9 @@ def print_outcome(out: Console, stored: StoredRun, as_json: bool, ops: bool = Fa
     for b in outcome.builds:
         if b.build_id in stored.failed_logs:
             tail = log_tail(stored.failed_logs[b.build_id])
-            out.print(f"{b.side} build {b.build_id} failed; the end of its log:", markup=False)
+            failure = build_failure(stored.failed_logs[b.build_id])
+            out.print(f"{b.side} build {b.build_id} failed" + (f": {failure}" if failure else "")
+                      + "; the end of its log:", markup=False)
             for line in tail.splitlines() or ["(the build printed nothing)"]:
                 out.print(f"  | {line}", markup=False)
             out.print(f"whole log: abwatch builds --log {b.build_id}", markup=False)

@@ -22,6 +22,14 @@ from abwatch.service.store.models import Build, BuildStatus, Run, RunStatus, Sid
 from abwatch.service.compare.progress import NullProgress, Progress
 from abwatch.service.store.rows import get_commits, get_repository, get_success_build
 
+FAILURE_PREFIX = "abwatch: "  # begins a failed build log's last line: which step failed, and why
+
+
+def build_failure(log: str) -> str | None:
+    """What a failed build's stored log says failed (its last ``FAILURE_PREFIX`` line), if it says."""
+    last = log.rstrip().rpartition("\n")[2]
+    return last.removeprefix(FAILURE_PREFIX) if last.startswith(FAILURE_PREFIX) else None
+
 
 @dataclass(frozen=True)
 class BuildOutcome:
@@ -59,8 +67,10 @@ def build_commit(session: Session, builder: Builder, commit_id: int, info: Commi
     try:
         artifact = builder.build(info.sha)
     except BuildFailed as exc:
+        # the log's last line says what failed and why: its tail, wherever shown, starts there
         build = Build(commit_id=commit_id, builder=builder.kind, config_hash=builder.config_hash(),
-                      status=BuildStatus.BUILD_FAILED, log=exc.log, duration_s=exc.duration_s)
+                      status=BuildStatus.BUILD_FAILED, log=f"{exc.log.rstrip()}\n{FAILURE_PREFIX}{exc}\n",
+                      duration_s=exc.duration_s)
         session.add(build)
         session.flush()
         progress.message(f"  {label}: build FAILED: {exc}")

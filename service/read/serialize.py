@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from abwatch.service.compare.building import build_failure
 from abwatch.service.read.stored import StoredRun
 from abwatch.service.store.models import Job, Regression
 
@@ -31,6 +32,7 @@ def outcome_json(stored: StoredRun) -> dict:
         build["build_id"] = b.build_id
         if b.build_id in stored.failed_logs:
             build["log_tail"] = log_tail(stored.failed_logs[b.build_id])
+            build["failure"] = build_failure(stored.failed_logs[b.build_id])
     return data
 
 
