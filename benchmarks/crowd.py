@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 200:
         parser.error("--clients: 1 to 200")
+    if any("=" not in option for option in args.server):
+        parser.error("--server: KEY=VALUE, the value in TOML (a string in quotes)")
     admin = create_engine(args.admin_url, isolation_level="AUTOCOMMIT")
     name = f"abwatch_crowd_bench_{os.getpid()}"
     with admin.connect() as connection:
@@ -266,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         status, ms, _ = _get(base, targets["runs list"], args.timeout, address="127.0.1.10",
                              headers={"Authorization": f"Bearer {TOKEN}"})
         print(f"the burst's own client with the write token: {status} in {ms:.0f} ms")
-        print(f"(locust {locust.__version__}; load average now {os.getloadavg()[0]:.1f})")
+        print(f"(locust {locust.__version__}; load average now {os.getloadavg()[0]:.1f}; "
+              f"server log: {work / 'server.log'})")
     finally:
         if process is not None:
             process.terminate()

@@ -172,3 +172,30 @@ def test_a_bad_rate_limit_is_named(tmp_path, value, message):
         parse_config(data, "abwatch.toml", tmp_path)
     assert f"abwatch.toml: {message}" in str(caught.value) or message in str(caught.value), str(caught.value)
     assert "abwatch.toml: server.rate_limit" in str(caught.value)
+
+
+def test_no_free_connection_within_the_pool_timeout_is_a_503(fresh_pg_url):
+    """The app on an engine whose one connection someone else holds: the request waits
+    ``pool_timeout_s``, then gets 503 with Retry-After (it was a 500 after 30 s)."""
+    from abwatch.service.config import ServerConfig
+    from abwatch.service.web.api import create_app
+
+    db.upgrade(fresh_pg_url)
+    server = ServerConfig(pool_timeout_s=0.5)
+    engine = db.make_engine(fresh_pg_url, pool_size=1, pool_timeout_s=server.pool_timeout_s)
+    app = create_app(engine, server)
+
+    async def get() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://abwatch") as client:
+            return await client.get("/api/runs")
+
+    try:
+        assert asyncio.run(get()).json() == []
+        with engine.connect():  # the pool's only connection, held
+            busy = asyncio.run(get())
+        assert busy.status_code == 503, busy.text
+        assert "no database connection was free within 0.5 s" in busy.json()["detail"]
+        assert busy.headers["retry-after"].isdigit()
+        assert asyncio.run(get()).status_code == 200  # given back: answered again
+    finally:
+        engine.dispose()
