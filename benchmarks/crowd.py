@@ -13,6 +13,7 @@ report, regressions, a workload's series, the dashboard's overview and run pages
 ``--clients N`` spreads the users over N loopback source addresses (127.0.1.x), so a per-client
 rate limit sees N clients. Every request has a client timeout (``--timeout``).
 
+A normal client (127.0.0.3) asks ``/api/runs`` once, 0.5 s into the burst.
 Then, from a client address the burst did not use (127.0.0.2), it asks ``/api/runs`` until
 the first 200 comes (each try bounded by ``--timeout``; all of it by ``--recover``), and times
 a few normal requests to each endpoint. Prints status counts, latencies, and the time to the
@@ -127,9 +128,17 @@ def _targets(engine) -> dict[str, str]:
             "overview page": "/", "run page": f"/runs/{run_id}"}
 
 
-def burst(base: str, targets: dict[str, str], count: int, clients: int, timeout: float, limit_s: float) -> list:
-    """One burst: ``count`` locust users at once, one GET each; returns (name, status or error, ms)."""
+def burst(base: str, targets: dict[str, str], count: int, clients: int, timeout: float,
+          limit_s: float) -> tuple[list, tuple]:
+    """One burst: ``count`` locust users at once, one GET each; returns (name, status or error, ms)
+    for each, and what a normal client (127.0.0.3) asking 0.5 s into the burst got."""
     results: list[tuple[str, str, float]] = []
+    during: list[tuple] = []
+
+    def normal_client() -> None:
+        gevent.sleep(0.5)
+        during.append(_get(base, targets["runs list"], timeout, address="127.0.0.3"))
+
     paths = itertools.cycle(targets.items())
     addresses = itertools.cycle([f"127.0.1.{10 + i}" for i in range(clients)])
 
@@ -160,12 +169,14 @@ def burst(base: str, targets: dict[str, str], count: int, clients: int, timeout:
     environment.events.request.add_listener(record)
     runner = environment.create_local_runner()
     runner.start(count, spawn_rate=count * 10)
+    probe = gevent.spawn(normal_client)
     deadline = time.monotonic() + limit_s
     while len(results) < count and time.monotonic() < deadline:
         gevent.sleep(0.1)
     runner.quit()
     environment.events.request.remove_listener(record)
-    return results
+    probe.join(timeout=max(1.0, deadline - time.monotonic()))
+    return results, (during[0] if during else ("no answer", 0.0, None))
 
 
 def _get(base: str, path: str, timeout: float, address: str = PROBE_ADDRESS,
@@ -233,12 +244,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{label} {status} {ms:.0f} ms" for label, (status, ms, _) in before.items()), flush=True)
 
         t0 = time.monotonic()
-        results = burst(base, targets, args.burst, args.clients, args.timeout, args.timeout + 60)
+        results, during = burst(base, targets, args.burst, args.clients, args.timeout, args.timeout + 60)
         burst_s = time.monotonic() - t0
         ended = time.monotonic()
         by_status = collections.Counter(status for _, status, _ in results)
         print(f"\nburst: {len(results)} of {args.burst} answered or failed in {burst_s:.1f} s from "
               f"{args.clients} client address(es); status counts: {dict(sorted(by_status.items()))}")
+        print(f"  a normal client during the burst (0.5 s in, 127.0.0.3): {during[0]} in {during[1]:.0f} ms")
         for status in sorted(by_status):
             print(f"  {status}: {_percentiles([ms for _, s, ms in results if s == status])}")
         per_target = collections.defaultdict(collections.Counter)
