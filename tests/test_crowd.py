@@ -80,6 +80,7 @@ def _filled(url: str) -> list[int]:
     return runs
 
 
+@pytest.mark.slow  # a real server process
 def test_a_burst_of_500_gets_gets_200_429_503_only_and_the_next_client_is_answered(fresh_pg_url, tmp_path):
     runs = _filled(fresh_pg_url)
     settings = "max_in_flight = 2\nqueue_s = 0.2\n"  # small, so the 200 admitted requests overlap past it
@@ -120,6 +121,7 @@ def test_a_burst_of_500_gets_gets_200_429_503_only_and_the_next_client_is_answer
     print(f"burst of {BURST}: {dict(statuses)} in {burst_s:.1f} s; next client answered in {after_s * 1000:.0f} ms")
 
 
+@pytest.mark.slow  # a real server process
 def test_a_query_past_the_deadline_is_cancelled_and_answered_503(fresh_pg_url, tmp_path):
     """statement_timeout on the server's connections: a query blocked behind a lock is
     cancelled after ``statement_timeout_s``, the request gets 503, the server goes on."""
@@ -161,8 +163,8 @@ def test_a_query_past_the_deadline_is_cancelled_and_answered_503(fresh_pg_url, t
 
 
 @pytest.mark.parametrize("value, message", [
-    ("lots", "server.rate_limit: value error, not a rate limit"),
-    ("0/second", "each limit allows at least 1 request"),
+    ("lots", "not a rate limit (couldn't parse rate limit string 'lots')"),
+    ("0/second", "'0/second': each limit allows at least 1 request"),
 ])
 def test_a_bad_rate_limit_is_named(tmp_path, value, message):
     data = {"build": {"kind": "command", "command": ["true"]},
@@ -170,8 +172,7 @@ def test_a_bad_rate_limit_is_named(tmp_path, value, message):
             "repo": {"url": str(tmp_path)}, "server": {"rate_limit": value}}
     with pytest.raises(ConfigError) as caught:
         parse_config(data, "abwatch.toml", tmp_path)
-    assert f"abwatch.toml: {message}" in str(caught.value) or message in str(caught.value), str(caught.value)
-    assert "abwatch.toml: server.rate_limit" in str(caught.value)
+    assert str(caught.value).startswith(f"abwatch.toml: server.rate_limit: value error, {message}"), str(caught.value)
 
 
 def test_no_free_connection_within_the_pool_timeout_is_a_503(fresh_pg_url):
