@@ -117,10 +117,47 @@ class GithubConfig(StrictModel):
 
 
 class ServerConfig(StrictModel):
-    """``abwatch serve``: the API's write token and request limits."""
+    """``abwatch serve``: the API's write token, request limits, and what a crowd of readers gets.
+
+    ``max_in_flight`` requests are handled at once; it also sizes the database connection pool
+    and the worker threads, so that a request that got in never waits for either. Past it a
+    request waits up to ``queue_s`` for a turn, then gets 503 with ``Retry-After``. Reads
+    without the write token are rate-limited per client address (``rate_limit``, 429 with
+    ``Retry-After``); requests with the token are not rate-limited.
+    """
 
     token_env: str = Field(default="ABWATCH_API_TOKEN", description="environment variable with the bearer token")
     max_body_mb: float = Field(default=10.0, gt=0, description="largest request body accepted")
+    rate_limit: str = Field(
+        default="10/second;300/minute", max_length=200,
+        description="requests per client address without the token, in the `limits` library's notation "
+                    "(\"N/second\", \"N per 5 minutes\", several joined by ';'); an empty string: no limit")
+    max_in_flight: int = Field(default=8, ge=1, le=1000,
+                               description="requests handled at once (= database connections = worker threads)")
+    queue_s: float = Field(default=1.0, ge=0, le=60,
+                           description="how long a request past max_in_flight waits for a turn before its 503")
+    pool_timeout_s: float = Field(default=2.0, gt=0, le=300,
+                                  description="how long a request waits for a database connection before its 503")
+    statement_timeout_s: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="PostgreSQL statement_timeout of the server's connections: a query that runs longer is "
+                    "cancelled and the request answered 503")
+    max_connections: int = Field(default=1000, ge=1,
+                                 description="open connections uvicorn accepts at once; past it, a plain 503")
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate_limit(cls, value: str) -> str:
+        from limits import parse_many
+
+        if value.strip():
+            try:
+                items = parse_many(value)
+            except ValueError as exc:
+                raise ValueError(f"not a rate limit ({exc}); e.g. \"10/second;300/minute\"") from None
+            if any(item.amount < 1 for item in items):
+                raise ValueError(f"{value!r}: each limit allows at least 1 request (an empty string: no limit)")
+        return value
 
 
 def cron_trigger(expr: str, timezone: str):

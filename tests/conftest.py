@@ -260,9 +260,10 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def live_server(url: str, work: Path, *, token: str | None = "s3cret-token", max_body_mb: float = 1.0,
-                extra_config: str = ""):
+                rate_limit: str = "100000/minute", extra_config: str = ""):
     """``abwatch serve`` as a real process (uvicorn on 127.0.0.1) on the database ``url``;
-    yields its base URL once it answers, and stops it after."""
+    yields its base URL once it answers, and stops it after. Every test's requests come from
+    one address: ``rate_limit`` (per client, without the token) is high unless a test says."""
     import subprocess
     import sys
     import time
@@ -283,6 +284,7 @@ kind = "command"
 command = ["true"]
 [server]
 max_body_mb = {max_body_mb}
+rate_limit = {json.dumps(rate_limit)}
 {extra_config}
 """)
     port = free_port()

@@ -266,13 +266,11 @@ def _cache_command(args: argparse.Namespace, err: Console, out: Console) -> int:
 
 
 def _serve(args: argparse.Namespace, config, engine) -> int:
-    import uvicorn
+    from abwatch.service.web.admission import serve
 
-    from abwatch.service.web.api import create_app
-
-    app = create_app(engine, config.server, config.alerts, config)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    return 0
+    url = engine.url.render_as_string(hide_password=False)
+    engine.dispose()  # the server opens its own, its pool sized by [server]
+    return serve(url, config, args.host, args.port)
 
 
 def _triage_command(args: argparse.Namespace, session, out: Console) -> int:

@@ -56,16 +56,25 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, pool_size: int | None = None, pool_timeout_s: float | None = None,
+                statement_timeout_s: float | None = None) -> Engine:
     """An engine; SQLite gets foreign keys enforced, as PostgreSQL has them.
 
     Connections are checked when taken from the pool (a restarted server's are replaced).
+    ``pool_size`` makes the pool exactly that many connections (no overflow), waited for at most
+    ``pool_timeout_s``; ``statement_timeout_s`` sets PostgreSQL's ``statement_timeout`` on every
+    connection (``abwatch serve``'s deadlines; SQLite has no such setting and ignores it).
     """
     url = normalize_url(url)
+    pool: dict = {}
+    if pool_size is not None and make_url(url).database not in (None, "", ":memory:"):
+        pool = {"pool_size": pool_size, "max_overflow": 0}
+        if pool_timeout_s is not None:
+            pool["pool_timeout"] = pool_timeout_s
     try:
         # pre-ping: a connection the server dropped (a restart) is replaced when it is taken
         # from the pool, so a long-running worker does not fail on its first query after one
-        engine = create_engine(url, future=True, pool_pre_ping=True)
+        engine = create_engine(url, future=True, pool_pre_ping=True, **pool)
     except (NoSuchModuleError, ImportError) as exc:
         raise DatabaseUrlError(f"{make_url(url).render_as_string()}: unknown database driver "
                                f"{make_url(url).drivername!r} ({exc}); abwatch supports sqlite:/// "
@@ -76,6 +85,15 @@ def make_engine(url: str) -> Engine:
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
+    elif statement_timeout_s is not None:
+        milliseconds = max(1, round(statement_timeout_s * 1000))
+
+        @event.listens_for(engine, "connect")
+        def _statement_timeout(dbapi_connection, _record) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"SET statement_timeout = {milliseconds:d}")
+            cursor.close()
+            dbapi_connection.commit()  # a SET in a transaction rolled back later would be undone
     return engine
 
 

@@ -1,6 +1,6 @@
 """The REST API (FastAPI): runs, regressions, series, records, watch status; token-guarded writes.
 
-Reads are open; writes (``POST /api/records``, triage) need ``Authorization: Bearer <token>``
+Reads are open (rate-limited per client, :mod:`service.web.admission`); writes (``POST /api/records``, triage) need ``Authorization: Bearer <token>``
 where the token is the value of the environment variable named by ``server.token_env``,
 compared in constant time. With no token set, every write is refused. :class:`Guard` checks
 the token, the body size and NUL characters before any route reads a byte. The app also serves
@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from abwatch.builders.spec import UsageError
 from abwatch.service.read import queries, serialize, triage as triage_mod
 from abwatch.service.config import ServerConfig
+from abwatch.service.web import admission
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations at run time
 from abwatch.service.store.models import Record
 from abwatch.service.stats.verdict import RegressionState, TriageStatus
@@ -181,11 +182,13 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None, 
     ``config`` (the watch's Config) for try jobs (``POST /api/jobs``)."""
     api = Api(engine, server or ServerConfig())
     # The interactive docs pages load their assets from a CDN; the schema itself is served.
-    app = FastAPI(title="abwatch", version="1", docs_url=None, redoc_url=None,
+    app = FastAPI(title="abwatch", version="1", docs_url=None, redoc_url=None, lifespan=admission.lifespan,
                   description="Continuous A/B performance-regression watch for Apache TVM")
     app.state.api = api
     app.state.alerts = alerts
     app.state.config = config
+    # outermost first: rate limit (admission.install), Guard (token, body), Capacity (turns)
+    app.add_middleware(admission.Capacity, server=api.server)
     app.add_middleware(Guard, api=api)
     app.add_exception_handler(RequestValidationError, invalid_request)
     _read_routes(app)
@@ -195,6 +198,7 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None, 
     from abwatch.service.web.dashboard import add_dashboard  # noqa: E402 - the pages use the routes above
 
     add_dashboard(app, api)
+    admission.install(app, api)
     return app
 
 
@@ -203,7 +207,9 @@ def _session(request: Request) -> Iterator[Session]:
     yield from request.app.state.api.session()
 
 
-SessionDep = Annotated[Session, Depends(_session)]
+# scope="function": the session (and its connection) is closed when the route returns, before
+# the answer is sent, so a client that reads slowly holds no connection
+SessionDep = Annotated[Session, Depends(_session, scope="function")]
 
 
 def _read_routes(app: FastAPI) -> None:

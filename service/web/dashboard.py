@@ -33,7 +33,7 @@ def plotly_js() -> Path:
 def add_dashboard(app: FastAPI, api) -> None:
     """Add the dashboard's pages and assets to ``app``."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
-    SessionDep = Annotated[Session, Depends(api.session)]
+    SessionDep = Annotated[Session, Depends(api.session, scope="function")]  # closed before sending
     Id = Annotated[int, PathParam(ge=1, le=2**31 - 1)]
     bundle = plotly_js()
 
