@@ -135,6 +135,19 @@ def ffi_worktree(step: Step, git: list[str], ffi: FfiState, target: Path, *,
     return target
 
 
+def install_package(step: Step, git: list[str], ffi: FfiState, target: Path, pip: list[str], *,
+                    cmake: Mapping[str, str], launcher: str | None,
+                    fallbacks: Mapping[str, Path] | None = None, log: list[str] | None = None) -> None:
+    """Build apache-tvm-ffi from a worktree of the submodule at ``target`` and install it with
+    ``pip`` (an argv ending in ``install``), the build's CMake settings handed on; the
+    worktree is removed afterwards, whatever happened."""
+    ffi_worktree(step, git, ffi, target, fallbacks=fallbacks, log=log)
+    try:
+        step([*pip, *package_settings(cmake, launcher), str(target)], f"tvm-ffi package ({ffi.describe})", None)
+    finally:
+        remove_worktree(ffi, target)
+
+
 def remove_worktree(ffi: FfiState, target: Path) -> None:
     """Remove the worktree ``target`` (if any) and forget it in the submodule's repository."""
     shutil.rmtree(target, ignore_errors=True)

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from abwatch.builders.base import Artifact, Builder, BuildFailed, failure_lines, repo_url, section
@@ -35,7 +34,7 @@ from abwatch.builders.environment import build_environment, build_python
 from abwatch.builders.procs import child_env, run_process
 from abwatch.builders.repo import RepoMirror
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmSourceBuildConfig
-from abwatch.builders.tvm_ffi import FfiState, ffi_state, ffi_worktree, package_settings, remove_worktree, \
+from abwatch.builders.tvm_ffi import FfiState, Step, ffi_state, install_package, package_settings, \
     update_submodules
 
 LOG_LIMIT = 400_000
@@ -125,9 +124,9 @@ class TvmSourceBuilder(Builder):
             raise BuildFailed(f"{what} failed (status {proc.returncode}): {why}", "", 0.0)
         return proc.stdout
 
-    def _step(self, log: list[str], deadline: float) -> Callable[[list[str], str, Path | None], str]:
+    def _step(self, log: list[str], deadline: float, env: dict | None = None) -> Step:
         """``_run`` as the one-step callable ``builders.tvm_ffi`` takes."""
-        return lambda argv, what, cwd: self._run(argv, log, what, cwd=cwd, deadline=deadline)
+        return lambda argv, what, cwd: self._run(argv, log, what, cwd=cwd, env=env, deadline=deadline)
 
     def _git(self) -> list[str]:
         argv = ["git", "-c", "protocol.file.allow=always", "-c", "advice.detachedHead=false"]
@@ -159,8 +158,7 @@ class TvmSourceBuilder(Builder):
         cmake, ninja, ccache = tool("cmake"), tool("ninja"), tool("ccache")
         if cmake is None or ninja is None:
             raise BuildFailed("tvm-source needs cmake and ninja (pip install 'abwatch[source]')", "", 0.0)
-        env = child_env(self.config.env, {"CCACHE_BASEDIR": str(self.workspace.parent),
-                                          "CCACHE_DIR": str(self.ccache_dir), "CCACHE_NOHASHDIR": "1"})
+        env = self._ccache_env()
         incremental = (build / "build.ninja").exists()
         if not incremental:
             launcher = [f"-DCMAKE_C_COMPILER_LAUNCHER={ccache}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={ccache}"] if ccache else []
@@ -237,7 +235,7 @@ class TvmSourceBuilder(Builder):
             if packages:
                 self._run(pip + packages, log, "pip install")
             if from_source:
-                self._ffi_package(from_source, pip + settings, log)
+                self._ffi_package(from_source, pip, log)
             (venv / ".abwatch-complete").write_text(json.dumps(key))
         return str(venv / "bin" / "python")
 
@@ -245,16 +243,15 @@ class TvmSourceBuilder(Builder):
         """Build and install apache-tvm-ffi from a worktree of the submodule at its commit."""
         log.append(f"note: 3rdparty/tvm-ffi is at {ffi.describe}, between release tags: its Python "
                    "package is built from the submodule's source\n")
-        deadline = time.monotonic() + self.config.timeout_s
-        target = self.workspace.parent / f"tvm-ffi-src-{ffi.sha[:12]}"
-        ffi_worktree(self._step(log, deadline), self._git(), ffi, target,
-                     fallbacks=self.config.submodule_fallbacks, log=log)
-        env = child_env(self.config.env, {"CCACHE_BASEDIR": str(self.workspace.parent),
-                                          "CCACHE_DIR": str(self.ccache_dir), "CCACHE_NOHASHDIR": "1"})
-        try:
-            self._run(pip + [str(target)], log, f"tvm-ffi package ({ffi.describe})", env=env, deadline=deadline)
-        finally:
-            remove_worktree(ffi, target)
+        step = self._step(log, time.monotonic() + self.config.timeout_s, self._ccache_env())
+        install_package(step, self._git(), ffi, self.workspace.parent / f"tvm-ffi-src-{ffi.sha[:12]}", pip,
+                        cmake=self.config.cmake, launcher=tool("ccache"),
+                        fallbacks=self.config.submodule_fallbacks, log=log)
+
+    def _ccache_env(self) -> dict[str, str]:
+        """The build's environment with ccache's: one cache for every workspace and package build."""
+        return child_env(self.config.env, {"CCACHE_BASEDIR": str(self.workspace.parent),
+                                           "CCACHE_DIR": str(self.ccache_dir), "CCACHE_NOHASHDIR": "1"})
 
     def _check(self, staging: Path, ffi: FfiState | None, log: list[str]) -> None:
         """Import ``check_import`` with the new build (and for ``tvm`` with LLVM, compile a small
