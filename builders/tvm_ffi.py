@@ -89,6 +89,9 @@ def update_submodules(step: Step, git: list[str], repo: Path, *, prefix: str = "
         top = f"{prefix}{rel}"
         if not wanted(top, only):
             continue
+        here = repo / rel
+        if here.is_dir() and not (here / ".git").exists() and any(here.iterdir()):
+            fill_from(None, here)  # an earlier fallback: git would not clone over it, if this pin is mirrored
         try:
             step(git + ["-C", str(repo), "submodule", "update", "--init", "--force", "--", rel],
                  f"submodule update {top}", None)
@@ -104,13 +107,14 @@ def update_submodules(step: Step, git: list[str], repo: Path, *, prefix: str = "
         update_submodules(step, git, repo / rel, prefix=f"{top}/", only=only, fallbacks=fallbacks, log=log)
 
 
-def fill_from(source: Path, target: Path) -> None:
-    """Replace what ``target`` holds (a failed clone's ``.git`` file included) by ``source``'s files.
+def fill_from(source: Path | None, target: Path) -> None:
+    """Replace what ``target`` holds (a failed clone's ``.git`` file included) by ``source``'s
+    files (``None``: leave it empty).
 
     Without a ``.git`` of its own the directory is an uninitialised submodule to git, so the
     parent's ``git status`` stays clean and setuptools-scm does not call the build dirty.
     """
-    if not source.is_dir():
+    if source is not None and not source.is_dir():
         raise BuildFailed(f"submodule_fallbacks: {source} is not a directory", "", 0.0)
     target.mkdir(parents=True, exist_ok=True)
     for entry in target.iterdir():
@@ -118,7 +122,8 @@ def fill_from(source: Path, target: Path) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
-    shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+    if source is not None:
+        shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
 
 
 def ffi_worktree(step: Step, git: list[str], ffi: FfiState, target: Path, *,

@@ -95,7 +95,10 @@ def project(tmp_path_factory):
     for n in (1, 2):  # two commits past the tag: the pin sits between tags
         (work / "python" / "tvm_ffi" / "__init__.py").write_text(f'"""tvm-ffi, shaped ({n})."""\n')
         ffi_sha = _commit(ffi, f"change {n}", "python")
-    _repo(mirrors / "dmlc" / "dlpack")  # the mirror exists but lacks the pinned commit
+    dlpack = _repo(mirrors / "dmlc" / "dlpack")  # lacks the first pinned commit, has the later one
+    (Path(dlpack.working_dir) / "include" / "dlpack").mkdir(parents=True)
+    (Path(dlpack.working_dir) / "include" / "dlpack" / "dlpack.h").write_text("#define DLPACK_MIRRORED 1\n")
+    dlpack_sha = _commit(dlpack, "dlpack", "include")
 
     fallback = root / "dlpack-headers"
     (fallback / "include" / "dlpack").mkdir(parents=True)
@@ -108,6 +111,12 @@ def project(tmp_path_factory):
     (twork / "CMakeLists.txt").write_text(CMAKELISTS)
     _gitlinks(tvm, {"3rdparty/tvm-ffi": (f"{REMOTE}apache/tvm-ffi", ffi_sha)})
     _commit(tvm, "TVM with tvm-ffi between tags", "src", "CMakeLists.txt")
+    # a later tvm-ffi pins a dlpack commit the mirror has, and a later TVM pins that tvm-ffi
+    _gitlinks(ffi, {"3rdparty/dlpack": (f"{REMOTE}dmlc/dlpack", dlpack_sha),
+                    "3rdparty/libbacktrace": (f"{REMOTE}ianlancetaylor/libbacktrace", backtrace_sha)})
+    later_ffi = _commit(ffi, "pin a mirrored dlpack", ".gitmodules")
+    _gitlinks(tvm, {"3rdparty/tvm-ffi": (f"{REMOTE}apache/tvm-ffi", later_ffi)})
+    _commit(tvm, "bump tvm-ffi", ".gitmodules")
     return twork, mirrors, fallback, ffi
 
 
@@ -130,16 +139,17 @@ def _python(artifact: Path, code: str) -> str:
 def test_package_between_tags_installs_with_its_version_and_nested_submodules(project, tmp_path):
     _, _, fallback, ffi = project
     builder = _builder(project, tmp_path)
-    artifact = builder.build(builder.resolve("main").sha)
+    artifact = builder.build(builder.resolve("main~1").sha)
+    pinned = ffi.commit("HEAD~1")
 
     # setuptools-scm's own rule on the submodule's history: next patch release, dev<distance>,
     # +g<the pinned commit, abbreviated>
-    tag, distance, _ = ffi.git.describe("--tags", "--long").rsplit("-", 2)
+    tag, distance, _ = ffi.git.describe("--tags", "--long", pinned.hexsha).rsplit("-", 2)
     major, minor, patch = tag.lstrip("v").split(".")
     version = _python(artifact.path, "import importlib.metadata as m; print(m.version('apache-tvm-ffi'))")
     public, _, local = version.partition("+g")
     assert public == f"{major}.{minor}.{int(patch) + 1}.dev{distance}"
-    assert len(local) >= 7 and ffi.head.commit.hexsha.startswith(local)
+    assert len(local) >= 7 and pinned.hexsha.startswith(local)
     # the nested submodule missing from its mirror came from the fallback; the other from its mirror
     packaged = _python(artifact.path, "import importlib.resources as r; "
                                       "print(r.files('tvm_ffi').joinpath('dlpack.h.txt').read_text())")
@@ -149,11 +159,18 @@ def test_package_between_tags_installs_with_its_version_and_nested_submodules(pr
     # the worktree the package was built from is gone; the venv stays for the next build
     assert not list(tmp_path.glob("tvm-source/tvm-ffi-src-*"))
 
+    # the next commit's tvm-ffi pins a dlpack the mirror has: the fallback's files make way for it
+    later = builder.build(builder.resolve("main").sha)
+    assert _python(later.path, "import importlib.metadata as m; print(m.version('apache-tvm-ffi'))") == \
+        f"{major}.{minor}.{int(patch) + 1}.dev{int(distance) + 1}+g{ffi.head.commit.hexsha[:len(local)]}"
+    assert _python(later.path, "import importlib.resources as r; "
+                               "print(r.files('tvm_ffi').joinpath('dlpack.h.txt').read_text())") == "#define DLPACK_MIRRORED 1"
+
 
 def test_a_missing_pin_without_fallback_names_the_submodule_and_the_key(project, tmp_path):
     builder = _builder(project, tmp_path, submodule_fallbacks={})
     with pytest.raises(BuildFailed) as failed:
-        builder.build(builder.resolve("main").sha)
+        builder.build(builder.resolve("main~1").sha)
     message = str(failed.value)
     assert message.startswith("submodule update 3rdparty/tvm-ffi/3rdparty/dlpack failed (status")
     assert MISSING in message  # git's own words: the commit it could not fetch
@@ -165,7 +182,7 @@ def test_a_failed_package_build_names_its_step_and_the_lines_that_say_why(projec
     empty.mkdir()
     builder = _builder(project, tmp_path / "cache", submodule_fallbacks={"3rdparty/tvm-ffi/3rdparty/dlpack": empty})
     with pytest.raises(BuildFailed) as failed:
-        builder.build(builder.resolve("main").sha)
+        builder.build(builder.resolve("main~1").sha)
     message = str(failed.value)
     assert message.startswith("tvm-ffi package (v0.1.0-2-g")
     assert "3rdparty/dlpack/include/dlpack/dlpack.h: No such file or directory" in message
