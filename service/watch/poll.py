@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.service.compare import driver, lifecycle, outcome
 from abwatch.service.notify import alerts, github
-from abwatch.service.watch import bisect, queue
+from abwatch.service.watch import bisect, queue, upkeep
 from abwatch.service.config import Config
 from abwatch.service.watch.controls import control_rule
 from abwatch.service.store.models import (
@@ -119,6 +119,9 @@ def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: s
         if merge_base is None:  # nothing in common (or the old head is gone): never replay all history
             return [head]
         base = merge_base
+        # seen up to the fork point, which is on the branch: the warning is said once per force-push,
+        # also when nothing new is taken up (the branch reset to an older commit, or `step` skips it)
+        row.last_seen_sha = merge_base
     if nightly:
         return [head]
     new = mirror.first_parents(base, head)
@@ -141,6 +144,8 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
     for device in device_names(config):
         row = _progress_row(session, config, device)
         new = _new_commits(mirror, config, row, head.sha, report, nightly)
+        upkeep.clear_departed(session, mirror, row, head.sha, report.messages)  # culprits a force-push took off
+        upkeep.resume_unfinished(session, config, row, report.messages)
         for sha in new:
             _take_up(session, config, mirror, repository, row, device, sha, report)
         if new:
