@@ -94,8 +94,8 @@ def clear_departed(session: Session, mirror: RepoMirror, row: WatchProgress, hea
         .order_by(Regression.id)).unique().all()
     closed = []
     for regression in regressions:
-        culprit = regression.culprit_commit.sha
-        if mirror.is_ancestor(culprit, head):
+        culprit = regression.culprit_commit.sha if regression.culprit_commit else ""
+        if not culprit or mirror.is_ancestor(culprit, head):
             continue
         text = (f"regression {regression.id} ({regression.workload.name}): its culprit {culprit[:12]} is no "
                 f"longer on branch {row.branch!r} (head {head[:12]}; force-pushed): closed as cleared")
