@@ -151,3 +151,20 @@ def test_an_unfinished_bisection_is_taken_up_by_the_next_pass(tmp_path, sqlite_u
     assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0
     assert "queued again" not in capsys.readouterr().err  # nothing left unfinished
     engine.dispose()
+
+
+@pytest.mark.slow
+def test_compare_takes_a_plus_23_commit_on_postgresql(tmp_path, fresh_pg_url, capsys):
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (step("base", "Baseline"), step("plus23", "README", note="plus23")))
+    plus23 = redate(repo, "plus23", "2026-01-07T12:00:00 +2300")
+    config = write_watch_config(tmp_path, repo, "", threshold_pct=5.0)
+    # once exit 5 (DataError: time zone displacement out of range)
+    assert main(["compare", "--config", config, "--control", "base", "--treatment", "plus23",
+                 "--db", fresh_pg_url]) == 0  # the same work: no regression
+    assert "DataError" not in capsys.readouterr().err
+    engine = db.make_engine(fresh_pg_url)
+    with Session(engine) as session:
+        row = session.scalars(select(Commit).where(Commit.sha == plus23)).one()
+        assert (row.committed_at, row.committed_offset_min) == (datetime(2026, 1, 6, 13, 0, tzinfo=UTC), 1380)
+    engine.dispose()
