@@ -127,28 +127,28 @@ def test_a_plus_23_commit_and_an_unstorable_one_inside_a_bisection_range(tmp_pat
 
 
 @pytest.mark.slow
-def test_an_unfinished_bisection_is_taken_up_by_the_next_pass(tmp_path, sqlite_url, capsys):
+def test_an_unfinished_bisection_is_taken_up_by_the_next_pass(tmp_path, db_url, capsys):
     repo = tmp_path / "repo"
     make_demo_repo(repo, (step("base", "Baseline"),))
     nightly = 'schedule = "0 2 * * *"\ntimezone = "UTC"'
     config = write_watch_config(tmp_path, repo, nightly + "\nbisect = false", threshold_pct=5.0)
-    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0
+    assert main(["watch", "--config", config, "--once", "--db", db_url]) == 0
     make_demo_repo(repo, (step("n1", "README", note="n1"), step("slow", "Do 25% more work", 1.25),
                           step("n2", "README", 1.25, note="n2")))
-    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 1  # confirmed, not bisected
-    engine = db.make_engine(sqlite_url)
+    assert main(["watch", "--config", config, "--once", "--db", db_url]) == 1  # confirmed, not bisected
+    engine = db.make_engine(db_url)
     with Session(engine) as session:
         assert session.scalars(select(Regression)).one().culprit_commit_id is None
     # the same watch with bisection on (same progress: [watch] is not part of its identity);
     # no new commit, yet the pass takes the confirmed regression up again and names its culprit
     write_watch_config(tmp_path, repo, nightly, threshold_pct=5.0)
     capsys.readouterr()
-    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0
+    assert main(["watch", "--config", config, "--once", "--db", db_url]) == 0
     assert "queued again (1 of 3)" in capsys.readouterr().err
     with Session(engine) as session:
         regression = session.scalars(select(Regression)).one()
         assert regression.culprit_commit.sha == shas(repo)["slow"]
-    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0
+    assert main(["watch", "--config", config, "--once", "--db", db_url]) == 0
     assert "queued again" not in capsys.readouterr().err  # nothing left unfinished
     engine.dispose()
 

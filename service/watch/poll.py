@@ -144,13 +144,14 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
     for device in device_names(config):
         row = _progress_row(session, config, device)
         new = _new_commits(mirror, config, row, head.sha, report, nightly)
-        upkeep.clear_departed(session, mirror, row, head.sha, report.messages)  # culprits a force-push took off
-        upkeep.resume_unfinished(session, config, row, report.messages)
         for sha in new:
             _take_up(session, config, mirror, repository, row, device, sha, report)
         if new:
             row.last_seen_sha = new[-1] if not nightly else head.sha
         row.updated_at = utcnow()
+        session.commit()
+        upkeep.clear_departed(session, mirror, row, head.sha, report.messages)  # culprits a force-push took off
+        upkeep.resume_unfinished(session, config, row, report.messages)
         session.commit()
     return report
 

@@ -42,17 +42,16 @@ def unfinished(session: Session, config: Config, row: WatchProgress) -> list[str
     """Shas of this watch's tested commits whose run left a regression to verify (``benchmark``)
     or to bisect (``regress`` without a culprit), oldest first."""
     wanted = []
-    if config.watch.verify:
+    if config.watch.verify:  # (correctness regressions are never verified: they stay `benchmark`)
         wanted.append(Regression.state == RegressionState.BENCHMARK)
     if config.watch.bisect:
-        wanted.append((Regression.state == RegressionState.REGRESS) & Regression.culprit_commit_id.is_(None)
-                      & Regression.kind.in_(bisect.BISECTED_KINDS))
+        wanted.append((Regression.state == RegressionState.REGRESS) & Regression.culprit_commit_id.is_(None))
     if not wanted:
         return []
     return list(session.scalars(
         select(Commit.sha).join(WatchedCommit, WatchedCommit.commit_id == Commit.id)
         .join(Regression, Regression.run_id == WatchedCommit.run_id)
-        .where(WatchedCommit.progress_id == row.id,
+        .where(WatchedCommit.progress_id == row.id, Regression.kind.in_(bisect.BISECTED_KINDS),
                WatchedCommit.status.in_((CommitStatus.OK, CommitStatus.FAILED)), or_(*wanted))
         .group_by(Commit.sha).order_by(func.min(WatchedCommit.id))))
 
@@ -99,8 +98,11 @@ def clear_departed(session: Session, mirror: RepoMirror, row: WatchProgress, hea
             continue
         text = (f"regression {regression.id} ({regression.workload.name}): its culprit {culprit[:12]} is no "
                 f"longer on branch {row.branch!r} (head {head[:12]}; force-pushed): closed as cleared")
-        lifecycle.transition(session, regression, RegressionState.CLEARED, None, text,
-                             expect=RegressionState.REGRESS)
+        try:
+            lifecycle.transition(session, regression, RegressionState.CLEARED, None, text,
+                                 expect=RegressionState.REGRESS)
+        except lifecycle.ConcurrentTransition:  # another process moved it (fixed it, say) first
+            continue
         print(f"abwatch watch: {text}", file=sys.stderr)
         messages.append(text)
         closed.append(regression.id)
