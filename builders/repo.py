@@ -10,6 +10,7 @@ import hashlib
 import re
 import shutil
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from collections.abc import Iterator
 
@@ -22,6 +23,28 @@ from abwatch.builders.spec import SUMMARY_CHARS, CommitInfo, UsageError, storabl
 
 
 _FULL_SHA = re.compile(r"[0-9a-f]{40}")
+# The end of a commit's committer line: seconds since 1970 (negative before it, as GitPython
+# writes them) and the offset, which git's fsck takes as any sign and four digits (+9959).
+_COMMITTER_TIME = re.compile(rb" (-?\d+) ([+-])(\d\d)(\d\d)\s*$")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def commit_time(raw: bytes) -> tuple[datetime | None, int | None]:
+    """The committer time of a raw commit object: (instant in UTC, offset in minutes).
+
+    Read from the object itself, not GitPython's parse, which reads a date before 1970 as
+    1970-01-01 and cannot hold an offset of 24 h or more. (None, None) when the commit has no
+    committer time; ValueError or OverflowError for one no Python date can hold (past year 9999).
+    """
+    for line in raw.split(b"\n\n", 1)[0].split(b"\n"):
+        if line.startswith(b"committer "):
+            match = _COMMITTER_TIME.search(line)
+            if match is None:
+                return None, None
+            seconds, sign, hours, minutes = match.groups()
+            offset = (int(hours) * 60 + int(minutes)) * (-1 if sign == b"-" else 1)
+            return _EPOCH + timedelta(seconds=int(seconds)), offset
+    return None, None
 
 
 class RepoError(UsageError):
@@ -105,14 +128,20 @@ class RepoMirror:
             raise RepoError(f"unknown ref {ref!r} in repository {self.display_url}") from None
         commit = self.repo.commit(sha)
         try:  # git writes whatever it is given (hash-object --literally): a date past time_t, say
+            when, offset = commit_time(self.repo.odb.stream(commit.binsha).read())
             return CommitInfo(
                 sha=commit.hexsha,
                 summary=storable(commit.summary, SUMMARY_CHARS),
                 author=f"{commit.author.name} <{commit.author.email}>",
-                committed_at=commit.committed_datetime,
+                committed_at=when,
+                committed_offset_min=offset,
             )
         except (ValueError, OverflowError) as exc:
             raise RepoError(f"commit {sha[:12]} in {self.display_url} cannot be read: {exc}") from None
+
+    def committed_at(self, sha: str) -> datetime | None:
+        """The commit time of ``sha`` in UTC, read as :func:`commit_time` reads it (before 1970 too)."""
+        return commit_time(self.repo.odb.stream(self.repo.commit(sha).binsha).read())[0]
 
     def first_parents(self, base: str | None, head: str) -> list[str]:
         """First-parent commits after ``base`` up to ``head``, oldest first."""

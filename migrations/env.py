@@ -1,7 +1,11 @@
 """Alembic environment: runs migrations on the URL or connection abwatch hands it."""
 
+from datetime import UTC, datetime
+from importlib import metadata
+
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+import sqlalchemy as sa
+from sqlalchemy import engine_from_config, inspect, pool
 
 from abwatch.service.store.models import Base
 
@@ -25,13 +29,39 @@ def _configure(connection) -> None:
     )
 
 
+def _record_version(connection) -> None:
+    """Note which abwatch brought the database to its revision (``schema_versions``, from 0021 on),
+    so an older abwatch that meets this revision can name the version to install. The first
+    writer of a revision stays: it is the oldest abwatch that knows it."""
+    revision = context.get_context().get_current_revision()
+    if revision is None or not inspect(connection).has_table("schema_versions"):
+        return
+    try:
+        version = metadata.version("abwatch")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree without install
+        version = "unknown"
+    table = sa.table("schema_versions", sa.column("revision", sa.String), sa.column("abwatch_version", sa.String),
+                     sa.column("migrated_at", sa.DateTime(timezone=True)))
+    if connection.execute(sa.select(table.c.revision).where(table.c.revision == revision)).first():
+        return
+    connection.execute(table.insert().values(revision=revision, abwatch_version=version, migrated_at=datetime.now(UTC)))
+
+
+def _migrate(connection) -> None:
+    _configure(connection)
+    with context.begin_transaction():
+        context.run_migrations()
+    # after it: SQLite's migrations run without one outer transaction (no transactional DDL)
+    _record_version(connection)
+    if connection.in_transaction():
+        connection.commit()
+
+
 def run_migrations_online() -> None:
     """Migrate over a live connection (the only mode abwatch uses)."""
     connection = config.attributes.get("connection")
     if connection is not None:
-        _configure(connection)
-        with context.begin_transaction():
-            context.run_migrations()
+        _migrate(connection)
         return
     engine = engine_from_config(
         config.get_section(config.config_ini_section, {}),
@@ -39,9 +69,7 @@ def run_migrations_online() -> None:
         poolclass=pool.NullPool,
     )
     with engine.connect() as connection:
-        _configure(connection)
-        with context.begin_transaction():
-            context.run_migrations()
+        _migrate(connection)
 
 
 if context.is_offline_mode():  # pragma: no cover - offline SQL generation is not used

@@ -51,7 +51,7 @@ def test_ensure_schema_refuses_an_old_revision(sqlite_url):
     engine = db.make_engine(sqlite_url)
     db.upgrade(sqlite_url)
     with engine.begin() as connection:
-        connection.execute(text("UPDATE alembic_version SET version_num = '0000'"))
+        connection.execute(text("UPDATE alembic_version SET version_num = '0018'"))  # an older revision it knows
     with pytest.raises(db.SchemaError, match="run `abwatch db upgrade`"):
         db.ensure_schema(engine)
 

@@ -13,6 +13,22 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ('every table: runs',
+     'SELECT COUNT(*) FROM runs'),
+    ('every table: raw samples',
+     'SELECT COUNT(*) FROM samples'),
+    ('every table: regressions',
+     'SELECT COUNT(*) FROM regressions'),
+    ('every table: records',
+     'SELECT COUNT(*) FROM records'),
+    ('every table: builds',
+     'SELECT COUNT(*) FROM builds'),
+    ('every table: commits',
+     'SELECT COUNT(*) FROM commits'),
+)
+
 
 def upgrade() -> None:
     op.create_table('devices',

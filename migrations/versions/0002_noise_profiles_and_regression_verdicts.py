@@ -13,6 +13,14 @@ down_revision = '0001'
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ('noise_profiles: learnt noise of a workload on a device',
+     'SELECT COUNT(*) FROM noise_profiles'),
+    ('regressions.benchmark_verdict / verify_verdict: the verdicts kept on these regressions',
+     'SELECT COUNT(*) FROM regressions WHERE benchmark_verdict IS NOT NULL OR verify_verdict IS NOT NULL'),
+)
+
 
 def upgrade() -> None:
     op.create_table('noise_profiles',

@@ -13,6 +13,12 @@ down_revision = '0002'
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ('regressions.kind: these compile-time and correctness regressions become plain ones',
+     "SELECT COUNT(*) FROM regressions WHERE kind NOT IN ('runtime', 'speed')"),
+)
+
 
 def upgrade() -> None:
     op.add_column('regressions', sa.Column('kind', sa.String(length=16), server_default='speed', nullable=False))

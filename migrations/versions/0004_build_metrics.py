@@ -13,6 +13,12 @@ down_revision = '0003'
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ('builds.metrics: the build metrics of these builds',
+     'SELECT COUNT(*) FROM builds WHERE metrics IS NOT NULL'),
+)
+
 
 def upgrade() -> None:
     op.add_column('builds', sa.Column('metrics', sa.JSON(), nullable=True))

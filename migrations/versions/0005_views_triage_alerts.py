@@ -14,6 +14,14 @@ down_revision = '0004'
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ("triage_events: people's triage decisions",
+     'SELECT COUNT(*) FROM triage_events'),
+    ('alert_deliveries: alerts sent or pending',
+     'SELECT COUNT(*) FROM alert_deliveries'),
+)
+
 TRIAGE = ('acknowledged', 'expected', 'invalid', 'wontfix')
 
 # One row per regression. `kind` speaks the user's words (runtime, compile-time,

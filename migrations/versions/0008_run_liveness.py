@@ -13,6 +13,12 @@ down_revision = '0007'
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ('runs.status: these incomplete, interrupted or abandoned runs become failed',
+     "SELECT COUNT(*) FROM runs WHERE status IN ('incomplete', 'interrupted', 'abandoned')"),
+)
+
 OLD = ('running', 'completed', 'build_failed', 'failed')
 NEW = OLD + ('incomplete', 'interrupted', 'abandoned')
 

@@ -14,6 +14,22 @@ down_revision = '0008'
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ('regressions.state: these fixed regressions become open (regress) again',
+     "SELECT COUNT(*) FROM regressions WHERE state = 'fixed'"),
+    ('regressions.culprit_commit_id: the culprits bisection named',
+     'SELECT COUNT(*) FROM regressions WHERE culprit_commit_id IS NOT NULL'),
+    ('bisection_steps: stored bisection steps',
+     'SELECT COUNT(*) FROM bisection_steps'),
+    ("watched_commits: the watch's tested commits",
+     'SELECT COUNT(*) FROM watched_commits'),
+    ('watch_progress: what each watch has seen',
+     'SELECT COUNT(*) FROM watch_progress'),
+    ('jobs: queued and finished jobs',
+     'SELECT COUNT(*) FROM jobs'),
+)
+
 OLD_STATES = ("benchmark", "verify", "regress", "cleared")
 NEW_STATES = OLD_STATES + ("fixed",)
 # (table, CHECK name, column) of every column that holds a regression state

@@ -28,6 +28,12 @@ down_revision = '0009'
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ('workloads: series folded into the oldest of their name (their histories merge)',
+     'SELECT COUNT(*) FROM workloads w WHERE w.id <> (SELECT MIN(x.id) FROM workloads x WHERE x.name = w.name)'),
+)
+
 OPEN = "state IN ('benchmark', 'verify', 'regress')"
 SAMPLES_FK = 'fk_samples_invocation_id_invocations'
 

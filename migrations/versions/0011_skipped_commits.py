@@ -13,6 +13,12 @@ down_revision = '0010'
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ('watched_commits.reason: why these commits were skipped',
+     'SELECT COUNT(*) FROM watched_commits WHERE reason IS NOT NULL'),
+)
+
 
 def upgrade() -> None:
     with op.batch_alter_table('watched_commits') as batch:

@@ -19,6 +19,12 @@ down_revision = '0012'
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ('alert_deliveries.next_at / delivered_at and pending or given-up states',
+     "SELECT COUNT(*) FROM alert_deliveries WHERE status <> 'delivered' OR delivered_at IS NOT NULL"),
+)
+
 STATUSES = ("pending", "delivered", "given_up")
 
 

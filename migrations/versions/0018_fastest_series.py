@@ -20,6 +20,12 @@ down_revision = '0017'
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ('comparisons.control_fastest_ms / treatment_fastest_ms: the fastest-sample figures',
+     'SELECT COUNT(*) FROM comparisons WHERE control_fastest_ms IS NOT NULL OR treatment_fastest_ms IS NOT NULL'),
+)
+
 WORKLOAD_SERIES = """
 CREATE VIEW workload_series AS
 SELECT workload, device, sha, summary, committed_at, run_id, side, median_ms, fastest_ms, n, verdict,

@@ -18,6 +18,12 @@ down_revision = '0018'
 branch_labels = None
 depends_on = None
 
+# What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
+DOWNGRADE_LOSES = (
+    ('regressions.metric: these regressions found on instruction counts become time ones',
+     "SELECT COUNT(*) FROM regressions WHERE metric <> 'time'"),
+)
+
 _0010 = importlib.import_module("abwatch.migrations.versions.0010_workload_identity")
 _0017 = importlib.import_module("abwatch.migrations.versions.0017_one_vocabulary")
 _0018 = importlib.import_module("abwatch.migrations.versions.0018_fastest_series")

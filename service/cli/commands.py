@@ -298,11 +298,17 @@ def _db_command(args: argparse.Namespace, url: str, err: Console) -> int:
     elif args.db_command == "downgrade":
         if args.revision is None:
             raise DriverError("db downgrade needs --revision (e.g. the one before `abwatch db current`); "
-                                     "--revision base drops every table and needs --yes")
-        if args.revision == "base" and not args.yes:
-            raise DriverError("db downgrade --revision base drops every table and all data in them; "
-                                     "add --yes to confirm")
+                              "one that drops data (--revision base drops every table) needs --yes")
+        losses = db.downgrade_losses(url, args.revision)
+        listed = "".join(f"\n  {loss.rows} row(s): {loss.what} (migration {loss.revision})" for loss in losses)
+        if (losses or args.revision == "base") and not args.yes:
+            raise DriverError(f"db downgrade --revision {args.revision} "
+                              + ("drops every table and all data in them" if args.revision == "base" else
+                                 "drops or changes data that upgrading again does not bring back")
+                              + (f":{listed}" if listed else "") + "\nadd --yes to confirm; nothing was changed")
         db.downgrade(url, args.revision)
+        if losses:
+            err.print(f"abwatch: downgraded to {args.revision}; dropped or changed:{listed}", markup=False)
     print(db.current_revision(db.make_engine(url)) or "(empty)")
     return 0
 

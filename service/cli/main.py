@@ -144,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
         "--revision", default="head", help="revision to migrate to (default: head)")
     p = with_db(dsub.add_parser("downgrade", help="migrate down to a revision (base drops every table)"))
     p.add_argument("--revision", help="revision to migrate down to, e.g. 0003, or base")
-    p.add_argument("--yes", action="store_true", help="confirm a downgrade to base, which deletes all data")
+    p.add_argument("--yes", action="store_true", help="confirm a downgrade that drops or changes data (it lists what; base deletes all)")
     with_db(dsub.add_parser("current", help="print the schema revision"))
     p = with_db(dsub.add_parser("grant-readonly", help="let a PostgreSQL role read everything and change nothing"))
     p.add_argument("role", help="the role to create or grant to")

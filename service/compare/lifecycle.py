@@ -24,7 +24,9 @@ TRANSITIONS: dict[RegressionState | None, frozenset[RegressionState]] = {
     S.BENCHMARK: frozenset({S.VERIFY}),
     # Back to BENCHMARK when the verify run could not judge (its build failed, it hung).
     S.VERIFY: frozenset({S.REGRESS, S.CLEARED, S.BENCHMARK}),
-    S.REGRESS: frozenset({S.FIXED}),  # a later commit brought the workload back
+    # FIXED: a later commit brought the workload back; CLEARED: its culprit left the branch
+    # (a force-push), so no commit of the branch holds it any more (service.watch.upkeep)
+    S.REGRESS: frozenset({S.FIXED, S.CLEARED}),
     S.FIXED: frozenset(),
     S.CLEARED: frozenset(),
 }
@@ -112,12 +114,13 @@ def open_regression(session: Session, run: Run, comparison: Comparison,
     return regression
 
 
-def note(session: Session, regression: Regression, run: Run, reason: str) -> RegressionEvent:
+def note(session: Session, regression: Regression, run: Run | None, reason: str) -> RegressionEvent:
     """Record that ``run`` saw ``regression`` again: an event that keeps its state (from and to
-    are the same), so its history names every later run that still shows it."""
+    are the same), so its history names every later run that still shows it. Without a run it
+    notes something else that happened to it (a bisection step that had to skip a commit)."""
     lock(session, regression)
     event = RegressionEvent(regression=regression, from_state=regression.state, to_state=regression.state,
-                            run_id=run.id, reason=reason, at=utcnow())
+                            run_id=run.id if run else None, reason=reason, at=utcnow())
     session.add(event)
     session.flush()
     return event

@@ -8,11 +8,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from collections.abc import Iterator
 
+from dataclasses import dataclass
+from importlib import metadata
+
 from alembic import command
 from alembic.config import Config as AlembicConfig
+from alembic.util.exc import CommandError
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -141,21 +145,111 @@ def schema_lock(engine: Engine) -> Iterator[None]:
         yield
 
 
+def abwatch_version() -> str:
+    """This abwatch's version (the installed package's)."""
+    try:
+        return metadata.version("abwatch")
+    except metadata.PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+        return "unknown"
+
+
+def _script(url: str) -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config(url))
+
+
+def knows_revision(url: str, revision: str) -> bool:
+    """Whether this abwatch's migrations have ``revision``."""
+    try:
+        _script(url).get_revision(revision)
+    except CommandError:
+        return False
+    return True
+
+
+def newer_schema(engine: Engine, current: str | None) -> SchemaError | None:
+    """The error for a database at a revision this abwatch does not know (a newer abwatch
+    migrated it), naming the version to install from ``schema_versions``; None otherwise.
+
+    ``abwatch db upgrade`` cannot help there (it knows no way up or back from that revision).
+    """
+    url = engine.url.render_as_string(hide_password=False)
+    if current is None or knows_revision(url, current):
+        return None
+    wrote = None
+    if inspect(engine).has_table("schema_versions"):
+        with engine.connect() as connection:
+            wrote = connection.execute(text("SELECT abwatch_version FROM schema_versions WHERE revision = :r"),
+                                       {"r": current}).scalar()
+    who = f"abwatch {wrote}" if wrote else "a newer abwatch"
+    install = (f"install abwatch {wrote} or newer (pip install 'abwatch>={wrote}')" if wrote
+               else "install the abwatch that migrated it")
+    return SchemaError(
+        f"{engine.url.render_as_string()}: schema revision {current} is newer than this abwatch "
+        f"({abwatch_version()}, schema {head_revision(url)}) knows: {who} migrated it; {install}. "
+        "`abwatch db upgrade` cannot change that; nothing was changed")
+
+
+def _refuse_newer(engine: Engine) -> None:
+    error = newer_schema(engine, current_revision(engine))
+    if error is not None:
+        raise error
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    """Run the migrations up to ``revision`` (under :func:`schema_lock`)."""
+    """Run the migrations up to ``revision`` (under :func:`schema_lock`); a database newer
+    than this abwatch is refused with :func:`newer_schema`'s message."""
     engine = make_engine(url)
     try:
         with schema_lock(engine):
+            _refuse_newer(engine)
             command.upgrade(alembic_config(url), revision)
     finally:
         engine.dispose()
 
 
+@dataclass(frozen=True)
+class Loss:
+    """Data a downgrade drops or changes: the migration whose ``downgrade()`` does it, what, how many rows."""
+
+    revision: str
+    what: str
+    rows: int
+
+
+def downgrade_losses(url: str, revision: str) -> list[Loss]:
+    """What a downgrade to ``revision`` would drop or change, counted on the database now.
+
+    Each migration lists its downgrade's losses as ``DOWNGRADE_LOSES`` (what, a counting SQL
+    query); only those with rows are returned, newest migration first.
+    """
+    engine = make_engine(url)
+    try:
+        _refuse_newer(engine)
+        current = current_revision(engine)
+        if revision != "base" and not knows_revision(url, revision):
+            raise SchemaError(f"--revision {revision!r}: no such schema revision (`abwatch db current` "
+                              f"prints the database's; this abwatch knows up to {head_revision(url)})")
+        if current is None:
+            return []
+        losses = []
+        with engine.connect() as connection:
+            for script in _script(url).iterate_revisions(current, revision):
+                for what, query in getattr(script.module, "DOWNGRADE_LOSES", ()):
+                    rows = connection.execute(text(query)).scalar() or 0
+                    if rows:
+                        losses.append(Loss(script.revision, what, int(rows)))
+        return losses
+    finally:
+        engine.dispose()
+
+
 def downgrade(url: str, revision: str = "base") -> None:
-    """Run the migrations down to ``revision`` (under :func:`schema_lock`)."""
+    """Run the migrations down to ``revision`` (under :func:`schema_lock`). Callers that keep
+    data ask :func:`downgrade_losses` first (the command line does, and wants ``--yes``)."""
     engine = make_engine(url)
     try:
         with schema_lock(engine):
+            _refuse_newer(engine)
             command.downgrade(alembic_config(url), revision)
     finally:
         engine.dispose()
@@ -192,6 +286,7 @@ def _ensure_schema_locked(engine: Engine, url: str, head: str) -> None:
             )
         command.upgrade(alembic_config(url), "head")  # the lock is held already
         return
+    _refuse_newer(engine)
     raise SchemaError(
         f"{engine.url.render_as_string()}: schema is at {current}, this abwatch needs {head}; "
         "run `abwatch db upgrade`"
@@ -208,6 +303,7 @@ def check_schema(engine: Engine) -> None:
     if current is None:
         raise SchemaError(f"{where}: no abwatch schema here; a command that only reads does not create one "
                           "(run `abwatch db upgrade`, or a command that writes such as `abwatch compare`)")
+    _refuse_newer(engine)
     raise SchemaError(f"{where}: schema is at {current}, this abwatch needs {head}; run `abwatch db upgrade`")
 
 

@@ -94,7 +94,10 @@ class Commit(Base):
     sha: Mapped[str] = mapped_column(String(64), index=True)
     summary: Mapped[str] = mapped_column(Text, default="")
     author: Mapped[str] = mapped_column(String(256), default="")
+    # the instant in UTC (before 1970 too); the committer's offset apart, in minutes (git
+    # accepts up to +-99:59, timestamptz only +-15:59); NULL: unknown (stored before 0020)
     committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    committed_offset_min: Mapped[int | None] = mapped_column(Integer)
     repository: Mapped[Repository] = relationship()
 
 
@@ -399,6 +402,16 @@ class Record(Base):
     # sha256 of the record's content: the same record imported twice is stored once
     record_key: Mapped[str | None] = mapped_column(String(64), index=True, unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class SchemaVersion(Base):
+    """The abwatch version that first migrated this database to a revision (written by
+    ``migrations/env.py``): an older abwatch names it when the database is newer than it."""
+
+    __tablename__ = "schema_versions"
+    revision: Mapped[str] = mapped_column(String(64), primary_key=True)
+    abwatch_version: Mapped[str] = mapped_column(String(64))
+    migrated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 # The watch's tables live in .jobs; re-exported so that ``models`` names the whole schema.

@@ -65,10 +65,17 @@ def get_commit(session: Session, repository: Repository, info: CommitInfo) -> Co
     two transactions never wait for each other's rows in opposite orders (a deadlock).
     """
     insert_ignoring_conflict(session, Commit, {
-        "repository_id": repository.id, "sha": info.sha, "summary": info.summary,
-        "author": info.author, "committed_at": info.committed_at}, ["repository_id", "sha"])
-    return session.scalars(
+        "repository_id": repository.id, "sha": info.sha, "summary": info.summary, "author": info.author,
+        "committed_at": info.committed_at, "committed_offset_min": info.committed_offset_min},
+        ["repository_id", "sha"])
+    row = session.scalars(
         select(Commit).where(Commit.repository_id == repository.id, Commit.sha == info.sha)).one()
+    if row.committed_offset_min is None and info.committed_offset_min is not None:
+        # stored before offsets were (SQLite kept only a wall clock) or from the sha alone: git's
+        # time replaces it; written only then, so a commit met again takes no row lock
+        row.committed_at, row.committed_offset_min = info.committed_at, info.committed_offset_min
+        session.flush()
+    return row
 
 
 def get_commits(session: Session, repository: Repository, infos: Iterable[CommitInfo]) -> dict[str, Commit]:

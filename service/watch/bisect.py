@@ -28,15 +28,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from abwatch.builders.repo import RepoMirror
+from abwatch.builders.repo import RepoError, RepoMirror
+from abwatch.builders.spec import CommitInfo, storable
 from abwatch.service import stats
-from abwatch.service.compare import compile_time, driver, instructions, outcome
+from abwatch.service.compare import compile_time, driver, instructions, lifecycle, outcome
 from abwatch.service.notify import alerts, github
 from abwatch.service.config import Config
 from abwatch.service.stats.verdict import Metric, RegressionKind
-from abwatch.service.store.models import BisectionStep, Regression, RunType, StepSide, StepVerdict
+from abwatch.service.store.models import (
+    BisectionStep, Commit, Regression, Repository, RunType, StepSide, StepVerdict,
+)
 from abwatch.service.store.rows import get_commit, get_repository
 
 BAD, GOOD, SKIP = StepSide.BAD.value, StepSide.GOOD.value, StepSide.SKIP.value
@@ -155,10 +159,14 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         middle = (part.lo + part.hi) / 2
         mid = min(candidates, key=lambda i: (abs(i - middle), i))
         sha = commits[mid]
-        commit = get_commit(session, repository, mirror.resolve(sha))
+        commit, unreadable = commit_row(session, repository, mirror, sha)
         found = _stored_steps(session, [by_name[name] for name in part.names], commit.id)
         if found is not None:  # stepped before this process was killed: the verdict is kept
             progress.message(f"  {sha[:12]}: judged already (stored steps); not compared again")
+        elif unreadable:  # no comparison can store it: skipped like a broken build
+            progress.message(f"  {sha[:12]}: skip (cannot be read or stored: {unreadable})")
+            found = _skip_unreadable(session, [by_name[name] for name in sorted(part.names)], positions,
+                                     commit, unreadable)
         else:
             found, deciding, step_run = _judge(part.names, sha, good, bad, compare, judge)
             builds += sum(1 for b in step_run.builds if not b.cached)
@@ -223,6 +231,21 @@ def _judge(names: set[str], sha: str, good: str, bad: str,
     return found, deciding, result
 
 
+def _skip_unreadable(session: Session, regressions: list[Regression], positions: dict[int, int], commit: Commit,
+                     why: str) -> dict[str, tuple]:
+    """A skip step (no run) on each of ``regressions`` for a commit no comparison can store, and a
+    note saying why; the sides, as :func:`_sides` gives them."""
+    for regression in regressions:
+        session.add(BisectionStep(regression_id=regression.id, position=positions[regression.id],
+                                  commit_id=commit.id, run_id=None, verdict=StepVerdict.FAILED,
+                                  side=StepSide.SKIP, change_pct=None))
+        positions[regression.id] += 1
+        lifecycle.note(session, regression, None,
+                       f"bisection skipped {commit.sha[:12]}: it cannot be read or stored ({why})")
+    session.commit()
+    return {r.workload.name: (SKIP, StepVerdict.FAILED.value, None) for r in regressions}
+
+
 def _stored_steps(session: Session, regressions: list[Regression],
                   commit_id: int) -> dict[str, tuple] | None:
     """The sides stored for ``commit_id`` by an earlier bisection of ``regressions`` (one that
@@ -242,10 +265,25 @@ def _stored_steps(session: Session, regressions: list[Regression],
     return found
 
 
+def commit_row(session: Session, repository: Repository, mirror: RepoMirror, sha: str) -> tuple[Commit, str | None]:
+    """The row of commit ``sha``, and why it could not be read or stored whole (None when it could).
+
+    A commit git accepts may still be one no database or Python date can hold (a time past
+    year 9999, say): it is stored by its sha alone, and the caller skips it.
+    """
+    try:
+        with session.begin_nested():
+            return get_commit(session, repository, mirror.resolve(sha)), None
+    except (RepoError, ValueError, OverflowError, SQLAlchemyError) as exc:
+        reason = storable(f"{type(exc).__name__}: {exc}", 500)
+    with session.begin_nested():
+        return get_commit(session, repository, CommitInfo(sha=sha, summary="", author="", committed_at=None)), reason
+
+
 def name_culprit(session: Session, regressions: list[Regression], mirror: RepoMirror, sha: str) -> None:
     """Store ``sha`` as the culprit of ``regressions`` and group them with others of the same culprit."""
     repository = get_repository(session, regressions[0].control_commit.repository.url)
-    commit = get_commit(session, repository, mirror.resolve(sha))
+    commit, _ = commit_row(session, repository, mirror, sha)
     for regression in regressions:
         regression.culprit_commit = commit
     session.flush()

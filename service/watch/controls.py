@@ -32,8 +32,11 @@ from abwatch.service.stats.verdict import Metric, RegressionKind, RegressionStat
 
 
 
-def week_start(moment: datetime) -> datetime:
-    """Monday 00:00 UTC of ``moment``'s week (a naive ``moment``, as SQLite returns it, is UTC)."""
+def week_start(moment: datetime | None) -> datetime | None:
+    """Monday 00:00 UTC of ``moment``'s week (a naive ``moment``, as SQLite returns it, is UTC);
+    None for a commit without a time."""
+    if moment is None:
+        return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     day = moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -130,11 +133,11 @@ class WeekStart(ControlRule):
     name = "week-start"
 
     def pick(self, mirror: RepoMirror, info: CommitInfo, tested: Iterable[str]) -> str | None:
-        # commit times from git, not the database: SQLite keeps a time's wall clock without its offset
-        monday = week_start(mirror.repo.commit(info.sha).committed_datetime)
+        # commit times from the commit objects (RepoMirror.committed_at: before 1970 and any offset too)
+        monday = week_start(mirror.committed_at(info.sha))
         newest, earliest_this_week = None, None
         for sha in tested:  # newest first
-            in_week = week_start(mirror.repo.commit(sha).committed_datetime) == monday
+            in_week = week_start(mirror.committed_at(sha)) == monday
             if sha == info.sha or (newest is not None and not in_week):
                 continue  # (asks git only about commits that could still be picked)
             if not mirror.is_ancestor(sha, info.sha):

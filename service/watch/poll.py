@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.service.compare import driver, lifecycle, outcome
 from abwatch.service.notify import alerts, github
-from abwatch.service.watch import bisect, queue
+from abwatch.service.watch import bisect, queue, upkeep
 from abwatch.service.config import Config
 from abwatch.service.watch.controls import control_rule
 from abwatch.service.store.models import (
@@ -119,6 +119,9 @@ def _new_commits(mirror: RepoMirror, config: Config, row: WatchProgress, head: s
         if merge_base is None:  # nothing in common (or the old head is gone): never replay all history
             return [head]
         base = merge_base
+        # seen up to the fork point, which is on the branch: the warning is said once per force-push,
+        # also when nothing new is taken up (the branch reset to an older commit, or `step` skips it)
+        row.last_seen_sha = merge_base
     if nightly:
         return [head]
     new = mirror.first_parents(base, head)
@@ -146,6 +149,9 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
         if new:
             row.last_seen_sha = new[-1] if not nightly else head.sha
         row.updated_at = utcnow()
+        session.commit()
+        upkeep.clear_departed(session, mirror, row, head.sha, report.messages)  # culprits a force-push took off
+        upkeep.resume_unfinished(session, config, row, report.messages)
         session.commit()
     return report
 
