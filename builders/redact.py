@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from collections.abc import Iterable
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 MASK = "***"
 # Query parameters that carry a credential (GitLab's private_token, S3 signatures, ...).
@@ -59,3 +61,60 @@ def redact_endpoint(url: str) -> str:
     digest = hashlib.sha256(url.encode()).hexdigest()[:8]
     scheme = parts.scheme if parts is not None and parts.scheme else "url"
     return f"{scheme}://{host}{port}/\u2026#{digest}"
+
+
+# The variables whose values are secrets wherever abwatch runs; a config adds the ones it names
+# (server.token_env, alerts.secret_env, [github] token_env, env: webhooks): register_secrets.
+SECRET_VARS = ("ABWATCH_DATABASE_URL", "ABWATCH_API_TOKEN", "ABWATCH_ALERT_SECRET", "GITHUB_TOKEN",
+               "ABWATCH_READONLY_PASSWORD")
+MIN_SECRET = 4  # a shorter value would mask ordinary text all over a log
+_names: set[str] = set(SECRET_VARS)
+_values: set[str] = set()
+_cache: tuple[tuple, list[str]] = ((), [])
+
+
+def register_secrets(names: Iterable[str] = (), values: Iterable[str] = ()) -> None:
+    """Mask the values of the environment variables ``names`` and the strings ``values`` (a
+    ``--db`` URL) from now on, wherever :func:`mask_secrets` is applied."""
+    global _cache
+    _names.update(n for n in names if n)
+    for value in values:
+        _values.update(_forms(value))
+    _cache = ((), [])
+
+
+def _forms(value: str) -> set[str]:
+    """The strings that give ``value`` away: itself, or a URL's password; and their URL-encodings."""
+    found = {value}
+    try:
+        parts = urlsplit(value)
+        password = parts.password if parts.scheme and "@" in parts.netloc else None
+    except ValueError:
+        password = None
+    if password:  # a database URL: the password is the secret, not the host or the user
+        found = {password, unquote(password)}
+    found |= {quote(v, safe="") for v in list(found)}
+    return {v for v in found if len(v) >= MIN_SECRET}
+
+
+def secret_values() -> list[str]:
+    """Every secret value this process knows, longest first (so a longer one is masked whole)."""
+    global _cache
+    key = (tuple(sorted(_names)), tuple(os.environ.get(name) for name in sorted(_names)), len(_values))
+    if _cache[0] != key:
+        found = set(_values)
+        for name in _names:
+            value = os.environ.get(name)
+            if value:
+                found |= _forms(value)
+        _cache = (key, sorted(found, key=len, reverse=True))
+    return _cache[1]
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with every known secret value replaced by ``***`` (as CI systems mask secrets in
+    logs): build logs, workload output and error texts pass here before they are stored or shown."""
+    for value in secret_values():
+        if value in text:
+            text = text.replace(value, MASK)
+    return text
