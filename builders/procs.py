@@ -21,7 +21,9 @@ This module imports nothing from abwatch, so builders and runners can use it fre
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,10 +147,23 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
     with contextlib.ExitStack() as stack:
         tmpdir = None
         if sandbox is not None and sandbox.active:  # a private, writable TMPDIR, removed after the child
+            _startable(argv[0], cwd, env)  # as Popen would say, not as bwrap's exit status
             tmpdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="abwatch-tmp-", ignore_cleanup_errors=True))
             argv = sandbox.wrap(argv, cwd, tmpdir)
         return _run(argv, cwd, env, timeout_s, merge_stderr, max_output,
                     keep if keep is not None else max_output or KEEP_BYTES)
+
+
+def _startable(program: str, cwd: Path | str | None, env: Mapping[str, str]) -> None:
+    """Raise the ``OSError`` that starting ``program`` outside the sandbox would raise."""
+    if os.sep in program:
+        path = os.path.join(cwd or ".", program)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        if not os.access(path, os.X_OK) or os.path.isdir(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
 
 
 def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], timeout_s: float,
