@@ -73,26 +73,27 @@ _values: set[str] = set()
 _cache: tuple[tuple, list[str]] = ((), [])
 
 
-def register_secrets(names: Iterable[str] = (), values: Iterable[str] = ()) -> None:
-    """Mask the values of the environment variables ``names`` and the strings ``values`` (a
+def register_secrets(names: Iterable[str] = (), urls: Iterable[str] = ()) -> None:
+    """Mask the values of the environment variables ``names`` and the passwords of ``urls`` (a
     ``--db`` URL) from now on, wherever :func:`mask_secrets` is applied."""
     global _cache
     _names.update(n for n in names if n)
-    for value in values:
-        _values.update(_forms(value))
+    for url in urls:
+        _values.update(_forms(url, whole=False))
     _cache = ((), [])
 
 
-def _forms(value: str) -> set[str]:
-    """The strings that give ``value`` away: itself, or a URL's password; and their URL-encodings."""
-    found = {value}
+def _forms(value: str, whole: bool = True) -> set[str]:
+    """The strings that give ``value`` away: itself (``whole``; a webhook URL is all secret) and,
+    for a URL, its password; each also URL-encoded."""
+    found = {value} if whole else set()
     try:
         parts = urlsplit(value)
         password = parts.password if parts.scheme and "@" in parts.netloc else None
     except ValueError:
         password = None
-    if password:  # a database URL: the password is the secret, not the host or the user
-        found = {password, unquote(password)}
+    if password:  # a database URL: the password is what matters, and it may be printed alone
+        found |= {password, unquote(password)}
     found |= {quote(v, safe="") for v in list(found)}
     return {v for v in found if len(v) >= MIN_SECRET}
 

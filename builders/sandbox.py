@@ -57,6 +57,7 @@ class Policy:
     bwrap: str = "bwrap"
     network: bool = False  # for workloads; builds always have it
     hidden: tuple[str, ...] = ()
+    writable: tuple[str, ...] = ()  # [sandbox] writable: for every child
 
 
 _BASE = ["--die-with-parent", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY, "--unshare-pid",
@@ -115,7 +116,7 @@ def configure(settings: SandboxConfig, hide: Iterable[str | os.PathLike] = ()) -
         return (f"WARNING: no sandbox for code under test: {missing}. Builds and workloads run "
                 "unsandboxed and can read abwatch's environment and memory (its secrets) through /proc")
     _policy = Policy(enabled=True, bwrap=shutil.which(settings.bwrap) or settings.bwrap, network=settings.network,
-                     hidden=hidden)
+                     hidden=hidden, writable=tuple(os.path.expanduser(p) for p in settings.writable))
     return None
 
 
@@ -155,8 +156,8 @@ class Sandbox:
         for path in _hidden(rules.hidden):
             args += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
         # after the hidden ones: a writable path under a hidden directory is there again
-        for path in (*self.writable, *([tmpdir] if tmpdir else [])):
-            real = os.path.realpath(path)
+        for writable in (*rules.writable, *self.writable, *([tmpdir] if tmpdir else [])):
+            real = os.path.realpath(writable)
             if os.path.exists(real):
                 args += ["--bind", real, real]
         if tmpdir:

@@ -404,6 +404,8 @@ class SandboxConfig(StrictModel):
     network: bool = Field(default=False, description="workloads get the network (builds always do)")
     hide: list[str] = Field(default_factory=list, description="more host paths code under test must not "
                             "see (files or directories; ~ and * are expanded)")
+    writable: list[str] = Field(default_factory=list, description="host paths code under test may also "
+                                "write (e.g. a directory a workload leaves its results in)")
     bwrap: str = Field(default="bwrap", min_length=1, description="the bubblewrap program")
 
 

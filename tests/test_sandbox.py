@@ -293,3 +293,16 @@ def test_configure_hides_the_config_file_and_the_listed_paths(tmp_path):
     finally:
         sandbox.reset()
     assert "done" in result.stdout and "c0nfig" not in result.stdout and "k3y" not in result.stdout, result.stdout
+
+
+def test_known_secrets_are_masked_in_any_form_and_nothing_else_is(monkeypatch):
+    from abwatch.builders import redact
+
+    monkeypatch.setenv("ABWATCH_DATABASE_URL", "postgresql://abwatch:p%40ss-word9@db/abwatch")
+    monkeypatch.setenv("MY_HOOK", "https://hooks.example.com/services/T0/B0/XYZsecret")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_abc123")
+    redact.register_secrets(["MY_HOOK"], ["sqlite:////tmp/x.db", "postgresql://u:cli-pass-77@h/d"])
+    text = ("pw p@ss-word9 / p%40ss-word9; hook https://hooks.example.com/services/T0/B0/XYZsecret; "
+            "token ghp_abc123; cli cli-pass-77; db sqlite:////tmp/x.db")
+    masked = redact.mask_secrets(text)
+    assert masked == "pw *** / ***; hook ***; token ***; cli ***; db sqlite:////tmp/x.db", masked
