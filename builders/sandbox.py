@@ -13,8 +13,8 @@ who can push has written. :func:`procs.run_process` and the TVM worker start the
   files, ``[sandbox] hide``);
 * for workloads, their own network namespace (no network at all, loopback included) unless
   ``[sandbox] network = true``; builds keep the network (pip needs its index);
-* ``--die-with-parent``: nothing of it outlives abwatch, and when its first process ends the
-  PID namespace goes with every process left in it.
+* ``--die-with-parent`` (children waited for): nothing of it outlives abwatch; and when its
+  first process ends, the PID namespace goes with every process left in it.
 
 The policy is set once per process by :func:`configure` (the service does it at start, from
 the config's ``[sandbox]`` section). Where ``bwrap`` is missing or cannot make namespaces
@@ -60,7 +60,7 @@ class Policy:
     writable: tuple[str, ...] = ()  # [sandbox] writable: for every child
 
 
-_BASE = ["--die-with-parent", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY, "--unshare-pid",
+_BASE = ["--unshare-user", "--uid", NOBODY, "--gid", NOBODY, "--unshare-pid",
          "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
 
 
@@ -141,14 +141,20 @@ class Sandbox:
         """Whether children started through this are sandboxed (the host can, and it is on)."""
         return policy().enabled
 
-    def wrap(self, argv: Iterable[str], cwd: Path | str | None, tmpdir: Path | str | None) -> list[str]:
+    def wrap(self, argv: Iterable[str], cwd: Path | str | None, tmpdir: Path | str | None,
+             die_with_parent: bool = True) -> list[str]:
         """``argv`` as run in the sandbox (unchanged where the policy is off), in ``cwd``, with
-        ``tmpdir`` (a directory the caller made and removes) as its writable ``TMPDIR``."""
+        ``tmpdir`` (a directory the caller made and removes) as its writable ``TMPDIR``.
+
+        ``die_with_parent``: killed when the *thread* that starts it ends (the kernel's parent
+        death signal follows the thread): right for a child its caller waits for, wrong for a
+        long-lived one another thread may use later (a fork server)."""
         rules = policy()
         if not rules.enabled:
             return list(argv)
         network = rules.network if self.network is None else self.network
-        args = [rules.bwrap, *_BASE, *([] if network else ["--unshare-net"]),
+        args = [rules.bwrap, *_BASE, *(["--die-with-parent"] if die_with_parent else []),
+                *([] if network else ["--unshare-net"]),
                 "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
         if self.gpu:  # CUDA needs its device nodes; --dev makes only the harmless ones
             for node in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):

@@ -66,7 +66,8 @@ class Worker:
         self._tmp = (tempfile.TemporaryDirectory(prefix="abwatch-tmp-", ignore_cleanup_errors=True)
                      if sandbox.active else None)
         if self._tmp is not None:
-            argv = sandbox.wrap(argv, None, self._tmp.name)
+            # not killed with the thread that started it: a fork server serves later threads
+            argv = sandbox.wrap(argv, None, self._tmp.name, die_with_parent=False)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         # the three pipes were asked for above, so they are there

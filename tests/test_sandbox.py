@@ -306,3 +306,49 @@ def test_known_secrets_are_masked_in_any_form_and_nothing_else_is(monkeypatch):
             "token ghp_abc123; cli cli-pass-77; db sqlite:////tmp/x.db")
     masked = redact.mask_secrets(text)
     assert masked == "pw *** / ***; hook ***; token ***; cli ***; db sqlite:////tmp/x.db", masked
+
+
+def test_a_script_workload_finds_no_secret_either(tmp_path, fresh_pg_url, tvm_cache):
+    """A ``script:`` workload's ``workload()`` runs in the TVM harness worker (the build's Python,
+    sandboxed): the probe runs there, and its findings come back as the workload's error."""
+    _host_can_sandbox()
+    reversed_secrets = {name: value[::-1] for name, value in ALL_SECRETS.items()}
+    config = tmp_path / "tvm.toml"
+    probe = PROBE.replace("__SECRETS__", repr(reversed_secrets)).replace("__CONFIG__", repr(str(config)))
+    (tmp_path / "probe_script.py").write_text(f'''import contextlib, io, sys
+PROBE = {probe!r}
+
+def workload(**options):
+    found = io.StringIO()
+    sys.argv = ["probe", "script", "0"]
+    with contextlib.redirect_stderr(found):
+        try:
+            exec(PROBE, {{"__name__": "probe"}})
+        except SystemExit:
+            pass
+    raise RuntimeError(found.getvalue()[-3000:])
+''')
+    config.write_text(f"""# {CONFIG_CANARY}
+cache_dir = {json.dumps(str(tvm_cache))}
+[build]
+kind = "tvm-wheel"
+[runner]
+threads = 1
+[run]
+repetitions = 2
+max_repetitions = 2
+compile_repetitions = 0
+noise_aware = false
+[[workloads]]
+name = "probe"
+kind = "tvm"
+model = "script:{tmp_path / 'probe_script.py'}"
+""")
+    url = _with_password(fresh_pg_url)
+    run = _abwatch(["compare", "--config", str(config), "--control", "0.27.0.post1", "--treatment", "0.27.0.post1"],
+                   url)
+    assert run.returncode == 4, run.stderr[-3000:]
+    stored = _stored_text(fresh_pg_url)
+    assert "PROBE-FOUND script: []" in stored, stored[-3000:]
+    assert "uid 65534" in stored and "LEAK" not in stored
+    assert not _leaks(stored + run.stdout + run.stderr)
