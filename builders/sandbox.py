@@ -164,8 +164,8 @@ class Sandbox:
         # after the hidden ones: a writable path under a hidden directory is there again
         for writable in (*rules.writable, *self.writable, *([tmpdir] if tmpdir else [])):
             real = os.path.realpath(writable)
-            if os.path.exists(real):
-                args += ["--bind", real, real]
+            os.makedirs(real, exist_ok=True)  # a directory the child is to make (ccache's) is bound too
+            args += ["--bind", real, real]
         if tmpdir:
             args += ["--setenv", "TMPDIR", os.path.realpath(tmpdir)]
         if cwd is not None:
