@@ -68,8 +68,13 @@ class Worker:
         if self._tmp is not None:
             # not killed with the thread that started it: a fork server serves later threads
             argv = sandbox.wrap(argv, None, self._tmp.name, die_with_parent=False)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        except OSError:
+            if self._tmp is not None:
+                self._tmp.cleanup()
+            raise
         # the three pipes were asked for above, so they are there
         assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
         self.stdin, self.stdout, self.stderr_pipe = self.proc.stdin, self.proc.stdout, self.proc.stderr
