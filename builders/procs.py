@@ -126,7 +126,7 @@ def cut_log(text: str, limit: int, cut_bytes: int = 0) -> str:
     (``cut_bytes``: what :func:`run_process` already left out)."""
     if len(text) <= limit and not cut_bytes:
         return text
-    tail = text[-limit:]
+    tail = mask_secrets(text[-limit:], cut=True)  # it may start inside a secret
     lost = cut_bytes + len(text.encode("utf-8", "replace")) - len(tail.encode("utf-8", "replace"))
     return f"[abwatch: log cut: its first {lost} bytes are not kept; the last {len(tail)} characters follow]\n{tail}"
 
@@ -212,7 +212,8 @@ def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], ti
             stream.close()  # ours; a reader still blocked on it stops (ValueError, handled there)
     # build logs are stored: NUL and invalid UTF-8 in a child's output must not fail the row,
     # and a secret the child found (or was given) must not be stored or shown
-    text = {name: mask_secrets(storable(tail.data(), sys.maxsize)) for name, tail in tails.items()}
+    kept = {name: tail.data() for name, tail in tails.items()}
+    text = {name: mask_secrets(storable(data, sys.maxsize), cut=tails[name].cut > 0) for name, data in kept.items()}
     return ProcessResult(None if timed_out or overflowed else proc.returncode, text["stdout"],
                          text.get("stderr", ""), time.monotonic() - start, timed_out, overflowed,
                          tails["stdout"].cut)

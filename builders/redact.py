@@ -112,9 +112,17 @@ def secret_values() -> list[str]:
     return _cache[1]
 
 
-def mask_secrets(text: str) -> str:
+def mask_secrets(text: str, cut: bool = False) -> str:
     """``text`` with every known secret value replaced by ``***`` (as CI systems mask secrets in
-    logs): build logs, workload output and error texts pass here before they are stored or shown."""
+    logs): build logs, workload output and error texts pass here before they are stored or shown.
+    ``cut``: ``text`` is the tail of something longer, so it may start inside a secret; that
+    secret's end is masked too."""
+    if cut:
+        for value in secret_values():
+            end = next((k for k in range(len(value) - 1, MIN_SECRET - 1, -1) if text.startswith(value[-k:])), 0)
+            if end:
+                text = MASK + text[end:]
+                break
     for value in secret_values():
         if value in text:
             text = text.replace(value, MASK)

@@ -352,3 +352,17 @@ model = "script:{tmp_path / 'probe_script.py'}"
     assert "PROBE-FOUND script: []" in stored, stored[-3000:]
     assert "uid 65534" in stored and "LEAK" not in stored
     assert not _leaks(stored + run.stdout + run.stderr)
+
+
+def test_a_log_cut_inside_a_secret_shows_none_of_it(monkeypatch, tmp_path):
+    from abwatch.builders.procs import cut_log
+
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_0123456789abcdef")
+    log = "x" * 100 + "token ghp_0123456789abcdef\nend\n"
+    tail = cut_log(log, len("6789abcdef\nend\n"))  # the cut falls inside the token
+    assert tail.endswith("***\nend\n") and "6789" not in tail, tail
+    # and where run_process itself keeps only a tail
+    script = "import sys; sys.stdout.write('y' * 100000 + 'ghp_0123456789abcdef' + 'z' * 10)"
+    result = run_process([sys.executable, "-c", script], cwd=tmp_path, env=child_env(), timeout_s=60,
+                         sandbox=None, keep=16)
+    assert result.stdout == "***" + "z" * 10 and result.cut == 100000 + 14, result
