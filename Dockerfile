@@ -3,7 +3,7 @@
 # through the `source` extra). Used by docker-compose.yml for `abwatch watch` and `abwatch worker`.
 FROM python:3.11-slim-trixie
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        git ca-certificates gcc g++ libc6-dev make valgrind \
+        git ca-certificates gcc g++ libc6-dev make valgrind bubblewrap \
         llvm-19-dev zlib1g-dev libzstd-dev libxml2-dev libedit-dev libtinfo-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app

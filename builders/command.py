@@ -10,8 +10,9 @@ from pathlib import Path
 
 from abwatch.builders.base import Artifact, Builder, BuildFailed, repo_url, section
 from abwatch.builders.cache import ArtifactCache
-from abwatch.builders.procs import child_env, run_process
+from abwatch.builders.procs import child_env, cut_log, run_process
 from abwatch.builders.repo import RepoMirror, remove_stale_checkouts
+from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import BuildSettings, CommandBuildConfig, CommitInfo
 
 LOG_LIMIT = 200_000  # characters of build output kept in the database
@@ -61,14 +62,15 @@ class CommandBuilder(Builder):
         env = child_env(self.config.env, {"ABWATCH_COMMIT": sha})
         try:
             # An argument list, never a shell string: config values are not parsed by a shell.
-            proc = run_process(self.config.command, cwd=checkout, env=env,
-                               timeout_s=self.config.timeout_s, merge_stderr=True)
+            # sandboxed: the checkout is all it may write; the network stays (package indexes)
+            proc = run_process(self.config.command, cwd=checkout, env=env, timeout_s=self.config.timeout_s,
+                               merge_stderr=True, sandbox=Sandbox(writable=(checkout,), network=True))
         except OSError as exc:
             raise BuildFailed(
                 f"build of {sha[:12]} could not start {self.config.command[0]!r}: {exc.strerror}",
                 str(exc), 0.0,
             ) from None
-        log = proc.stdout[-LOG_LIMIT:]
+        log = cut_log(proc.stdout, LOG_LIMIT, proc.cut)
         if proc.timed_out:
             raise BuildFailed(f"build of {sha[:12]} timed out after {self.config.timeout_s:g}s",
                               log, proc.wall_s)

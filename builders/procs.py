@@ -9,7 +9,11 @@ Everything abwatch runs on behalf of the code under test goes through :func:`run
 * the child starts in its own session (process group), and a timeout kills the group and
   every descendant still attached to it;
 * output is read by threads, so a descendant that keeps stdout open after the timeout
-  cannot hold the caller: reading stops at the limit, whatever is still open.
+  cannot hold the caller: reading stops at the limit, whatever is still open;
+* only a bounded tail of each stream is held (``keep`` bytes): a build that prints a
+  gigabyte costs abwatch a few megabytes, and the result says how much was cut;
+* the child runs in the sandbox its caller names (:mod:`abwatch.builders.sandbox`), and
+  every known secret's value is masked in what it printed (:func:`~abwatch.builders.redact.mask_secrets`).
 
 This module imports nothing from abwatch, so builders and runners can use it freely.
 """
@@ -17,19 +21,25 @@ This module imports nothing from abwatch, so builders and runners can use it fre
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping, Sequence
 
 import psutil
 
+from abwatch.builders.redact import mask_secrets
+from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import storable
 
 POLL_S = 0.1  # how often a running child is checked for its limits
@@ -47,6 +57,7 @@ SAFE_ENV = frozenset({
 })
 SAFE_ENV_PREFIXES = ("LC_",)
 GRACE_S = 2.0  # how long the reader threads may still take after the child is killed
+KEEP_BYTES = 4 * 2**20  # the tail of a stream held when the caller sets no max_output
 
 
 def child_env(*extra: Mapping[str, str]) -> dict[str, str]:
@@ -107,17 +118,56 @@ class ProcessResult:
     wall_s: float
     timed_out: bool
     overflowed: bool = False  # killed for printing more than max_output bytes on one stream
+    cut: int = 0  # bytes of stdout not kept (only its last ``keep`` bytes are)
 
 
-def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str, str],
-                timeout_s: float, merge_stderr: bool = False, max_output: int | None = None) -> ProcessResult:
+def cut_log(text: str, limit: int, cut_bytes: int = 0) -> str:
+    """The last ``limit`` characters of a log, marked at its start when anything was cut
+    (``cut_bytes``: what :func:`run_process` already left out)."""
+    if len(text) <= limit and not cut_bytes:
+        return text
+    tail = mask_secrets(text[-limit:], cut=True)  # it may start inside a secret
+    lost = cut_bytes + len(text.encode("utf-8", "replace")) - len(tail.encode("utf-8", "replace"))
+    return f"[abwatch: log cut: its first {lost} bytes are not kept; the last {len(tail)} characters follow]\n{tail}"
+
+
+def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str, str], timeout_s: float,
+                sandbox: Sandbox | None, merge_stderr: bool = False, max_output: int | None = None,
+                keep: int | None = None) -> ProcessResult:
     """Run ``argv`` (an argument list, never a shell string) for at most ``timeout_s`` seconds.
 
-    Raises ``OSError`` when the program cannot be started. With ``merge_stderr`` the
-    child's stderr goes into ``stdout`` (build logs keep the order of both). With
-    ``max_output``, a stream that passes that many bytes is read no further and the whole
-    process tree is killed (``overflowed``): what it printed is never held whole in memory.
+    Raises ``OSError`` when the program cannot be started. ``sandbox``: what the child may
+    touch (``None`` only for abwatch's own tools, never for code under test). With
+    ``merge_stderr`` the child's stderr goes into ``stdout`` (build logs keep the order of
+    both). With ``max_output``, a stream that passes that many bytes is read no further and
+    the whole process tree is killed (``overflowed``). Of each stream only the last ``keep``
+    bytes are held (default ``max_output``, else :data:`KEEP_BYTES`); ``cut`` says how many
+    bytes of stdout were left out before them.
     """
+    with contextlib.ExitStack() as stack:
+        tmpdir = None
+        if sandbox is not None and sandbox.active:  # a private, writable TMPDIR, removed after the child
+            _startable(argv[0], cwd, env)  # as Popen would say, not as bwrap's exit status
+            tmpdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="abwatch-tmp-", ignore_cleanup_errors=True))
+            argv = sandbox.wrap(argv, cwd, tmpdir)
+        return _run(argv, cwd, env, timeout_s, merge_stderr, max_output,
+                    keep if keep is not None else max_output or KEEP_BYTES)
+
+
+def _startable(program: str, cwd: Path | str | None, env: Mapping[str, str]) -> None:
+    """Raise the ``OSError`` that starting ``program`` outside the sandbox would raise."""
+    if os.sep in program:
+        path = os.path.join(cwd or ".", program)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        if not os.access(path, os.X_OK) or os.path.isdir(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], timeout_s: float,
+         merge_stderr: bool, max_output: int | None, keep: int) -> ProcessResult:
     start = time.monotonic()
     tag = uuid.uuid4().hex
     proc = subprocess.Popen(
@@ -125,9 +175,9 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, start_new_session=True,
     )
     streams = {"stdout": proc.stdout} if merge_stderr else {"stdout": proc.stdout, "stderr": proc.stderr}
-    chunks: dict[str, list[bytes]] = {name: [] for name in streams}
+    tails = {name: _Tail(keep) for name in streams}
     overflow = threading.Event()
-    readers = [threading.Thread(target=_read_all, args=(stream, chunks[name], max_output, overflow), daemon=True)
+    readers = [threading.Thread(target=_read_all, args=(stream, tails[name], max_output, overflow), daemon=True)
                for name, stream in streams.items()]
     for reader in readers:
         reader.start()
@@ -160,13 +210,42 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
     for stream in streams.values():
         if stream is not None:
             stream.close()  # ours; a reader still blocked on it stops (ValueError, handled there)
-    # build logs are stored: NUL and invalid UTF-8 in a child's output must not fail the row
-    text = {name: storable(b"".join(parts), sys.maxsize) for name, parts in chunks.items()}
+    # build logs are stored: NUL and invalid UTF-8 in a child's output must not fail the row,
+    # and a secret the child found (or was given) must not be stored or shown
+    kept = {name: tail.data() for name, tail in tails.items()}
+    text = {name: mask_secrets(storable(data, sys.maxsize), cut=tails[name].cut > 0) for name, data in kept.items()}
     return ProcessResult(None if timed_out or overflowed else proc.returncode, text["stdout"],
-                         text.get("stderr", ""), time.monotonic() - start, timed_out, overflowed)
+                         text.get("stderr", ""), time.monotonic() - start, timed_out, overflowed,
+                         tails["stdout"].cut)
 
 
-def _read_all(stream, into: list[bytes], limit: int | None, overflow: threading.Event) -> None:
+class _Tail:
+    """The last ``keep`` bytes of a stream, held as a queue of the blocks read (a block more at most)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep, self.size, self.cut = keep, 0, 0
+        self.blocks: deque[bytes] = deque()
+        self.lock = threading.Lock()  # a reader left running past the limit may still add
+
+    def add(self, block: bytes) -> None:
+        with self.lock:
+            self.blocks.append(block)
+            self.size += len(block)
+            while self.size - len(self.blocks[0]) >= self.keep:  # the rest still holds keep bytes
+                self.size -= len(self.blocks[0])
+                self.cut += len(self.blocks.popleft())
+
+    def data(self) -> bytes:
+        with self.lock:
+            data = b"".join(self.blocks)
+            extra = max(0, len(data) - self.keep)
+            self.cut += extra
+            self.blocks.clear()
+            self.size = 0
+            return data[extra:]
+
+
+def _read_all(stream, into: _Tail, limit: int | None, overflow: threading.Event) -> None:
     size = 0
     try:
         for block in iter(lambda: stream.read1(65536), b""):
@@ -174,6 +253,6 @@ def _read_all(stream, into: list[bytes], limit: int | None, overflow: threading.
             if limit is not None and size > limit:
                 overflow.set()  # the caller kills the tree; nothing more is kept
                 return
-            into.append(block)
+            into.add(block)
     except (OSError, ValueError):  # closed under us after the limit
         pass

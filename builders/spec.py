@@ -428,6 +428,21 @@ class RunnerConfig(StrictModel):
         return self
 
 
+class SandboxConfig(StrictModel):
+    """``[sandbox]``: how code under test (builds, workloads, TVM workers) is confined
+    (:mod:`abwatch.builders.sandbox`)."""
+
+    mode: Literal["auto", "on", "off"] = Field(
+        default="auto", description="auto: sandbox where the host can, else warn at start; on: refuse "
+        "to run without one; off: no sandbox (warned at start)")
+    network: bool = Field(default=False, description="workloads get the network (builds always do)")
+    hide: list[str] = Field(default_factory=list, description="more host paths code under test must not "
+                            "see (files or directories; ~ and * are expanded)")
+    writable: list[str] = Field(default_factory=list, description="host paths code under test may also "
+                                "write (e.g. a directory a workload leaves its results in)")
+    bwrap: str = Field(default="bwrap", min_length=1, description="the bubblewrap program")
+
+
 class BuildSettings(Protocol):
     """What a builder reads of the configuration (the whole ``Config`` has it)."""
 

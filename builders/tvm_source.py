@@ -31,8 +31,9 @@ from pathlib import Path
 from abwatch.builders.base import Artifact, Builder, BuildFailed, failure_lines, repo_url, section
 from abwatch.builders.cache import ArtifactCache, flocked
 from abwatch.builders.environment import build_environment, build_python
-from abwatch.builders.procs import child_env, run_process
+from abwatch.builders.procs import child_env, cut_log, run_process
 from abwatch.builders.repo import RepoMirror
+from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmSourceBuildConfig
 from abwatch.builders.tvm_ffi import FfiState, Step, ffi_state, install_package, package_settings, \
     update_submodules
@@ -97,10 +98,10 @@ class TvmSourceBuilder(Builder):
                 metrics = self._checkout_and_build(sha, log)
                 path = self._store(key, sha, log)
             except BuildFailed as exc:
-                raise BuildFailed(str(exc), "".join(log)[-LOG_LIMIT:], time.monotonic() - start) from None
+                raise BuildFailed(str(exc), cut_log("".join(log), LOG_LIMIT), time.monotonic() - start) from None
         self.cache.evict(int(self.config.cache_limit_gb * 2**30), keep={key})
         metrics["duration_s"] = time.monotonic() - start
-        return Artifact(key=key, path=path, cached=False, log="".join(log)[-LOG_LIMIT:],
+        return Artifact(key=key, path=path, cached=False, log=cut_log("".join(log), LOG_LIMIT),
                         duration_s=metrics["duration_s"], metrics=metrics)
 
     def _workspace_lock(self):
@@ -112,11 +113,13 @@ class TvmSourceBuilder(Builder):
         log.append(f"$ {' '.join(argv)}\n")
         timeout = max(1.0, (deadline or time.monotonic() + self.config.timeout_s) - time.monotonic())
         try:
+            # sandboxed: the workspaces, their venvs and ccache are what it may write
             proc = run_process(argv, cwd=cwd, env=env if env is not None else child_env(self.config.env),
-                               timeout_s=timeout, merge_stderr=True)
+                               timeout_s=timeout, merge_stderr=True,
+                               sandbox=Sandbox(writable=(self.workspace.parent, self.ccache_dir), network=True))
         except OSError as exc:
             raise BuildFailed(f"{what}: cannot run {argv[0]}: {exc.strerror}", "", 0.0) from None
-        log.append(proc.stdout)
+        log.append(cut_log(proc.stdout, LOG_LIMIT, proc.cut))
         if proc.timed_out:
             raise BuildFailed(f"{what} timed out", "", 0.0)
         if proc.returncode != 0:
@@ -263,8 +266,8 @@ class TvmSourceBuilder(Builder):
         env = child_env(self.config.env, build_environment(staging))
         argv = [str(build_python(staging)), "-c", CHECK, self.config.check_import, "1" if compiles else ""]
         log.append(f"$ {' '.join(argv[:2])} <post-build check: import {self.config.check_import}>\n")
-        proc = run_process(argv, cwd=staging, env=env, timeout_s=600, merge_stderr=True)
-        log.append(proc.stdout)
+        proc = run_process(argv, cwd=staging, env=env, timeout_s=600, merge_stderr=True, sandbox=Sandbox())
+        log.append(cut_log(proc.stdout, LOG_LIMIT, proc.cut))
         if proc.returncode == 0 and not proc.timed_out:
             return
         installed = next((line.split(" ", 1)[1] for line in proc.stdout.splitlines()

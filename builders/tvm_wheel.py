@@ -18,8 +18,9 @@ import time
 
 from abwatch.builders.base import Artifact, Builder, BuildFailed, section
 from abwatch.builders.cache import ArtifactCache
-from abwatch.builders.procs import child_env, run_process
+from abwatch.builders.procs import child_env, cut_log, run_process
 from abwatch.builders.repo import RepoError
+from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmWheelBuildConfig
 
 # apache-tvm release -> the apache-tvm-ffi release it works with (each pair checked here:
@@ -85,11 +86,12 @@ class TvmWheelBuilder(Builder):
         for argv in steps:
             try:
                 proc = run_process(argv, cwd=None, env=child_env(self.config.env), merge_stderr=True,
+                                   sandbox=Sandbox(writable=(venv,), network=True),
                                    timeout_s=max(1.0, deadline - time.monotonic()))
             except OSError as exc:
                 raise BuildFailed(f"installing apache-tvm {version}: cannot run {argv[0]}: {exc.strerror}",
                                   log, 0.0) from None
-            log += f"$ {' '.join(argv)}\n{proc.stdout}"
+            log += f"$ {' '.join(argv)}\n{cut_log(proc.stdout, LOG_LIMIT, proc.cut)}"
             if proc.timed_out:
                 raise BuildFailed(f"installing apache-tvm {version} timed out", log[-LOG_LIMIT:],
                                   self.config.timeout_s)

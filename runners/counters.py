@@ -39,6 +39,8 @@ import subprocess
 from pathlib import Path
 from typing import ClassVar
 
+from abwatch.builders.sandbox import Sandbox
+
 
 # Fixed in every counted process unless the workload sets it: Python's string hashing is seeded
 # per process, and a different seed walks dicts and sets in another order, so a Python
@@ -92,8 +94,9 @@ class PerfCounter(InstructionCounter):
         if shutil.which("perf") is None:
             return "perf is not installed (Debian: linux-perf)"
         try:
-            proc = subprocess.run(["perf", "stat", "-x", ",", "-e", self.EVENT, "true"], capture_output=True,
-                                  text=True, timeout=30)
+            # where counted processes run: in the sandbox (a user namespace may count less than the host)
+            argv = Sandbox().wrap(["perf", "stat", "-x", ",", "-e", self.EVENT, "true"], None, None)
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"perf stat did not run: {exc}"
         try:

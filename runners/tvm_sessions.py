@@ -26,6 +26,8 @@ from typing import cast
 
 from abwatch.builders.environment import ArtifactInfoError, build_environment, build_python
 from abwatch.builders.procs import child_env, kill_tree
+from abwatch.builders.redact import mask_secrets
+from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig, TvmWorkloadConfig
 from abwatch.runners.base import InvocationResult, OutputTensor, TvmMetrics, WorkerReady
 from abwatch.runners import counters
@@ -37,6 +39,7 @@ COUNTED_ENV = {**counters.COUNTED_ENV, "TVM_NUM_THREADS": "1"}
 
 WORKER = Path(__file__).with_name("tvm_worker.py")
 COMPILE_TIMEOUT_S = 900.0
+MAX_LINE = 64 * 2**20  # the longest reply line a worker may send (per-operator tables, output tensors)
 
 
 class WorkerError(Exception):
@@ -46,7 +49,7 @@ class WorkerError(Exception):
 class Worker:
     """One harness worker process and its line-based JSON conversation."""
 
-    def __init__(self, artifact: Path, spec: dict, env: dict[str, str],
+    def __init__(self, artifact: Path, spec: dict, env: dict[str, str], sandbox: Sandbox,
                  wrap: Callable[[list[str]], list[str]] | None = None) -> None:
         try:
             python = build_python(artifact)
@@ -57,10 +60,21 @@ class Worker:
                               "a tvm-wheel or tvm-source build")
         env = child_env(build_environment(artifact), env)
         argv = [str(python), str(WORKER)]
-        self.proc = subprocess.Popen(
-            wrap(argv) if wrap else argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
-        )
+        argv = wrap(argv) if wrap else argv
+        # code under test (a script: workload, the build's own TVM): in the sandbox, with a
+        # private TMPDIR removed when the worker is gone
+        self._tmp = (tempfile.TemporaryDirectory(prefix="abwatch-tmp-", ignore_cleanup_errors=True)
+                     if sandbox.active else None)
+        if self._tmp is not None:
+            # not killed with the thread that started it: a fork server serves later threads
+            argv = sandbox.wrap(argv, None, self._tmp.name, die_with_parent=False)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        except OSError:
+            if self._tmp is not None:
+                self._tmp.cleanup()
+            raise
         # the three pipes were asked for above, so they are there
         assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
         self.stdin, self.stdout, self.stderr_pipe = self.proc.stdin, self.proc.stdout, self.proc.stderr
@@ -72,14 +86,16 @@ class Worker:
         self.send(spec)
 
     def _pump(self) -> None:
+        # read in bounded pieces: a worker printing a gigabyte without a newline costs no memory
+        # (a piece with no newline is not JSON: the protocol is broken and the worker killed)
         with self.stdout:  # each reader closes its pipe at end of file: no descriptor outlives the worker
-            for line in self.stdout:
+            for line in iter(lambda: self.stdout.readline(MAX_LINE), ""):
                 self.lines.put(line)
         self.lines.put(None)
 
     def _drain(self) -> None:
         with self.stderr_pipe:
-            for line in self.stderr_pipe:
+            for line in iter(lambda: self.stderr_pipe.readline(65536), ""):
                 self.stderr = (self.stderr + [line])[-50:]
 
     def send(self, obj: dict) -> None:
@@ -109,12 +125,12 @@ class Worker:
             self.kill()
             raise WorkerError(f"worker broke the protocol: {line[:200]!r}")
         if "error" in reply:
-            raise WorkerError(reply["error"])
+            raise WorkerError(mask_secrets(str(reply["error"])))
         return reply
 
     def tail(self) -> str:
         """The last lines the worker wrote to stderr."""
-        return "".join(self.stderr[-10:]).strip()[-2000:]
+        return mask_secrets("".join(self.stderr[-10:]).strip()[-2000:])
 
     def close(self, wait_s: float = 10.0) -> None:
         """Ask the worker to exit; kill it (and its children) if it does not within ``wait_s``."""
@@ -134,6 +150,8 @@ class Worker:
         self.proc.wait()
         with contextlib.suppress(OSError):  # a pipe the worker broke: nothing left to flush
             self.stdin.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
 
 # Fork servers for counted workers: ``import tvm`` once per build, not once per count.
@@ -155,7 +173,9 @@ class ForkServer:
         self._scratch = tempfile.TemporaryDirectory(prefix="abwatch-count-")
         self.scratch = Path(self._scratch.name)
         try:
-            self.worker = Worker(artifact, {"fork": True}, env, lambda argv: counter.region_argv(argv, self.scratch))
+            # counted workers write only their counts; they never talk to a board (counted on this CPU)
+            self.worker = Worker(artifact, {"fork": True}, env, Sandbox(writable=(self.scratch,)),
+                                 lambda argv: counter.region_argv(argv, self.scratch))
             self.worker.receive(timeout_s)
         except WorkerError:
             self._scratch.cleanup()
@@ -259,6 +279,11 @@ class TvmSessions:
                 self._libs = tempfile.TemporaryDirectory(prefix="abwatch-tvm-libs-")
             return Path(self._libs.name)
 
+    def _sandbox(self) -> Sandbox:
+        """Where a worker runs: it writes the compiled libraries; an RPC worker needs the network
+        (the tracker and the board), a CUDA one its device nodes."""
+        return Sandbox(writable=(self._lib_dir(),), network=True if self.rpc else None, gpu=self.device == "cuda")
+
     def spec(self, workload: TvmWorkloadConfig, side_options: dict) -> dict:
         """What the worker compiles: the workload, with any side-specific options."""
         overrides = dict(side_options)
@@ -284,7 +309,7 @@ class TvmSessions:
         metrics = TvmMetrics()
         worker = None
         try:
-            worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)})
+            worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)}, self._sandbox())
             ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s) if first else timeout_s)
             self._resolved(artifact, ready)
             if first:
@@ -314,7 +339,7 @@ class TvmSessions:
         start = time.monotonic()
         worker = None
         try:
-            worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)})
+            worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)}, self._sandbox())
             ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s))
         except WorkerError as exc:
             status = "timeout" if "timeout" in str(exc) else "error"

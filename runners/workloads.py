@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from abwatch.builders.environment import ArtifactInfoError, build_environment
 from abwatch.builders.procs import ProcessResult, child_env, passed, run_process
+from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import CommandWorkloadConfig, TvmWorkloadConfig
 from abwatch.runners.base import InvocationResult, WorkerReady
 from abwatch.runners.counters import COUNTED_ENV, CountError, InstructionCounter
@@ -78,7 +79,7 @@ class CommandKind(WorkloadKind):
         # change but cannot fake one; what it prints is not read.
         with tempfile.TemporaryDirectory(prefix="abwatch-count-") as scratch:
             argv = counter.wrap(list(workload.command), Path(scratch))
-            proc = self._process(artifact_dir, workload, timeout_s, argv, COUNTED_ENV)
+            proc = self._process(artifact_dir, workload, timeout_s, argv, COUNTED_ENV, writable=(scratch,))
             if isinstance(proc, InvocationResult):
                 return proc
             try:
@@ -89,7 +90,7 @@ class CommandKind(WorkloadKind):
 
     @staticmethod
     def _process(artifact_dir: Path, workload: CommandWorkloadConfig, timeout_s: float, argv: list[str],
-                 defaults: dict[str, str] | None = None) -> ProcessResult | InvocationResult:
+                 defaults: dict[str, str] | None = None, writable: tuple[str, ...] = ()) -> ProcessResult | InvocationResult:
         """Run ``argv`` as the workload's process: its finished process, or the failed
         invocation it makes (an :class:`InvocationResult`)."""
         try:
@@ -98,8 +99,9 @@ class CommandKind(WorkloadKind):
         except ArtifactInfoError as exc:
             return InvocationResult("error", (), 0.0, str(exc))
         try:
-            proc = run_process(argv, cwd=workload.cwd or artifact_dir, env=env,
-                               timeout_s=timeout_s, max_output=workload.output_limit)
+            # sandboxed: the artifact read-only, no network unless [sandbox] network allows it
+            proc = run_process(argv, cwd=workload.cwd or artifact_dir, env=env, timeout_s=timeout_s,
+                               max_output=workload.output_limit, sandbox=Sandbox(writable=writable))
         except OSError as exc:
             return InvocationResult("error", (), 0.0, f"cannot start {argv[0]!r}: {exc.strerror}")
         if proc.overflowed:

@@ -20,7 +20,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 # config re-uses them, and service code may import them from here or from there.
 from abwatch.builders.spec import (  # noqa: F401  (re-exported)
     BUILD_KINDS, MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, WORKLOAD_KINDS, BuildConfig, CommandBuildConfig,
-    CommandWorkloadConfig, RepoConfig, RunnerConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
+    CommandWorkloadConfig, RepoConfig, RunnerConfig, SandboxConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
     TvmWorkloadConfig, UsageError, WorkloadConfig, StrictModel,
 )
 
@@ -232,6 +232,7 @@ class Config(StrictModel):
     run: RunConfig = RunConfig()
     stats: StatsConfig = StatsConfig()
     runner: RunnerConfig = RunnerConfig()
+    sandbox: SandboxConfig = SandboxConfig()
     alerts: AlertsConfig = AlertsConfig()
     github: GithubConfig | None = None
     server: ServerConfig = ServerConfig()
@@ -272,6 +273,14 @@ class Config(StrictModel):
         if self.runner.kind != "cpu" and any(w.kind == "command" for w in self.workloads):
             raise ValueError(f"the {self.runner.kind} runner runs tvm workloads only")
         return self
+
+    def secret_variables(self) -> list[str]:
+        """The environment variables whose values this config makes secrets (masked wherever
+        shown or stored): the API token, the alert secret, the GitHub token, ``env:`` webhooks."""
+        names = [self.server.token_env, self.alerts.secret_env]
+        names += [self.github.token_env] if self.github else []
+        names += [hook.removeprefix("env:") for hook in self.alerts.webhooks if hook.startswith("env:")]
+        return names
 
     def workload(self, name: str) -> CommandWorkloadConfig | TvmWorkloadConfig:
         """The workload called ``name`` (KeyError if absent)."""

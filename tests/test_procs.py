@@ -52,7 +52,7 @@ def test_a_timeout_is_not_held_by_a_grandchild_that_keeps_stdout_open(tmp_path):
     pid_file = tmp_path / "pid"
     start = time.monotonic()
     result = run_process([sys.executable, "-c", ESCAPING, str(pid_file), "30"], cwd=tmp_path,
-                         env=child_env(), timeout_s=2.0)
+                         env=child_env(), timeout_s=2.0, sandbox=None)
     elapsed = time.monotonic() - start
     assert result.timed_out and result.returncode is None
     assert elapsed < 10, f"a 2 s limit held the caller for {elapsed:.1f} s"
@@ -64,20 +64,45 @@ def test_a_child_that_exits_while_a_grandchild_holds_the_pipe_returns_at_the_lim
     pid_file = tmp_path / "pid"
     start = time.monotonic()
     result = run_process([sys.executable, "-c", ESCAPING, str(pid_file), "0"], cwd=tmp_path,
-                         env=child_env(), timeout_s=2.0)
+                         env=child_env(), timeout_s=2.0, sandbox=None)
     assert time.monotonic() - start < 10
     assert result.returncode == 0 and '"runtime_ms": 1.0' in result.stdout
     assert _gone(int(pid_file.read_text()))
 
 
+def _running(marker: str) -> list[psutil.Process]:
+    """This host's processes whose command line holds ``marker`` (pids inside a sandbox are not the host's)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(marker in part for part in proc.info["cmdline"] or ()) and proc.status() != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def _none_left(marker: str, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while _running(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _running(marker)
+
+
+# A workload whose grandchild starts a session of its own and outlives it (a sleep named by a marker).
+ESCAPING_MARKED = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", sys.argv[1]], start_new_session=True)
+print('{"runtime_ms": 1.0}', flush=True)
+time.sleep(30)
+"""
+
+
 def test_workload_timeout_kills_the_whole_tree(tmp_path):
-    pid_file = tmp_path / "pid"
-    workload = CommandWorkloadConfig(name="stubborn", command=[sys.executable, "-c", ESCAPING, str(pid_file), "30"])
+    marker = f"escaped-{os.getpid()}-{time.monotonic_ns()}"
+    workload = CommandWorkloadConfig(name="stubborn", command=[sys.executable, "-c", ESCAPING_MARKED, marker])
     start = time.monotonic()
     result = CpuRunner().run(tmp_path, workload, timeout_s=2.0)
     assert result.status == "timeout"
     assert time.monotonic() - start < 10
-    assert _gone(int(pid_file.read_text()))
+    assert _none_left(marker), "the escaped grandchild was left running"
 
 
 def test_secrets_do_not_reach_workloads(tmp_path, monkeypatch):
@@ -107,9 +132,10 @@ def test_secrets_do_not_reach_builds(tmp_path, monkeypatch):
 
 def test_build_timeout_kills_the_build_and_its_children(tmp_path):
     from tests.test_builders import builder_for
-    repo = _repo(tmp_path / "src", {"build.sh": "sleep 60 & echo $! > \"$PIDFILE\"; wait\n"})
+    marker = f"build-child-{os.getpid()}-{time.monotonic_ns()}"
+    repo = _repo(tmp_path / "src", {"build.sh": "sh -c 'sleep 60' \"$MARKER\" & wait\n"})
     builder = builder_for(repo.working_dir, tmp_path / "cache")
-    builder.config = builder.config.model_copy(update={"timeout_s": 2.0, "env": {"PIDFILE": str(tmp_path / "pid")}})
+    builder.config = builder.config.model_copy(update={"timeout_s": 2.0, "env": {"MARKER": marker}})
     start = time.monotonic()
     try:
         builder.build(repo.head.commit.hexsha)
@@ -118,4 +144,4 @@ def test_build_timeout_kills_the_build_and_its_children(tmp_path):
     else:
         raise AssertionError("a build over its time limit must fail")
     assert time.monotonic() - start < 15
-    assert _gone(int((tmp_path / "pid").read_text()))
+    assert _none_left(marker)

@@ -39,7 +39,8 @@ def workload(n=4096):
     c = te.compute((n,), lambda i: a[i] * 2.0 + b[i], name="c")
     return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
 ''')
-    seen = tmp_path / "seen.txt"
+    (tmp_path / "results").mkdir()  # a workload writes only where [sandbox] writable lets it
+    seen = tmp_path / "results" / "seen.txt"
     (tmp_path / "bench.py").write_text(f'''import json, time, tvm
 with open({str(seen)!r}, "a") as out:
     out.write(tvm.__version__ + "\\n")
@@ -56,6 +57,8 @@ name = "bench"
 kind = "command"
 command = ["python", "bench.py"]
 cwd = "{tmp_path}"
+[sandbox]
+writable = ["{tmp_path / 'results'}"]
 ''')
     config = write(tmp_path, tvm_cache, workloads, run="repetitions = 4\nmax_repetitions = 4\ncompile_repetitions = 4")
     code, payload, err = compare(capsys, config, sqlite_url)

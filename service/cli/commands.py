@@ -20,8 +20,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from abwatch.builders.redact import mask_url
-from abwatch.builders.spec import UsageError
+from abwatch.builders import sandbox
+from abwatch.builders.redact import mask_secrets, mask_url, register_secrets
+from abwatch.builders.spec import SandboxConfig, UsageError
 from abwatch.service.cli import report
 from abwatch.service.compare import liveness
 from abwatch.service.read import stored
@@ -38,6 +39,8 @@ from abwatch.service.stats.verdict import RegressionState
 
 # Commands that store something; only these create or migrate a schema.
 WRITING_COMMANDS = frozenset({"compare", "verify", "triage", "serve", "watch", "worker", "try"})
+# Commands that build commits and run workloads: code under test, sandboxed.
+RUNS_CODE = frozenset({"compare", "verify", "watch", "worker"})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,6 +91,7 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     if args.command == "db":
         return _db_command(args, url, err)
     config = load_config(args.config) if args.command in ("compare", "serve", "watch", "worker", "try") else None
+    _protect(args, config, url, err)
     engine = db.open_database(url, write=args.command in WRITING_COMMANDS
                               or (args.command == "records" and args.records_command == "import"))
     for note in liveness.reap_quietly(engine):
@@ -98,6 +102,20 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
         return _watch_command(args, config, engine, err)
     with db.session_scope(engine) as session:
         return SESSION_COMMANDS[args.command](Call(args, session, out, err, config))
+
+
+def _protect(args: argparse.Namespace, config: Config | None, url: str, err: Console) -> None:
+    """Before anything runs: the secrets this process knows are masked in whatever it stores or
+    shows, and the code under test it runs is sandboxed (or stderr says loudly why not)."""
+    if config is None and args.command == "verify" and getattr(args, "config", None):
+        config = load_config(args.config)  # verify's config names its webhooks and [sandbox]
+    register_secrets(config.secret_variables() if config else (), [url])
+    if args.command not in RUNS_CODE:
+        return
+    hide = [args.config] if getattr(args, "config", None) else []
+    warning = sandbox.configure(config.sandbox if config else SandboxConfig(), hide=hide)
+    if warning:
+        err.print(f"abwatch: {warning}", markup=False)
 
 
 @dataclass(frozen=True)
@@ -240,7 +258,8 @@ def _verify_command(args: argparse.Namespace, session, err: Console, out: Consol
 def _builds_command(args: argparse.Namespace, session, out: Console) -> int:
     if args.log is not None:
         build = stored.get_build(session, args.log)
-        sys.stdout.write(build.log if build.log.endswith("\n") or not build.log else build.log + "\n")
+        log = mask_secrets(build.log)  # one stored before its secret was known
+        sys.stdout.write(log if log.endswith("\n") or not log else log + "\n")
         return 0
     rows = stored.list_builds(session, args.failed, args.limit)
     print(json.dumps(report.builds_json(rows))) if args.json else report.print_builds(out, rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from abwatch.builders.redact import mask_secrets
 from abwatch.service.compare.building import build_failure
 from abwatch.service.read.stored import StoredRun
 from abwatch.service.store.models import Job, Regression
@@ -68,7 +69,7 @@ def builds_json(rows) -> list[dict]:
     return [{"id": b.id, "sha": b.commit.sha, "builder": b.builder, "status": b.status.value,
              "cached": b.cached, "duration_s": b.duration_s, "artifact_key": b.artifact_key,
              "created_at": b.created_at.isoformat() if b.created_at else None,
-             "log_tail": log_tail(b.log or "", 5)} for b in rows]
+             "log_tail": log_tail(mask_secrets(b.log or ""), 5)} for b in rows]
 
 
 def history_json(workload: str, points, found) -> dict:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, cast
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
+from abwatch.builders.redact import mask_secrets
 from abwatch.service.compare.building import BuildOutcome
 from abwatch.service.compare.outcome import CompareOutcome, DriverError, WorkloadResult
 from abwatch.service.store.models import (
@@ -65,7 +66,7 @@ def load_outcome(session: Session, run_id: int) -> StoredRun:
         builds.append(BuildOutcome(side, ref, commit.sha, build.status.value,
                                    _cached_for(session, run, side, build), build.id))
         if build.status != BuildStatus.SUCCESS:
-            logs[build.id] = build.log or ""
+            logs[build.id] = mask_secrets(build.log or "")  # one stored before its secret was known
     speed, correctness = _regressions_by_workload(session, run)
     results = []
     comparisons = session.scalars(select(Comparison).where(Comparison.run_id == run.id).order_by(Comparison.id))

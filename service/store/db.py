@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from abwatch import migrations
 from abwatch.builders.spec import UsageError
 from abwatch.builders.redact import mask_url
-from abwatch.service.store import locks
+from abwatch.service.store import locks, masking  # noqa: F401  (masking: secrets masked in every flush)
 
 DEFAULT_DATABASE_URL = "sqlite:///abwatch.db"
 ENV_DATABASE_URL = "ABWATCH_DATABASE_URL"
