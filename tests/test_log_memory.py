@@ -81,7 +81,9 @@ def test_a_gigabyte_of_build_output_keeps_memory_flat_and_stores_the_cut_tail(tm
     # flat: the gigabyte adds at most a few tails' worth (4 MiB each), far below its own size
     assert loud_peak < quiet_peak + 128 * 2**20, (quiet_peak, loud_peak)
     assert loud_peak < GIB / 4
-    assert loud_log.rstrip().endswith("END-OF-LOG")  # the tail, with the end of the output
+    # the tail, with the end of the output, then abwatch's line saying what failed
+    assert loud_log.rstrip().splitlines()[-2] == "END-OF-LOG"
+    assert loud_log.rstrip().splitlines()[-1].startswith("abwatch: build of ")
     assert loud_log.startswith("[abwatch: log cut: its first ")  # marked as cut, saying how much
     cut = int(loud_log.split("its first ", 1)[1].split()[0])
     assert cut > GIB - 2**20
