@@ -19,7 +19,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 # The models builders and runners share live in builders.spec (the bottom layer); the
 # config re-uses them, and service code may import them from here or from there.
 from abwatch.builders.spec import (  # noqa: F401  (re-exported)
-    BUILD_KINDS, MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, WORKLOAD_KINDS, BuildConfig, CommandBuildConfig,
+    BUILD_KINDS, MODEL_OPTIONS, CacheConfig, SCRIPT_REPO, TREATMENT_OVERRIDES, WORKLOAD_KINDS, BuildConfig, CommandBuildConfig,
     CommandWorkloadConfig, RepoConfig, RunnerConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
     TvmWorkloadConfig, UsageError, WorkloadConfig, StrictModel,
 )
@@ -200,6 +200,7 @@ class Config(StrictModel):
     server: ServerConfig = ServerConfig()
     watch: WatchConfig = WatchConfig()
     cache_dir: Path = DEFAULT_CACHE_DIR
+    cache: CacheConfig = CacheConfig()
     _source: str | None = PrivateAttr(default=None)  # the file it was read from (load_config)
 
     @property
