@@ -84,6 +84,10 @@ class StatsConfig(StrictModel):
     equivalence_alpha: float = Field(default=0.05, gt=0, lt=0.5,
                                      description="`same` = two one-sided tests at this level each")
     bootstrap_resamples: int = Field(default=2000, ge=200)
+    contention_share: float = Field(
+        default=0.5, ge=0, le=1, description="heavy contention: measured processes that ran less than this share "
+        "of their wall time on a CPU (and were preempted); then the verdict is judged on CPU time per process "
+        "(0: never)")
 
 
 class AlertsConfig(StrictModel):
