@@ -181,8 +181,7 @@ def _footnotes(outcome: CompareOutcome) -> list[str]:
                      + " (plain medians: --json)")
     for r in outcome.results:  # heavy contention: how the verdict was taken instead of on wall time
         if r.verdict.caveat:
-            lines.append(f"{r.workload}: {r.verdict.caveat}"
-                         + (" (n: processes a side)" if r.verdict.unit == "cpu ms" else ""))
+            lines.append(f"{r.workload}: {r.verdict.caveat}")
     if adjusted:
         raw = ", ".join(f"{r.workload} {r.verdict.p_value:.2g}" for r in adjusted)
         lines.append(f"p (BH): Benjamini-Hochberg-adjusted p, which decided the verdict; raw p: {raw}")

@@ -42,7 +42,10 @@ def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget:
         cpu = {side: [1000.0 * (f.cpu_s or 0.0) for f in m.processes[side]] for side in SIDES}
         groups = {side: [f.position for f in m.processes[side]] for side in SIDES}
         step = stats.sequential_look(cpu[CONTROL], cpu[TREATMENT], groups[CONTROL], groups[TREATMENT], **options)
-        return replace(step, verdict=stats.on_cpu_time(step.verdict, contention))
+        # n keeps counting the timing samples a side, whatever they were judged by (the report's n)
+        verdict = replace(stats.on_cpu_time(step.verdict, contention), control_n=len(m.samples[CONTROL]),
+                          treatment_n=len(m.samples[TREATMENT]))
+        return replace(step, verdict=verdict)
     step = stats.sequential_look(m.samples[CONTROL], m.samples[TREATMENT], m.groups[CONTROL], m.groups[TREATMENT],
                                  **options)
     if contention.heavy and step.stop:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from abwatch.builders.spec import storable
@@ -40,13 +41,16 @@ def untested(session: Session, config: Config, job: Job, sha: str, exc: BaseExce
         return None
     text = storable(f"{infra.PREFIX}, {sha[:12]} not tested yet (the next pass retries it): {why}", 2000)
     if db.lost_connection(exc) is None:
-        watched = session.scalars(select(WatchedCommit).join(Commit, Commit.id == WatchedCommit.commit_id)
-                                  .where(WatchedCommit.progress_id == job.payload["progress_id"],
-                                         Commit.sha == sha)).one_or_none()
-        if watched is not None:
-            watched.reason = text
-        github.enqueue(session, config.github, sha, "pending", job.device, f"not tested yet: {why}")
-        session.commit()
+        try:
+            watched = session.scalars(select(WatchedCommit).join(Commit, Commit.id == WatchedCommit.commit_id)
+                                      .where(WatchedCommit.progress_id == job.payload["progress_id"],
+                                             Commit.sha == sha)).one_or_none()
+            if watched is not None:
+                watched.reason = text
+            github.enqueue(session, config.github, sha, "pending", job.device, f"not tested yet: {why}")
+            session.commit()
+        except SQLAlchemyError:  # the database's own disk is full: the commit stays `queued` all the same
+            session.rollback()
     return Untested(text)
 
 
