@@ -345,7 +345,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
                    f"(rtol {workload.rtol:g}, atol {workload.atol:g})")
             correctness_id = lifecycle.open_regression(session, run, comparison, kind=RegressionKind.CORRECTNESS,
                                                        reason=why).id
-    if verdict.verdict == stats.Outcome.SAME and not contention.heavy:  # contended wall times are not its noise
+    if verdict.verdict == stats.Outcome.SAME:
         noise.learn(session, row.id, run.device_id, m.samples, m.groups)
     write_records(session, config, run, workload, m, device_info, extra, counts, compile_counts)
     session.commit()
