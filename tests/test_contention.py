@@ -85,6 +85,8 @@ def test_under_heavy_contention_the_size_is_judged_on_cpu_time():
     v = step.verdict
     assert v.verdict == Outcome.REGRESSION and 17 < v.change_pct < 21 and v.ci_pct[0] > 5
     assert v.unit == CPU_UNIT and (v.control_n, v.treatment_n) == (100, 100)  # n still counts timing samples
+    assert v.control_median_ms == float(np.median(m.samples[CONTROL]))  # and the plain medians are theirs
+    assert 40 < v.control_ms < 42  # the figure judged: CPU ms per process (10 samples of 4 ms and start-up)
     assert v.reason.startswith("heavy contention") and "judged on CPU time per process" in v.caveat
     assert "CPU time" in v.estimator
     # Benjamini-Hochberg decides again and keeps what the reader must know

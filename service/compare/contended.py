@@ -10,6 +10,7 @@ reason once the rule stops. See docs/statistics.md ("Sizes under heavy contentio
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 from typing import Any
 
@@ -42,9 +43,12 @@ def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget:
         cpu = {side: [1000.0 * (f.cpu_s or 0.0) for f in m.processes[side]] for side in SIDES}
         groups = {side: [f.position for f in m.processes[side]] for side in SIDES}
         step = stats.sequential_look(cpu[CONTROL], cpu[TREATMENT], groups[CONTROL], groups[TREATMENT], **options)
-        # n keeps counting the timing samples a side, whatever they were judged by (the report's n)
+        # n and the plain medians stay the timing samples' (the report's n, the history's series),
+        # whatever the verdict was judged by
         verdict = replace(stats.on_cpu_time(step.verdict, contention), control_n=len(m.samples[CONTROL]),
-                          treatment_n=len(m.samples[TREATMENT]))
+                          treatment_n=len(m.samples[TREATMENT]),
+                          control_median_ms=statistics.median(m.samples[CONTROL]),
+                          treatment_median_ms=statistics.median(m.samples[TREATMENT]))
         return replace(step, verdict=verdict)
     step = stats.sequential_look(m.samples[CONTROL], m.samples[TREATMENT], m.groups[CONTROL], m.groups[TREATMENT],
                                  **options)

@@ -292,7 +292,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     counts, compile_counts = (instructions.details(c) if c is not None else None for c in (counted, counted_compile))
     contention = contended.assessed(m, config)
     measured = {"contention": contention.to_dict()} if contention.cpu_share is not None else {}
-    timed = verdict.unit == "ms"
+    timed = verdict.unit != "instructions"  # on CPU time too, the plain medians are the timing samples
     comparison = Comparison(
         run_id=run.id, workload_id=row.id, verdict=verdict.verdict,
         change_pct=verdict.change_pct,
