@@ -122,3 +122,27 @@ def test_no_noise_shape_makes_cpu_judging_inflate_a_null_change():
         v = contended.look(m, config(), look=1, elapsed_s=5, budget=BUDGET, seed=seed, plan_pairs=12).verdict
         assert v.unit == CPU_UNIT and v.verdict in (Outcome.SAME, Outcome.UNKNOWN), (seed, v)
         assert abs(np.log1p(v.change_pct / 100)) < 0.02
+
+
+def test_an_alert_says_its_verdict_was_taken_under_heavy_contention(filled_pg_url):
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from abwatch.service.notify import alerts
+    from abwatch.service.store import db
+    from abwatch.service.store.models import Regression
+
+    url, _ = filled_pg_url
+    engine = db.make_engine(url)
+    with Session(engine) as session:  # rolled back: the shared database stays as it was
+        regression = session.scalars(select(Regression).order_by(Regression.id)).first()
+        caveat = "heavy contention: the processes ran 22% of their wall time on a CPU ...: judged on CPU time"
+        regression.verify_verdict = {**(regression.verify_verdict or {}), "caveat": caveat}
+        sent = alerts.payload(regression, "regress")
+        assert sent["text"].endswith(f"[{caveat}]") and sent["regression"]["caveat"] == caveat
+        regression.verify_verdict = {**regression.verify_verdict, "caveat": ""}
+        regression.benchmark_verdict = {**(regression.benchmark_verdict or {}), "caveat": ""}
+        plain = alerts.payload(regression, "regress")
+        assert "[" not in plain["text"] and plain["regression"]["caveat"] is None
+        session.rollback()
+    engine.dispose()
