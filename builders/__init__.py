@@ -1,6 +1,6 @@
 """Builders turn a commit into an artifact; registered by kind in :data:`BUILDERS`."""
 
-from abwatch.builders.base import Artifact, Builder, BuildFailed
+from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure
 from abwatch.builders.spec import BuildSettings
 from abwatch.builders.command import CommandBuilder
 from abwatch.builders.tvm_source import TvmSourceBuilder
@@ -18,5 +18,5 @@ def make_builder(config: BuildSettings) -> Builder:
     return BUILDERS[config.build.kind](config)
 
 
-__all__ = ["Artifact", "Builder", "BuildFailed", "BUILDERS", "CommandBuilder", "TvmSourceBuilder", "TvmWheelBuilder",
+__all__ = ["Artifact", "Builder", "BuildFailed", "BUILDERS", "InfraFailure", "CommandBuilder", "TvmSourceBuilder", "TvmWheelBuilder",
            "make_builder"]

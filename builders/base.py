@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import abc
+import errno
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
 from abwatch.builders.cache import ArtifactCache
-from abwatch.builders.spec import BuildSettings, BuildSpec, CommitInfo
+from abwatch.builders.spec import BuildSettings, BuildSpec, CacheConfig, CommitInfo
+
+GB = 2**30
+FULL_BYTES = 16 * 2**20  # a file system with less free than this is full, whatever cache.min_free_gb says
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded")
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,44 @@ class BuildFailed(Exception):
         super().__init__(message)
         self.log = log
         self.duration_s = duration_s
+
+
+class InfraFailure(Exception):
+    """The machine failed the build, not the commit: a file system it writes to is full, or a
+    build tool the config names is not installed. No build row blames the commit; it stays
+    untested and is built again once the machine is fixed (the next pass of a watch)."""
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or an error in its chain is one of abwatch's own writes (or its git's)
+    that found no space: ``OSError`` ENOSPC/EDQUOT, ``shutil.copytree``'s collected errors, or
+    git saying so. A build script's output is never read for this: it could say anything."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+            return True
+        if isinstance(exc, shutil.Error) and any(f"[Errno {code}]" in str(exc) for code in DISK_FULL):
+            return True
+        if type(exc).__name__ == "GitCommandError" and any(t in str(exc) for t in DISK_FULL_TEXT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def free_space(directories: list[Path]) -> list[tuple[Path, int]]:
+    """(directory, bytes free to this user) of each file system among ``directories`` (the first
+    existing directory at or above each; one entry per file system)."""
+    found, devices = [], set()
+    for directory in directories:
+        existing = next((d for d in (directory, *directory.parents) if d.is_dir()), None)
+        if existing is None:
+            continue
+        usage, device = shutil.disk_usage(existing), existing.stat().st_dev
+        if device not in devices:
+            devices.add(device)
+            found.append((directory, usage.free))
+    return found
 
 
 # Lines that say why a step failed (compilers, CMake, git, Python tracebacks, setuptools-scm)
@@ -109,6 +155,7 @@ class Builder(abc.ABC):
         """The artifact cache key of ``sha`` under this builder's configuration."""
 
     cache: ArtifactCache
+    limits: CacheConfig = CacheConfig()  # the config's [cache] (builders set it from their settings)
 
     @abc.abstractmethod
     def produce(self, sha: str, key: str) -> Artifact:
@@ -120,12 +167,73 @@ class Builder(abc.ABC):
         A key is built at most once: concurrent builders of one key wait on its lock, and
         the one that waited finds the entry the other stored. A cached entry that no longer
         matches what was stored is built again (``healed`` says what was wrong).
+
+        Before building, least recently used entries are evicted until the cache is within
+        ``cache.max_gb`` and its file system has ``cache.min_free_gb`` free; short of that,
+        and when the build runs out of space or its tool is missing, :class:`InfraFailure`.
         """
         key = self.cache_key(sha)
         with self.cache.lock(key):
             hit = self.cache.get(key)
             if hit is not None:
                 return Artifact(key=key, path=hit, cached=True, log="", duration_s=0.0)
-            artifact = self.produce(sha, key)
+            self.make_room(sha, keep={key})
+            try:
+                artifact = self.produce(sha, key)
+            except (InfraFailure, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                short = self.short_of_space()  # a persistent workspace still holds what filled the disk
+                if disk_full(exc) or (short and isinstance(exc, BuildFailed)):
+                    raise InfraFailure(f"build of {sha[:12]} ran out of disk space ({short or exc}); "
+                                       "not the commit's failure: it stays untested") from exc
+                raise
+            limit = self.cache_limit_bytes()
+            if limit is not None:
+                self.cache.evict(limit, keep={key})
             damage = self.cache.healed.pop(key, None)  # get() found the entry damaged and dropped it
             return replace(artifact, healed=damage) if damage else artifact
+
+    def cache_limit_bytes(self) -> int | None:
+        """The artifact cache's size limit (``cache.max_gb``), None for none."""
+        return None if self.limits.max_gb is None else int(self.limits.max_gb * GB)
+
+    def scratch_dirs(self) -> list[Path]:
+        """The directories a build writes to, whose file systems must keep ``cache.min_free_gb`` free."""
+        return [self.cache.root, Path(tempfile.gettempdir())]
+
+    def short_of_space(self, floor_bytes: int | None = None) -> str | None:
+        """Which file system a build writes to has less than ``floor_bytes`` free now (default:
+        ``cache.min_free_gb``, at least 16 MiB), with the figures; None when all have room."""
+        floor = max(FULL_BYTES, int(self.limits.min_free_gb * GB)) if floor_bytes is None else floor_bytes
+        for directory, free in free_space(self.scratch_dirs()):
+            if free < floor:
+                return (f"{directory} has {free / GB:.3f} GB free, below cache.min_free_gb = "
+                        f"{self.limits.min_free_gb:g} GB")
+        return None
+
+    def make_room(self, sha: str, keep: set[str]) -> None:
+        """Evict least recently used artifacts to ``cache.max_gb`` and ``cache.min_free_gb``;
+        :class:`InfraFailure` naming the directory and the figures if the floor still is not met."""
+        floor = int(self.limits.min_free_gb * GB)
+        evicted = self.cache.make_room(self.cache_limit_bytes(), floor, keep)
+        short = self.short_of_space(floor)
+        if short:
+            raise InfraFailure(f"not enough free disk space to build {sha[:12]}: {short}"
+                               f"{f' after evicting {len(evicted)} cached build(s)' if evicted else ''}; "
+                               "free some space or lower cache.min_free_gb")
+
+    def failed(self, message: str, log: str, duration_s: float) -> BuildFailed | InfraFailure:
+        """The error of a build step that failed: :class:`InfraFailure` when a file system the
+        build writes to is full right now (checked before its checkout is removed), else
+        :class:`BuildFailed`, the commit's."""
+        short = self.short_of_space()
+        if short is not None:
+            return InfraFailure(f"{message}, out of disk space: {short}; not the commit's failure, it stays untested")
+        return BuildFailed(message, log, duration_s)
+
+
+def missing_tool(argv0: str, exc: OSError) -> bool:
+    """Whether starting ``argv0`` failed because a build tool named by the config (a bare
+    command name, looked up on PATH) is not installed; a path (``./build.sh``) is the commit's."""
+    return exc.errno == errno.ENOENT and "/" not in argv0

@@ -12,7 +12,9 @@ new content, though; ``pack`` keeps such files of older entries of one build con
 as binary deltas against the newest entry's (see :mod:`builders.objects`), and ``hold`` (or
 ``get``) rebuilds them when an older entry is used. ``hold`` also keeps an entry from being
 packed or evicted while a comparison runs from it. Using an entry touches its marker;
-``evict`` removes the least recently used entries until the cache fits its limit.
+``evict`` removes the least recently used entries until the cache fits its limit, and
+``make_room`` (before every build: ``[cache] max_gb`` and ``min_free_gb``) until it also
+leaves that much of its file system free.
 
 Every entry keeps the size and modification time of each file as it was stored
 (``MANIFEST``); ``get`` checks them before an entry is used (a stat per file), and an entry
@@ -318,9 +320,27 @@ class ArtifactCache:
 
         Entries being built or held by a running comparison are skipped rather than waited for.
         """
-        removed = []
+        return self._evict_until(lambda: self.size_bytes() <= limit_bytes, keep)
+
+    def free_bytes(self) -> int:
+        """Bytes free to this user on the cache's file system."""
+        return shutil.disk_usage(self.root).free
+
+    def make_room(self, max_bytes: int | None, min_free_bytes: int,
+                  keep: frozenset[str] | set[str] = frozenset()) -> list[str]:
+        """Evict least recently used entries (never those in ``keep``, nor any in use) until the
+        cache is within ``max_bytes`` (None: no limit) and its file system has ``min_free_bytes``
+        free; the keys removed. Done before each build, so the cache never fills the disk."""
+        def fits() -> bool:
+            return ((max_bytes is None or self.size_bytes() <= max_bytes)
+                    and (min_free_bytes <= 0 or self.free_bytes() >= min_free_bytes))
+
+        return self._evict_until(fits, keep)
+
+    def _evict_until(self, fits, keep: frozenset[str] | set[str]) -> list[str]:
+        removed: list[str] = []
         for _, key in self.entries():
-            if self.size_bytes() <= limit_bytes:
+            if fits():
                 break
             if key in keep:
                 continue

@@ -8,7 +8,7 @@ import platform
 import tempfile
 from pathlib import Path
 
-from abwatch.builders.base import Artifact, Builder, BuildFailed, repo_url, section
+from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, missing_tool, repo_url, section
 from abwatch.builders.cache import ArtifactCache
 from abwatch.builders.procs import child_env, cut_log, run_process
 from abwatch.builders.repo import RepoMirror, remove_stale_checkouts
@@ -27,6 +27,7 @@ class CommandBuilder(Builder):
         self.config: CommandBuildConfig = section(config, CommandBuildConfig)
         self.repo = RepoMirror(repo_url(config), config.cache_dir)
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
+        self.limits = config.cache
         self.checkouts = config.cache_dir / "checkouts"
         self.repository_url = self.repo.display_url
         self._fetched = False
@@ -53,7 +54,7 @@ class CommandBuilder(Builder):
                 log, duration = self._run(sha, checkout)
                 artifacts = checkout / self.config.artifacts
                 if not artifacts.is_dir():
-                    raise BuildFailed(f"build of {sha[:12]} produced no directory {self.config.artifacts!r}",
+                    raise self.failed(f"build of {sha[:12]} produced no directory {self.config.artifacts!r}",
                                       log, duration)
                 path = self.cache.put(key, artifacts, {"sha": sha, "builder": self.kind})
         return Artifact(key=key, path=path, cached=False, log=log, duration_s=duration)
@@ -66,6 +67,9 @@ class CommandBuilder(Builder):
             proc = run_process(self.config.command, cwd=checkout, env=env, timeout_s=self.config.timeout_s,
                                merge_stderr=True, sandbox=Sandbox(writable=(checkout,), network=True))
         except OSError as exc:
+            if missing_tool(self.config.command[0], exc):  # the machine lacks a tool the config names
+                raise InfraFailure(f"build of {sha[:12]}: the build tool {self.config.command[0]!r} is not "
+                                   f"installed on this machine ({exc.strerror}); not the commit's failure") from None
             raise BuildFailed(
                 f"build of {sha[:12]} could not start {self.config.command[0]!r}: {exc.strerror}",
                 str(exc), 0.0,
@@ -74,6 +78,6 @@ class CommandBuilder(Builder):
         if proc.timed_out:
             raise BuildFailed(f"build of {sha[:12]} timed out after {self.config.timeout_s:g}s",
                               log, proc.wall_s)
-        if proc.returncode != 0:
-            raise BuildFailed(f"build of {sha[:12]} exited with status {proc.returncode}", log, proc.wall_s)
+        if proc.returncode != 0:  # checked for a full disk while the checkout still fills it
+            raise self.failed(f"build of {sha[:12]} exited with status {proc.returncode}", log, proc.wall_s)
         return log, proc.wall_s

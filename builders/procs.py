@@ -24,6 +24,7 @@ import contextlib
 import errno
 import os
 import shutil
+import resource
 import signal
 import subprocess
 import sys
@@ -119,6 +120,10 @@ class ProcessResult:
     timed_out: bool
     overflowed: bool = False  # killed for printing more than max_output bytes on one stream
     cut: int = 0  # bytes of stdout not kept (only its last ``keep`` bytes are)
+    # what the child (with the descendants it waited for) used, from wait4: CPU seconds (user +
+    # system) and how often the kernel took the CPU from it; None where it was not reaped here
+    cpu_s: float | None = None
+    involuntary_switches: int | None = None
 
 
 def cut_log(text: str, limit: int, cut_bytes: int = 0) -> str:
@@ -174,6 +179,7 @@ def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], ti
         list(argv), cwd=cwd, env={**env, TAG_VAR: tag}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, start_new_session=True,
     )
+    waiter = _Reaper(proc)
     streams = {"stdout": proc.stdout} if merge_stderr else {"stdout": proc.stdout, "stderr": proc.stderr}
     tails = {name: _Tail(keep) for name in streams}
     overflow = threading.Event()
@@ -186,7 +192,7 @@ def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], ti
         while True:  # until it ends, its time is up, or a stream passed its limit
             left = start + timeout_s - time.monotonic()
             try:
-                proc.wait(timeout=max(0.0, min(left, POLL_S)))
+                waiter.wait(max(0.0, min(left, POLL_S)))
                 break
             except subprocess.TimeoutExpired:
                 if not overflow.is_set() and left > POLL_S:
@@ -194,11 +200,11 @@ def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], ti
                 overflowed = overflow.is_set()
                 timed_out = not overflowed
                 kill_tree(proc.pid, tag)
-                proc.wait()
+                waiter.wait(None)
                 break
     except BaseException:  # interrupted: the child must not outlive the run that started it
         kill_tree(proc.pid, tag)
-        proc.wait()
+        waiter.wait(None)
         raise
     # The child has ended; a descendant may still hold the pipes. Wait for the readers only
     # as long as the limit allows, then leave them (they are daemons) and close our ends.
@@ -214,9 +220,37 @@ def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], ti
     # and a secret the child found (or was given) must not be stored or shown
     kept = {name: tail.data() for name, tail in tails.items()}
     text = {name: mask_secrets(storable(data, sys.maxsize), cut=tails[name].cut > 0) for name, data in kept.items()}
+    usage = waiter.usage
     return ProcessResult(None if timed_out or overflowed else proc.returncode, text["stdout"],
                          text.get("stderr", ""), time.monotonic() - start, timed_out, overflowed,
-                         tails["stdout"].cut)
+                         tails["stdout"].cut, cpu_s=None if usage is None else usage.ru_utime + usage.ru_stime,
+                         involuntary_switches=None if usage is None else usage.ru_nivcsw)
+
+
+class _Reaper:
+    """Waits for a child with ``os.wait4`` in a thread of its own, so its resource usage (CPU
+    time, involuntary context switches: how contended it was) is kept, and the wait ends the
+    moment the child does (``Popen.wait`` with a timeout polls, up to 50 ms late)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.usage: resource.struct_rusage | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._reap, daemon=True).start()
+
+    def _reap(self) -> None:
+        try:
+            _, status, self.usage = os.wait4(self.proc.pid, 0)
+            self.proc.returncode = os.waitstatus_to_exitcode(status)  # Popen will not wait for it again
+        except ChildProcessError:  # reaped elsewhere; Popen knows its status
+            self.proc.wait()
+        finally:
+            self.done.set()
+
+    def wait(self, timeout: float | None) -> None:
+        """Like ``Popen.wait(timeout)``: return once the child has ended, or raise ``TimeoutExpired``."""
+        if not self.done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.proc.args, timeout or 0.0)
 
 
 class _Tail:

@@ -125,6 +125,20 @@ class RepoConfig(StrictModel):
     branch: str = "main"
 
 
+class CacheConfig(StrictModel):
+    """``[cache]``: how much of the disk the artifact cache (and builds under ``cache_dir``) may use.
+
+    Before each build the least recently used artifacts are evicted until the cache is within
+    ``max_gb`` and the file system of ``cache_dir`` has ``min_free_gb`` free; a build that still
+    lacks that room is refused as an infrastructure failure (the commit stays untested).
+    """
+
+    max_gb: float | None = Field(default=None, gt=0, description="largest size of the artifact cache; least "
+                                 "recently used entries are evicted past it (default: no size limit)")
+    min_free_gb: float = Field(default=1.0, ge=0, description="free space the file system of cache_dir must keep "
+                               "for a build; evicts, then refuses the build (an infrastructure failure) below it")
+
+
 class BuildSpec(StrictModel):
     """Base of the build sections: one cache-key hash, over what each kind says matters."""
 
@@ -454,6 +468,9 @@ class BuildSettings(Protocol):
 
     @property
     def cache_dir(self) -> Path: ...
+
+    @property
+    def cache(self) -> CacheConfig: ...
 
 
 class RunnerSettings(Protocol):

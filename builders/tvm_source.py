@@ -28,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from abwatch.builders.base import Artifact, Builder, BuildFailed, failure_lines, repo_url, section
+from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, failure_lines, missing_tool, \
+    repo_url, section
 from abwatch.builders.cache import ArtifactCache, flocked
 from abwatch.builders.environment import build_environment, build_python
 from abwatch.builders.procs import child_env, cut_log, run_process
@@ -58,6 +59,7 @@ class TvmSourceBuilder(Builder):
         self.repo = RepoMirror(repo_url(config), config.cache_dir)
         self.repository_url = self.repo.display_url
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
+        self.limits = config.cache
         self.workspace = config.cache_dir / "tvm-source" / self.config.workspace_hash()
         self.ccache_dir = config.cache_dir / "ccache"
         self._fetched = False
@@ -86,6 +88,15 @@ class TvmSourceBuilder(Builder):
             self._toolchain = " | ".join(parts)
         return self._toolchain
 
+    def cache_limit_bytes(self) -> int | None:
+        # build.cache_limit_gb (this builder's own, older key) and [cache] max_gb: the smaller
+        own = int(self.config.cache_limit_gb * 2**30)
+        general = super().cache_limit_bytes()
+        return own if general is None else min(own, general)
+
+    def scratch_dirs(self) -> list[Path]:
+        return [*super().scratch_dirs(), self.workspace]
+
     def cache_key(self, sha: str) -> str:
         digest = hashlib.sha256(f"{sha}\0{self.config_hash()}\0{self.toolchain()}".encode()).hexdigest()
         return f"src-{sha[:12]}-{digest[:12]}"
@@ -99,7 +110,6 @@ class TvmSourceBuilder(Builder):
                 path = self._store(key, sha, log)
             except BuildFailed as exc:
                 raise BuildFailed(str(exc), cut_log("".join(log), LOG_LIMIT), time.monotonic() - start) from None
-        self.cache.evict(int(self.config.cache_limit_gb * 2**30), keep={key})
         metrics["duration_s"] = time.monotonic() - start
         return Artifact(key=key, path=path, cached=False, log=cut_log("".join(log), LOG_LIMIT),
                         duration_s=metrics["duration_s"], metrics=metrics)
@@ -118,13 +128,16 @@ class TvmSourceBuilder(Builder):
                                timeout_s=timeout, merge_stderr=True,
                                sandbox=Sandbox(writable=(self.workspace.parent, self.ccache_dir), network=True))
         except OSError as exc:
+            if missing_tool(argv[0], exc):  # cmake, ninja, git or a compiler the machine lacks
+                raise InfraFailure(f"{what}: {argv[0]!r} is not installed on this machine ({exc.strerror}); "
+                                   "not the commit's failure") from None
             raise BuildFailed(f"{what}: cannot run {argv[0]}: {exc.strerror}", "", 0.0) from None
         log.append(cut_log(proc.stdout, LOG_LIMIT, proc.cut))
         if proc.timed_out:
             raise BuildFailed(f"{what} timed out", "", 0.0)
         if proc.returncode != 0:
             why = " | ".join(failure_lines(proc.stdout)) or "it printed nothing"
-            raise BuildFailed(f"{what} failed (status {proc.returncode}): {why}", "", 0.0)
+            raise self.failed(f"{what} failed (status {proc.returncode}): {why}", "", 0.0)
         return proc.stdout
 
     def _step(self, log: list[str], deadline: float, env: dict | None = None) -> Step:

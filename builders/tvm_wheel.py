@@ -46,6 +46,7 @@ class TvmWheelBuilder(Builder):
     def __init__(self, config: BuildSettings) -> None:
         self.config: TvmWheelBuildConfig = section(config, TvmWheelBuildConfig)
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
+        self.limits = config.cache
 
     def resolve(self, ref: str) -> CommitInfo:
         if ref not in FFI_PINS:
@@ -95,7 +96,7 @@ class TvmWheelBuilder(Builder):
             if proc.timed_out:
                 raise BuildFailed(f"installing apache-tvm {version} timed out", log[-LOG_LIMIT:],
                                   self.config.timeout_s)
-            if proc.returncode != 0:
-                raise BuildFailed(f"installing apache-tvm {version} failed (status {proc.returncode})",
+            if proc.returncode != 0:  # checked for a full disk while the half-made venv still fills it
+                raise self.failed(f"installing apache-tvm {version} failed (status {proc.returncode})",
                                   log[-LOG_LIMIT:], time.monotonic() - deadline + self.config.timeout_s)
         return log[-LOG_LIMIT:]

@@ -64,6 +64,10 @@ class InvocationResult:
     message: str = ""
     records: tuple[dict, ...] = field(default_factory=tuple)
     metrics: TvmMetrics = field(default_factory=lambda: TvmMetrics())  # TVM workloads only
+    # how contended the process was (command workloads: from wait4): CPU seconds it used, and how
+    # often the kernel took the CPU from it; None where the kind does not measure them
+    cpu_s: float | None = None
+    involuntary_switches: int | None = None
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,17 @@ def parse_output(stdout: str, max_samples: int | None = None) -> tuple[tuple[flo
     return tuple(samples), tuple(records)
 
 
+@dataclass(frozen=True)
+class ProcessFigures:
+    """How contended one measured process was: its wall time, the CPU time it used and the
+    involuntary context switches it suffered (None where its kind does not measure them)."""
+
+    position: int  # the invocation's place in the interleaved order (its samples' group)
+    wall_s: float
+    cpu_s: float | None
+    involuntary_switches: int | None
+
+
 @dataclass
 class Measurement:
     """What the interleaved invocations of one workload produced (warm-up excluded)."""
@@ -106,6 +117,7 @@ class Measurement:
     records: dict[str, list[dict]]
     failure: str | None = None
     metrics: dict[str, list[TvmMetrics]] = field(default_factory=lambda: {CONTROL: [], TREATMENT: []})
+    processes: dict[str, list[ProcessFigures]] = field(default_factory=lambda: {CONTROL: [], TREATMENT: []})
 
 
 def measure(runner, artifacts: Mapping[str, Path], workload, schedule: list[Slot], timeout_s: float,
@@ -129,6 +141,8 @@ def measure(runner, artifacts: Mapping[str, Path], workload, schedule: list[Slot
             result_of.samples[slot.side].extend(result.samples)
             result_of.groups[slot.side].extend([slot.position] * len(result.samples))
             result_of.records[slot.side].extend(result.records)
+            result_of.processes[slot.side].append(ProcessFigures(slot.position, result.wall_s, result.cpu_s,
+                                                                 result.involuntary_switches))
         if result.metrics:
             result_of.metrics[slot.side].append(result.metrics)
     return result_of

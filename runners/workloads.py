@@ -68,7 +68,8 @@ class CommandKind(WorkloadKind):
             samples, records = parse_output(proc.stdout, max_samples=workload.samples_limit)
         except OutputError as exc:
             return InvocationResult("error", (), proc.wall_s, str(exc))
-        return InvocationResult("ok", samples, proc.wall_s, "", records)
+        return InvocationResult("ok", samples, proc.wall_s, "", records, cpu_s=proc.cpu_s,
+                                involuntary_switches=proc.involuntary_switches)
 
     def count_instructions(self, runner: Runner, artifact_dir: Path, workload: CommandWorkloadConfig,
                            timeout_s: float, side: str, counter: InstructionCounter,

@@ -19,8 +19,9 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 # The models builders and runners share live in builders.spec (the bottom layer); the
 # config re-uses them, and service code may import them from here or from there.
 from abwatch.builders.spec import (  # noqa: F401  (re-exported)
-    BUILD_KINDS, MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, WORKLOAD_KINDS, BuildConfig, CommandBuildConfig,
-    CommandWorkloadConfig, RepoConfig, RunnerConfig, SandboxConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
+    BUILD_KINDS, MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, WORKLOAD_KINDS, BuildConfig, CacheConfig,
+    CommandBuildConfig, CommandWorkloadConfig, RepoConfig, RunnerConfig, SandboxConfig, TvmSourceBuildConfig,
+    TvmWheelBuildConfig,
     TvmWorkloadConfig, UsageError, WorkloadConfig, StrictModel,
 )
 
@@ -84,6 +85,10 @@ class StatsConfig(StrictModel):
     equivalence_alpha: float = Field(default=0.05, gt=0, lt=0.5,
                                      description="`same` = two one-sided tests at this level each")
     bootstrap_resamples: int = Field(default=2000, ge=200)
+    contention_share: float = Field(
+        default=0.5, ge=0, le=1, description="heavy contention: measured processes that ran less than this share "
+        "of their wall time on a CPU (and were preempted); then the verdict is judged on CPU time per process "
+        "(0: never)")
 
 
 class AlertsConfig(StrictModel):
@@ -238,6 +243,7 @@ class Config(StrictModel):
     server: ServerConfig = ServerConfig()
     watch: WatchConfig = WatchConfig()
     cache_dir: Path = DEFAULT_CACHE_DIR
+    cache: CacheConfig = CacheConfig()
     _source: str | None = PrivateAttr(default=None)  # the file it was read from (load_config)
 
     @property

@@ -65,7 +65,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _describe(exc: Exception, db_arg: str | None) -> str:
     """One line naming an unexpected error's cause: the database (password masked), the file."""
+    from abwatch.service.compare import infra  # loads the builders: only when an error is described
+
     lost = db.lost_connection(exc)
+    infrastructure = infra.describe(exc)
+    if infrastructure is not None and lost is None:  # a full disk, a missing build tool: not the commit's
+        return infrastructure
     if lost is not None:  # not the PendingRollbackError a later use of the session raised
         exc = lost  # type: ignore[assignment]
     if isinstance(exc, SQLAlchemyError):

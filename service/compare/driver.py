@@ -31,7 +31,7 @@ from abwatch.runners import make_runner
 from abwatch.runners.base import DeviceInfo, Runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from abwatch.service import stats
-from abwatch.service.compare import attribution, compile_time, instructions, lifecycle, liveness, noise
+from abwatch.service.compare import attribution, compile_time, contended, instructions, lifecycle, liveness, noise
 from abwatch.service.notify import alerts
 from abwatch.service.store import locks
 from abwatch.service.compare.building import build_pair
@@ -234,6 +234,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
         invocation = Invocation(
             run_id=run.id, workload_id=row.id, side=side, position=slot.position, warmup=slot.warmup,
             status=InvocationStatus(result.status), wall_s=result.wall_s, message=result.message,
+            cpu_s=result.cpu_s, involuntary_switches=result.involuntary_switches,
         )
         session.add(invocation)
         session.flush()
@@ -264,15 +265,9 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
                               reason=f"not judged: {measurement.failure}")
             return measurement, replace(verdict, stop_reason="invocation failed", looks=look,
                                         elapsed_s=time.monotonic() - started)
-        step = stats.sequential_look(
-            measurement.samples[CONTROL], measurement.samples[TREATMENT],
-            measurement.groups[CONTROL], measurement.groups[TREATMENT],
-            look=look, elapsed_s=time.monotonic() - started, budget=budget,
-            threshold_pct=config.stats.threshold_pct, alpha=config.stats.alpha,
-            confidence=config.stats.confidence, resamples=config.stats.bootstrap_resamples, seed=run.seed,
-            equivalence_alpha=config.stats.equivalence_alpha,
-            plan_pairs=max(start, stats.DEFAULT_PLAN_PAIRS),  # fixed before any data: keeps it valid
-        )
+        # on wall time, or on CPU time per process under heavy contention (service.compare.contended)
+        step = contended.look(measurement, config, look=look, elapsed_s=time.monotonic() - started, budget=budget,
+                              seed=run.seed, plan_pairs=max(start, stats.DEFAULT_PLAN_PAIRS))  # fixed before any data
         if step.stop:
             progress.invocation(workload.name, planned[0], planned[0])
             return measurement, step.verdict
@@ -295,7 +290,9 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         if c is not None:
             progress.message(f"  {workload.name}: {label} ({c.source}) {c.verdict.verdict.value} — {c.verdict.reason}")
     counts, compile_counts = (instructions.details(c) if c is not None else None for c in (counted, counted_compile))
-    timed = verdict.unit == "ms"
+    contention = contended.assessed(m, config)
+    measured = {"contention": contention.to_dict()} if contention.cpu_share is not None else {}
+    timed = verdict.unit != "instructions"  # on CPU time too, the plain medians are the timing samples
     comparison = Comparison(
         run_id=run.id, workload_id=row.id, verdict=verdict.verdict,
         change_pct=verdict.change_pct,
@@ -308,7 +305,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         treatment_fastest_ms=stats.fastest_median(m.samples[TREATMENT], m.groups[TREATMENT]),
         control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
         error=m.failure,
-        details={"verdict": verdict.to_dict(), **(extra or {}), **({"instructions": counts} if counts else {}),
+        details={"verdict": verdict.to_dict(), **measured, **(extra or {}), **({"instructions": counts} if counts else {}),
                  **({"compile_instructions": compile_counts} if compile_counts else {})},
     )
     session.add(comparison)
@@ -355,7 +352,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
     return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,
                           correctness_id, extra, workload_id=row.id, instructions=counts,
-                          compile_instructions=compile_counts)
+                          compile_instructions=compile_counts, contention=measured.get("contention"))
 
 
 def run_verify(session: Session, run_id: int, *, progress: Progress | None = None) -> tuple[CompareOutcome, list]:

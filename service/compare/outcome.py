@@ -51,6 +51,8 @@ class WorkloadResult:
     instructions: dict[str, Any] | None = None
     # a TVM workload's compile call counted the same way, where counted
     compile_instructions: dict[str, Any] | None = None
+    # how contended the measured processes were (service.stats.contention), where measured
+    contention: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -136,4 +138,7 @@ def result_json(result: WorkloadResult) -> dict:
            if result.details is not None else {}),
         **({"instructions": result.instructions} if result.instructions is not None else {}),
         **({"compile_instructions": result.compile_instructions} if result.compile_instructions is not None else {}),
+        # how contended the measured processes were; with "heavy", the verdict was judged on CPU time ("unit")
+        "contention": result.contention,
+        "caveat": v.caveat or None,
     }

@@ -96,6 +96,11 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
     else:
         text = (f"abwatch: {regression.workload.name} on {device} is fixed: regression #{regression.id} "
                 f"({regression.change_pct:+.2f}% at {bad.sha[:12]}) no longer reproduces")
+    # a verdict taken under heavy contention says how it was judged (service.stats.contention)
+    caveat = next((v.get("caveat") for v in (regression.verify_verdict, regression.benchmark_verdict)
+                   if v and v.get("caveat")), None)
+    if caveat:
+        text += f" [{caveat}]"
     if url:
         text += f" <{url}>"
     return {
@@ -107,7 +112,7 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
             "good_sha": good.sha, "bad_sha": bad.sha, "culprit_sha": culprit.sha if culprit else None,
             "culprit_summary": culprit.summary if culprit else None,
             "culprit_author": culprit.author if culprit else None, "steps": steps,
-            "run_id": regression.run_id, "url": url,
+            "run_id": regression.run_id, "url": url, "caveat": caveat,
         },
         "sent_at": utcnow().isoformat(), "delivery": str(uuid.uuid4()),
     }

@@ -76,6 +76,7 @@ def load_outcome(session: Session, run_id: int) -> StoredRun:
             correctness.get(c.workload_id), _tvm_details(c), workload_id=c.workload_id,
             instructions=(c.details or {}).get("instructions"),
             compile_instructions=(c.details or {}).get("compile_instructions"),
+            contention=(c.details or {}).get("contention"),
         ))
     outcome = CompareOutcome(run.id, run.run_type.value, run.status.value, builds, results)
     return StoredRun(outcome, run.control_ref, run.treatment_ref, run.started_at, run.finished_at,

@@ -5,6 +5,8 @@ The package's public API is re-exported here, so callers write ``stats.compare(.
 - :mod:`.core`: one comparison (:func:`compare`), the decision rule, FDR adjustment, planning;
 - :mod:`.sequential`: the stopping rule (:func:`sequential_look`, :class:`Budget`);
 - :mod:`.changepoints`: step changes in a series (:func:`change_points`);
+- :mod:`.contention`: how contended the measured processes were (:func:`assess`), and a verdict
+  taken under heavy contention judged on CPU time (:func:`on_cpu_time`) or refused (:func:`refused`);
 - :mod:`.pooled`: estimators for samples without process groups;
 - :mod:`.verdict`: the result types (:class:`Verdict`, :class:`Outcome`, regression states).
 """
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "changepoints": ("OTAVA_MISSING", "StepChange", "change_points"),
+    "contention": ("CPU_UNIT", "Contention", "assess", "on_cpu_time", "refused"),
     "core": ("DEFAULT_ALPHA", "DEFAULT_CONFIDENCE", "DEFAULT_PLAN_PAIRS", "DEFAULT_RESAMPLES",
              "DEFAULT_THRESHOLD_PCT", "MIN_PAIRS", "MIN_SAMPLES", "TRIM", "_decide", "_small_sample", "adjust_fdr",
              "compare", "fastest_median", "cs_multiplier", "cs_p_value", "planned_repetitions", "process_cv", "trimmed_mean_se"),
@@ -28,6 +31,8 @@ _EXPORTS = {
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "Budget",
+    "CPU_UNIT",
+    "Contention",
     "DEFAULT_ALPHA",
     "DEFAULT_CONFIDENCE",
     "DEFAULT_EQUIVALENCE_ALPHA",
@@ -45,19 +50,23 @@ __all__ = [
     "_decide",
     "_small_sample",
     "adjust_fdr",
+    "assess",
     "change_points",
     "compare",
     "fastest_median",
     "cs_multiplier",
     "cs_p_value",
     "planned_repetitions",
+    "on_cpu_time",
     "process_cv",
+    "refused",
     "sequential_look",
     "trimmed_mean_se",
 ]
 
 if TYPE_CHECKING:
     from abwatch.service.stats.changepoints import OTAVA_MISSING, StepChange, change_points
+    from abwatch.service.stats.contention import CPU_UNIT, Contention, assess, on_cpu_time, refused
     from abwatch.service.stats.core import (
         DEFAULT_ALPHA, DEFAULT_CONFIDENCE, DEFAULT_PLAN_PAIRS, DEFAULT_RESAMPLES, DEFAULT_THRESHOLD_PCT, MIN_PAIRS,
         MIN_SAMPLES, TRIM, _decide, _small_sample, adjust_fdr, compare, cs_multiplier, cs_p_value, fastest_median,

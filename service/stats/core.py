@@ -362,9 +362,9 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
             stop += f" ({v.verdict.value} before Benjamini-Hochberg)"
         out[i] = replace(decided, p_adjusted=float(p_adj), correction="benjamini-hochberg",
                          stop_reason=stop, method=v.method, looks=v.looks, elapsed_s=v.elapsed_s,
-                         reason=decided.reason.replace("p=", "BH-adjusted p="),
+                         reason=(f"{v.caveat}; " if v.caveat else "") + decided.reason.replace("p=", "BH-adjusted p="),
                          control_ms=v.control_ms, treatment_ms=v.treatment_ms, estimator=v.estimator,
-                         unit=v.unit)
+                         unit=v.unit, caveat=v.caveat)
     return out
 
 

@@ -59,9 +59,13 @@ class Verdict:
     control_ms: float | None = None
     treatment_ms: float | None = None
     estimator: str = ""
-    # what the figures count: "ms", or "instructions" for a verdict on instruction counts (the
-    # fields named *_ms then hold instructions)
+    # what the figures count: "ms", "cpu ms" (CPU time per process: judged so under heavy
+    # contention, see stats.contention), or "instructions" for a verdict on instruction counts
+    # (the fields named *_ms then hold instructions)
     unit: str = "ms"
+    # what a reader must know of how the verdict was taken (heavy contention); also at the head
+    # of ``reason``, and kept there when the verdict is decided again (Benjamini-Hochberg)
+    caveat: str = ""
 
     def treatment_ci_ms(self) -> tuple[float, float] | None:
         """The interval of the change expressed in the treatment's milliseconds."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -203,6 +204,10 @@ class Invocation(Base):
     status: Mapped[InvocationStatus] = mapped_column(_enum(InvocationStatus, "invocation_status"))
     wall_s: Mapped[float] = mapped_column(Float)
     message: Mapped[str] = mapped_column(Text, default="")
+    # how contended the process was (wait4, when it ended): CPU seconds it used (user + system)
+    # and involuntary context switches; NULL where its kind does not measure them
+    cpu_s: Mapped[float | None] = mapped_column(Float)
+    involuntary_switches: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Sample(Base):

@@ -30,9 +30,9 @@ from abwatch.builders.redact import mask_url
 from abwatch.service.compare import liveness
 from abwatch.service.notify import alerts
 from abwatch.service.store import db
-from abwatch.service.watch import queue, poll as watch
+from abwatch.service.watch import queue, retry, poll as watch
 from abwatch.service.config import Config, cron_trigger
-from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_REGRESSION
+from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_INTERNAL, EXIT_OK, EXIT_REGRESSION
 from abwatch.service.compare.driver import NullProgress, Progress
 
 WAKE_S = 60.0  # the idle loop looks at the clock at least this often (suspend, clock changes)
@@ -63,14 +63,18 @@ class Stopper:
         return self.event.is_set()
 
 
-def pass_exit_code(confirmed: list[int], failed: list[str]) -> int:
+def pass_exit_code(confirmed: list[int], failed: list[str], untested: list[str] | None = None) -> int:
     """The exit status of a pass: 1 when a regression was confirmed (whatever else happened),
-    else 4 when a job failed (an error, not a verdict: the pass did not do all it had to), else 0.
+    else 5 when the machine left a commit untested (a full disk, a missing build tool: the next
+    pass retries it), else 4 when a job failed (an error, not a verdict: the pass did not do all
+    it had to), else 0.
 
     A commit that does not build is a recorded outcome of a job that finished, not a failure.
     """
     if confirmed:
         return EXIT_REGRESSION
+    if untested:
+        return EXIT_INTERNAL
     return EXIT_INCOMPLETE if failed else EXIT_OK
 
 
@@ -91,6 +95,7 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
         return EXIT_OK
     confirmed: list[int] = []
     failed: list[str] = []
+    untested: list[str] = []  # jobs a full disk or a missing tool failed: retried by the next pass
     for device in watch.device_names(config):
         worker = queue.Worker(engine, device, watch.handlers(config, progress))
         stopper.workers.append(worker)
@@ -104,7 +109,7 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
                 if done is None or done.status == queue.JobStatus.FAILED:
                     error = done.error if done is not None else "the job's row is gone"
                     text = f"job {job.id} on {device} (commit {job.payload.get('sha', '?')[:12]}) FAILED: {error}"
-                    failed.append(text)
+                    (untested if error and error.startswith(f"{retry.Untested.__name__}: ") else failed).append(text)
                     progress.message(text)
                     continue
                 result = done.result or {}
@@ -114,9 +119,10 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
             stopper.workers.remove(worker)
             worker.close()
     send_alerts(engine, config, progress, stopper)  # alerts earlier rounds could not deliver
-    code = pass_exit_code(confirmed, failed)
-    if failed:  # said again at the end, where a reader of a long log looks
-        progress.message(f"{len(failed)} job(s) of this pass failed; exit {code}:\n  " + "\n  ".join(failed))
+    code = pass_exit_code(confirmed, failed, untested)
+    if failed or untested:  # said again at the end, where a reader of a long log looks
+        progress.message(f"{len(failed) + len(untested)} job(s) of this pass failed; exit {code}:\n  "
+                         + "\n  ".join(failed + untested))
     return code
 
 

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.service.compare import driver, lifecycle, outcome
 from abwatch.service.notify import alerts, github
-from abwatch.service.watch import bisect, queue, upkeep
+from abwatch.service.watch import bisect, queue, retry, upkeep
 from abwatch.service.config import Config
 from abwatch.service.watch.controls import control_rule
 from abwatch.service.store.models import (
@@ -61,6 +61,8 @@ def config_hash(config: Config) -> str:
     payload = config.model_dump(mode="json", include={"build", "workloads", "run", "stats", "runner"})
     payload["runner"].pop("device", None)
     payload["run"].pop("seed", None)
+    if payload["stats"].get("contention_share") == 0.5:  # added later at its default: the same watch as before
+        del payload["stats"]["contention_share"]
     for workload in payload["workloads"]:  # limits on what is printed, not what is measured
         for limit in ("max_output_mb", "max_samples"):
             workload.pop(limit, None)
@@ -143,6 +145,7 @@ def poll(session: Session, config: Config, *, nightly: bool | None = None) -> Pa
     repository = get_repository(session, config.repository.url)
     for device in device_names(config):
         row = _progress_row(session, config, device)
+        report.messages += retry.requeue(session, row)  # commits a full disk or a missing tool left untested
         new = _new_commits(mirror, config, row, head.sha, report, nightly)
         for sha in new:
             _take_up(session, config, mirror, repository, row, device, sha, report)
@@ -252,10 +255,14 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
                 result["fixed"] = _fixes(session, config, outcome)
                 alerts.enqueue(session, result["fixed"], "fixed", config.alerts)  # sent after the job
             session.commit()
-        except Exception:
+        except Exception as exc:
             # an error, not a verdict (the job is marked failed with it): the commit is not
-            # left `queued`, and the next one is compared with the last good commit
+            # left `queued`, and the next one is compared with the last good commit; but a full
+            # disk or a missing tool is the machine's: it stays `queued`, the next pass retries it
             session.rollback()
+            untested = retry.untested(session, config, job, sha, exc)
+            if untested is not None:
+                raise untested from exc
             session.execute(update(WatchedCommit).where(WatchedCommit.id == watched.id).values(status=FAILED))
             session.commit()
             raise

@@ -1,0 +1,57 @@
+"""The stopping rule's look at a timed workload, with how contended its processes were.
+
+Each look assesses the contention of every measured process so far
+(:func:`service.stats.contention.assess`). Below heavy contention the look judges the wall-time
+samples, as it always did; under heavy contention it judges each process's CPU time instead
+(one value per process, paired by the interleaved order), and where the processes have no
+CPU time (a kind that does not measure it) the verdict is refused as ``unknown`` with the
+reason once the rule stops. See docs/statistics.md ("Sizes under heavy contention").
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from typing import Any
+
+from abwatch.runners.harness import CONTROL, TREATMENT, Measurement
+from abwatch.service import stats
+from abwatch.service.config import Config
+
+SIDES = (CONTROL, TREATMENT)
+
+
+def assessed(m: Measurement, config: Config) -> stats.Contention:
+    """The contention of the measured processes of both sides of ``m``."""
+    figures = [f for side in SIDES for f in m.processes[side]]
+    return stats.assess([f.wall_s for f in figures], [f.cpu_s for f in figures],
+                        [f.involuntary_switches for f in figures], max_share=config.stats.contention_share)
+
+
+def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget: stats.Budget, seed: int,
+         plan_pairs: int) -> stats.Look:
+    """One look of :func:`service.stats.sequential_look` at ``m``: on wall time, or under heavy
+    contention on CPU time per process (or refused where there is none)."""
+    options: dict[str, Any] = dict(
+                   look=look, elapsed_s=elapsed_s, budget=budget, threshold_pct=config.stats.threshold_pct,
+                   alpha=config.stats.alpha, confidence=config.stats.confidence,
+                   resamples=config.stats.bootstrap_resamples, seed=seed,
+                   equivalence_alpha=config.stats.equivalence_alpha, plan_pairs=plan_pairs)
+    contention = assessed(m, config)
+    processes = [f for side in SIDES for f in m.processes[side]]
+    if contention.heavy and all(f.cpu_s is not None for f in processes):
+        cpu = {side: [1000.0 * (f.cpu_s or 0.0) for f in m.processes[side]] for side in SIDES}
+        groups = {side: [f.position for f in m.processes[side]] for side in SIDES}
+        step = stats.sequential_look(cpu[CONTROL], cpu[TREATMENT], groups[CONTROL], groups[TREATMENT], **options)
+        # n and the plain medians stay the timing samples' (the report's n, the history's series),
+        # whatever the verdict was judged by
+        verdict = replace(stats.on_cpu_time(step.verdict, contention), control_n=len(m.samples[CONTROL]),
+                          treatment_n=len(m.samples[TREATMENT]),
+                          control_median_ms=statistics.median(m.samples[CONTROL]),
+                          treatment_median_ms=statistics.median(m.samples[TREATMENT]))
+        return replace(step, verdict=verdict)
+    step = stats.sequential_look(m.samples[CONTROL], m.samples[TREATMENT], m.groups[CONTROL], m.groups[TREATMENT],
+                                 **options)
+    if contention.heavy and step.stop:
+        return replace(step, verdict=stats.refused(step.verdict, contention))
+    return step

@@ -1,0 +1,148 @@
+"""Sizes under heavy contention: each process says how contended it was, and a contended
+verdict is judged on CPU time per process (or refused), never on inflated wall times."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+
+from abwatch.builders.procs import child_env, run_process
+from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, ProcessFigures
+from abwatch.service import stats
+from abwatch.service.compare import contended
+from abwatch.service.config import CommandWorkloadConfig, CommandBuildConfig, Config
+from abwatch.service.stats import Outcome
+from abwatch.service.stats.contention import CPU_UNIT, Contention, assess
+
+BUDGET = stats.Budget(max_seconds=600, max_pairs=40, batch=10)
+
+
+def config(**stats_options) -> Config:
+    return Config(build=CommandBuildConfig(command=["true"], artifacts="."),
+                  repo={"url": "/nonexistent"},
+                  workloads=[CommandWorkloadConfig(name="loop", command=["true"])],
+                  stats={"threshold_pct": 5.0, **stats_options})
+
+
+def test_assess_calls_heavy_only_a_low_share_with_preemptions():
+    # load 8 on 2 cores, as measured here: ~12 % of the wall time on a CPU, ~300 preemptions per CPU second
+    contended_ = assess([0.45] * 6, [0.054] * 6, [16] * 6)
+    assert contended_.heavy and 0.11 < contended_.cpu_share < 0.13 and 290 < contended_.preemptions_per_cpu_s < 300
+    assert "heavy contention" in contended_.describe() and "12%" in contended_.describe()
+    alone = assess([0.045] * 6, [0.043] * 6, [0] * 6)
+    assert not alone.heavy and alone.cpu_share > 0.9
+    # a process that sleeps or waits on I/O has a low share but gives the CPU up itself: not contention
+    sleeper = assess([1.0] * 6, [0.01] * 6, [0] * 6)
+    assert not sleeper.heavy and sleeper.cpu_share < 0.5
+    # too few processes with figures (TVM workers have none): not assessed
+    unmeasured = assess([0.45] * 6, [None] * 4 + [0.05] * 2, [None] * 4 + [20] * 2)
+    assert unmeasured.processes == 2 and unmeasured.cpu_share is None and not unmeasured.heavy
+    assert Contention.from_dict(contended_.to_dict()) == contended_
+    assert not assess([0.45] * 6, [0.054] * 6, [16] * 6, max_share=0.0).heavy  # contention_share = 0: never
+
+
+def test_a_real_process_reports_its_cpu_time_and_preemptions():
+    busy = run_process([sys.executable, "-c", "x = 0\nfor i in range(3_000_000): x += i"], cwd=None,
+                       env=child_env(), timeout_s=60)
+    assert busy.returncode == 0 and busy.cpu_s is not None and busy.involuntary_switches is not None
+    assert 0 < busy.cpu_s <= busy.wall_s * 2 + 0.05  # 2 cores at most; CPU time never exceeds that
+    sleeper = run_process([sys.executable, "-c", "import time; time.sleep(0.5)"], cwd=None, env=child_env(),
+                          timeout_s=60)
+    assert sleeper.returncode == 0 and sleeper.wall_s >= 0.5 and sleeper.cpu_s < sleeper.wall_s / 2
+    killed = run_process([sys.executable, "-c", "import time; time.sleep(30)"], cwd=None, env=child_env(),
+                         timeout_s=0.5)
+    assert killed.timed_out and killed.returncode is None and killed.cpu_s is not None
+
+
+def measurement(rng: random.Random, pairs: int, cpu_change: float, cpu: bool = True) -> Measurement:
+    """Processes at load ~8: each sample's wall time is its work plus 0-3 whole time slices of
+    waiting (~3 ms each, what inflated +20 % to +98 %); the CPU time carries the true change."""
+    m = Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []})
+    position = 0
+    for _ in range(pairs):
+        for side in (CONTROL, TREATMENT) if rng.random() < 0.5 else (TREATMENT, CONTROL):
+            work_ms = 4.0 * (1 + cpu_change if side == TREATMENT else 1.0)
+            # the treatment happens to meet more waiting: the quantization that made +98 %
+            waits = (1, 3) if side == TREATMENT else (0, 2)
+            samples = [work_ms + 3.0 * rng.randint(*waits) for _ in range(10)]
+            cpu_s = (10 * work_ms + 1.0) * rng.uniform(0.99, 1.01) / 1000
+            m.samples[side].extend(samples)
+            m.groups[side].extend([position] * 10)
+            m.processes[side].append(ProcessFigures(position, wall_s=8 * cpu_s, cpu_s=cpu_s if cpu else None,
+                                                    involuntary_switches=int(300 * cpu_s) if cpu else None))
+            position += 1
+    return m
+
+
+def test_under_heavy_contention_the_size_is_judged_on_cpu_time():
+    m = measurement(random.Random(3), 10, 0.20)
+    wall = stats.sequential_look(m.samples[CONTROL], m.samples[TREATMENT], m.groups[CONTROL], m.groups[TREATMENT],
+                                 look=1, elapsed_s=5, budget=BUDGET, threshold_pct=5.0)
+    assert wall.verdict.change_pct > 40  # what wall time says: far from the +20 % the work changed
+    step = contended.look(m, config(), look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12)
+    v = step.verdict
+    assert v.verdict == Outcome.REGRESSION and 17 < v.change_pct < 21 and v.ci_pct[0] > 5
+    assert v.unit == CPU_UNIT and (v.control_n, v.treatment_n) == (100, 100)  # n still counts timing samples
+    assert v.control_median_ms == float(np.median(m.samples[CONTROL]))  # and the plain medians are theirs
+    assert 40 < v.control_ms < 42  # the figure judged: CPU ms per process (10 samples of 4 ms and start-up)
+    assert v.reason.startswith("heavy contention") and "judged on CPU time per process" in v.caveat
+    assert "CPU time" in v.estimator
+    # Benjamini-Hochberg decides again and keeps what the reader must know
+    adjusted = stats.adjust_fdr([v, v])[0]
+    assert adjusted.caveat == v.caveat and adjusted.reason.startswith("heavy contention")
+    assert stats.Verdict.from_dict(v.to_dict()) == v
+
+
+def test_without_heavy_contention_wall_time_decides_as_before():
+    m = measurement(random.Random(4), 10, 0.20)
+    calm = config(contention_share=0.0)  # never heavy: the wall-time look, unchanged
+    step = contended.look(m, calm, look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12)
+    assert step.verdict.unit == "ms" and not step.verdict.caveat and step.verdict.control_n == 100
+
+
+def test_heavy_contention_without_cpu_times_is_refused_not_sized():
+    m = measurement(random.Random(5), 10, 0.20)
+    # enough processes with figures to see the contention, one without: no CPU time to judge all on
+    first = m.processes[CONTROL][0]
+    m.processes[CONTROL][0] = ProcessFigures(first.position, first.wall_s, None, None)
+    step = contended.look(m, config(), look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12)
+    assert step.stop  # the wall-time rule stopped; its size is not reported
+    v = step.verdict
+    assert v.verdict == Outcome.UNKNOWN and v.change_pct is None and v.ci_pct is None and v.p_value is None
+    assert v.reason.startswith("not judged: heavy contention") and "cannot be stood behind" in v.reason
+    assert "wall time said: regression" in v.reason
+
+
+def test_no_noise_shape_makes_cpu_judging_inflate_a_null_change():
+    # an A/A under heavy contention, many seeds: CPU time says `same` (or unknown), never a change
+    for seed in range(20):
+        m = measurement(random.Random(seed), 10, 0.0)
+        v = contended.look(m, config(), look=1, elapsed_s=5, budget=BUDGET, seed=seed, plan_pairs=12).verdict
+        assert v.unit == CPU_UNIT and v.verdict in (Outcome.SAME, Outcome.UNKNOWN), (seed, v)
+        assert abs(np.log1p(v.change_pct / 100)) < 0.02
+
+
+def test_an_alert_says_its_verdict_was_taken_under_heavy_contention(filled_pg_url):
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from abwatch.service.notify import alerts
+    from abwatch.service.store import db
+    from abwatch.service.store.models import Regression
+
+    url, _ = filled_pg_url
+    engine = db.make_engine(url)
+    with Session(engine) as session:  # rolled back: the shared database stays as it was
+        regression = session.scalars(select(Regression).order_by(Regression.id)).first()
+        caveat = "heavy contention: the processes ran 22% of their wall time on a CPU ...: judged on CPU time"
+        regression.verify_verdict = {**(regression.verify_verdict or {}), "caveat": caveat}
+        sent = alerts.payload(regression, "regress")
+        assert sent["text"].endswith(f"[{caveat}]") and sent["regression"]["caveat"] == caveat
+        regression.verify_verdict = {**regression.verify_verdict, "caveat": ""}
+        regression.benchmark_verdict = {**(regression.benchmark_verdict or {}), "caveat": ""}
+        plain = alerts.payload(regression, "regress")
+        assert "[" not in plain["text"] and plain["regression"]["caveat"] is None
+        session.rollback()
+    engine.dispose()
