@@ -21,6 +21,7 @@ This module imports nothing from abwatch, so builders and runners can use it fre
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import shutil
@@ -154,9 +155,28 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
         if sandbox is not None and sandbox.active:  # a private, writable TMPDIR, removed after the child
             _startable(argv[0], cwd, env)  # as Popen would say, not as bwrap's exit status
             tmpdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="abwatch-tmp-", ignore_cleanup_errors=True))
-            argv = sandbox.wrap(argv, cwd, tmpdir)
+            usage_r, usage_w = os.pipe()  # the command's CPU figures, from inside (sandbox.USAGE)
+            stack.callback(os.close, usage_r)
+            argv = sandbox.wrap(argv, cwd, tmpdir, usage_fd=usage_w)
+            try:
+                result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output,
+                              keep if keep is not None else max_output or KEEP_BYTES, pass_fds=(usage_w,))
+            finally:
+                os.close(usage_w)
+            return _inner_usage(result, usage_r)
         return _run(argv, cwd, env, timeout_s, merge_stderr, max_output,
                     keep if keep is not None else max_output or KEEP_BYTES)
+
+
+def _inner_usage(result: ProcessResult, usage_r: int) -> ProcessResult:
+    """``result`` with the sandboxed command's own CPU figures, where it reported them (a
+    command killed at its time limit did not: bubblewrap's own figures stay)."""
+    os.set_blocking(usage_r, False)
+    try:
+        cpu, switches = os.read(usage_r, 64).decode().split()
+        return dataclasses.replace(result, cpu_s=float(cpu), involuntary_switches=int(switches))
+    except (OSError, ValueError):  # nothing written (killed), or not two numbers
+        return result
 
 
 def _startable(program: str, cwd: Path | str | None, env: Mapping[str, str]) -> None:
@@ -172,12 +192,12 @@ def _startable(program: str, cwd: Path | str | None, env: Mapping[str, str]) -> 
 
 
 def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], timeout_s: float,
-         merge_stderr: bool, max_output: int | None, keep: int) -> ProcessResult:
+         merge_stderr: bool, max_output: int | None, keep: int, pass_fds: tuple[int, ...] = ()) -> ProcessResult:
     start = time.monotonic()
     tag = uuid.uuid4().hex
     proc = subprocess.Popen(
         list(argv), cwd=cwd, env={**env, TAG_VAR: tag}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, start_new_session=True,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, start_new_session=True, pass_fds=pass_fds,
     )
     waiter = _Reaper(proc)
     streams = {"stdout": proc.stdout} if merge_stderr else {"stdout": proc.stdout, "stderr": proc.stderr}

@@ -31,6 +31,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,13 +143,14 @@ class Sandbox:
         return policy().enabled
 
     def wrap(self, argv: Iterable[str], cwd: Path | str | None, tmpdir: Path | str | None,
-             die_with_parent: bool = True) -> list[str]:
+             die_with_parent: bool = True, usage_fd: int | None = None) -> list[str]:
         """``argv`` as run in the sandbox (unchanged where the policy is off), in ``cwd``, with
         ``tmpdir`` (a directory the caller made and removes) as its writable ``TMPDIR``.
 
         ``die_with_parent``: killed when the *thread* that starts it ends (the kernel's parent
         death signal follows the thread): right for a child its caller waits for, wrong for a
-        long-lived one another thread may use later (a fork server)."""
+        long-lived one another thread may use later (a fork server). ``usage_fd``: a pipe's
+        writing end (inherited) to which :data:`USAGE` reports the command's resource usage."""
         rules = policy()
         if not rules.enabled:
             return list(argv)
@@ -170,7 +172,33 @@ class Sandbox:
             args += ["--setenv", "TMPDIR", os.path.realpath(tmpdir)]
         if cwd is not None:
             args += ["--chdir", os.path.realpath(cwd)]
+        if usage_fd is not None:
+            argv = [sys.executable, "-I", "-S", "-c", USAGE, str(usage_fd), *argv]
         return [*args, "--", *argv]
+
+
+# Inside the sandbox, between bubblewrap and the command: runs the command and reports its
+# CPU seconds and involuntary context switches ("cpu switches") on the inherited descriptor.
+# bubblewrap's own process never waits for the sandbox's processes, so wait4 on it sees none of
+# their CPU time. The descriptor is closed in the command: it cannot write a figure of its own.
+USAGE = """import os, signal, sys
+fd = int(sys.argv[1]); os.set_inheritable(fd, False)
+pid = os.fork()
+if pid == 0:
+    os.close(fd)
+    try:
+        os.execvp(sys.argv[2], sys.argv[2:])
+    except OSError as exc:
+        sys.stderr.write(f"{sys.argv[2]}: {exc.strerror}\\n"); os._exit(127)
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, lambda n, _: os.kill(pid, n))
+_, status, usage = os.wait4(pid, 0)
+os.write(fd, f"{usage.ru_utime + usage.ru_stime} {usage.ru_nivcsw}".encode()); os.close(fd)
+code = os.waitstatus_to_exitcode(status)
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL); os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
 
 
 def _hidden(patterns: Iterable[str]) -> list[str]:

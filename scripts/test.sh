@@ -18,6 +18,7 @@ apt_install() {
 
 command -v cc >/dev/null || apt_install gcc
 command -v valgrind >/dev/null || apt_install valgrind  # the instruction counter where perf cannot count
+command -v bwrap >/dev/null || apt_install bubblewrap  # the sandbox of code under test (tests/test_sandbox.py)
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
   apt_install chromium chromium-driver
 fi

@@ -7,8 +7,10 @@ import random
 import sys
 
 import numpy as np
+import pytest
 
 from abwatch.builders.procs import child_env, run_process
+from abwatch.builders.sandbox import Sandbox
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, ProcessFigures
 from abwatch.service import stats
 from abwatch.service.compare import contended
@@ -43,16 +45,20 @@ def test_assess_calls_heavy_only_a_low_share_with_preemptions():
     assert not assess([0.45] * 6, [0.054] * 6, [16] * 6, max_share=0.0).heavy  # contention_share = 0: never
 
 
-def test_a_real_process_reports_its_cpu_time_and_preemptions():
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["bare", "sandboxed"])
+def test_a_real_process_reports_its_cpu_time_and_preemptions(sandboxed):
+    # sandboxed, the child reaped is bubblewrap: its figures must include the workload it waited for
+    box = Sandbox() if sandboxed else None
+    assert not sandboxed or box.active
     busy = run_process([sys.executable, "-c", "x = 0\nfor i in range(3_000_000): x += i"], cwd=None,
-                       env=child_env(), timeout_s=60)
+                       env=child_env(), timeout_s=60, sandbox=box)
     assert busy.returncode == 0 and busy.cpu_s is not None and busy.involuntary_switches is not None
-    assert 0 < busy.cpu_s <= busy.wall_s * 2 + 0.05  # 2 cores at most; CPU time never exceeds that
+    assert 0.05 < busy.cpu_s <= busy.wall_s * 2 + 0.05  # 2 cores at most; CPU time never exceeds that
     sleeper = run_process([sys.executable, "-c", "import time; time.sleep(0.5)"], cwd=None, env=child_env(),
-                          timeout_s=60)
+                          timeout_s=60, sandbox=box)
     assert sleeper.returncode == 0 and sleeper.wall_s >= 0.5 and sleeper.cpu_s < sleeper.wall_s / 2
     killed = run_process([sys.executable, "-c", "import time; time.sleep(30)"], cwd=None, env=child_env(),
-                         timeout_s=0.5)
+                         timeout_s=0.5, sandbox=box)
     assert killed.timed_out and killed.returncode is None and killed.cpu_s is not None
 
 
