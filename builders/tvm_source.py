@@ -123,10 +123,12 @@ class TvmSourceBuilder(Builder):
         log.append(f"$ {' '.join(argv)}\n")
         timeout = max(1.0, (deadline or time.monotonic() + self.config.timeout_s) - time.monotonic())
         try:
-            # sandboxed: the workspaces, their venvs and ccache are what it may write
+            # sandboxed: the workspaces, their venvs and ccache are what it may write, and the local
+            # package directories the config names (pip builds them in place)
+            local = tuple(p for p in self.config.python_packages if "{" not in p and Path(p).is_dir())
             proc = run_process(argv, cwd=cwd, env=env if env is not None else child_env(self.config.env),
                                timeout_s=timeout, merge_stderr=True,
-                               sandbox=Sandbox(writable=(self.workspace.parent, self.ccache_dir), network=True))
+                               sandbox=Sandbox(writable=(self.workspace.parent, self.ccache_dir, *local), network=True))
         except OSError as exc:
             if missing_tool(argv[0], exc):  # cmake, ninja, git or a compiler the machine lacks
                 raise InfraFailure(f"{what}: {argv[0]!r} is not installed on this machine ({exc.strerror}); "
@@ -286,7 +288,7 @@ class TvmSourceBuilder(Builder):
         installed = next((line.split(" ", 1)[1] for line in proc.stdout.splitlines()
                           if line.startswith("apache-tvm-ffi ")), "not installed")
         tail = proc.stdout.strip().splitlines()[-1:] or ["timed out" if proc.timed_out else "no output"]
-        raise BuildFailed(f"post-build check failed: import {self.config.check_import} "
+        raise BuildFailed(f"post-build check: import {self.config.check_import} failed "
                           f"({tail[0][:300]}); tvm-ffi: submodule {ffi.describe if ffi else 'absent'}, "
                           f"Python package apache-tvm-ffi {installed}", "", 0.0)
 
