@@ -80,7 +80,8 @@ def test_a_gigabyte_of_build_output_keeps_memory_flat_and_stores_the_cut_tail(tm
     print(f"peak RSS: {quiet_peak / 2**20:.0f} MiB quiet, {loud_peak / 2**20:.0f} MiB with a 1 GiB log")
     # flat: the gigabyte adds at most a few tails' worth (4 MiB each), far below its own size
     assert loud_peak < quiet_peak + 128 * 2**20, (quiet_peak, loud_peak)
-    assert loud_peak < GIB / 4
+    # and far below the gigabyte itself (on a loaded CI machine the quiet run alone reached 320-440 MiB)
+    assert loud_peak < GIB / 2
     # the tail, with the end of the output, then abwatch's line saying what failed
     assert loud_log.rstrip().splitlines()[-2] == "END-OF-LOG"
     assert loud_log.rstrip().splitlines()[-1].startswith("abwatch: build of ")
