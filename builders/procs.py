@@ -169,12 +169,12 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
 
 
 def _inner_usage(result: ProcessResult, usage_r: int) -> ProcessResult:
-    """``result`` with the sandboxed command's own CPU figures, where it reported them (a
-    command killed at its time limit did not: bubblewrap's own figures stay)."""
+    """``result`` with the sandboxed command's own CPU figures and wall time, where it reported
+    them (a command killed at its time limit did not: bubblewrap's own figures stay)."""
     os.set_blocking(usage_r, False)
     try:
-        cpu, switches = os.read(usage_r, 64).decode().split()
-        return dataclasses.replace(result, cpu_s=float(cpu), involuntary_switches=int(switches))
+        cpu, switches, wall = os.read(usage_r, 128).decode().split()
+        return dataclasses.replace(result, cpu_s=float(cpu), involuntary_switches=int(switches), wall_s=float(wall))
     except (OSError, ValueError):  # nothing written (killed), or not two numbers
         return result
 
