@@ -63,6 +63,10 @@ class TvmSourceBuilder(Builder):
         self.workspace = config.cache_dir / "tvm-source" / self.config.workspace_hash()
         self.ccache_dir = config.cache_dir / "ccache"
         self._fetched = False
+        # what its steps may write: the workspaces, their venvs and ccache, and the local package
+        # directories the config names (pip builds them in place)
+        local = tuple(p for p in self.config.python_packages if "{" not in p and Path(p).is_dir())
+        self._sandbox = Sandbox(writable=(self.workspace.parent, self.ccache_dir, *local), network=True)
         self._toolchain: str | None = None
 
     def resolve(self, ref: str) -> CommitInfo:
@@ -123,12 +127,8 @@ class TvmSourceBuilder(Builder):
         log.append(f"$ {' '.join(argv)}\n")
         timeout = max(1.0, (deadline or time.monotonic() + self.config.timeout_s) - time.monotonic())
         try:
-            # sandboxed: the workspaces, their venvs and ccache are what it may write, and the local
-            # package directories the config names (pip builds them in place)
-            local = tuple(p for p in self.config.python_packages if "{" not in p and Path(p).is_dir())
             proc = run_process(argv, cwd=cwd, env=env if env is not None else child_env(self.config.env),
-                               timeout_s=timeout, merge_stderr=True,
-                               sandbox=Sandbox(writable=(self.workspace.parent, self.ccache_dir, *local), network=True))
+                               timeout_s=timeout, merge_stderr=True, sandbox=self._sandbox)
         except OSError as exc:
             if missing_tool(argv[0], exc):  # cmake, ninja, git or a compiler the machine lacks
                 raise InfraFailure(f"{what}: {argv[0]!r} is not installed on this machine ({exc.strerror}); "
