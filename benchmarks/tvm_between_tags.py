@@ -83,14 +83,18 @@ def main() -> None:
     for pair in args.pair:
         control, treatment = pair.split(":")
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "abwatch.service.cli.main", "compare", "--config", str(config),
-                               "--control", control, "--treatment", treatment, "--json", "--db", database],
-                              capture_output=True, text=True)
+        # compare's progress goes to a file beside the cache, to follow a build of most of an hour
+        progress = args.cache / f"between-tags-{control}-{treatment}.log"
+        with progress.open("w") as err:
+            proc = subprocess.run([sys.executable, "-m", "abwatch.service.cli.main", "compare", "--config",
+                                   str(config), "--control", control, "--treatment", treatment, "--json",
+                                   "--db", database], stdout=subprocess.PIPE, stderr=err, text=True)
         wall = time.monotonic() - started
         try:
             payload = json.loads(proc.stdout.strip().splitlines()[-1])
         except (IndexError, ValueError):
-            print(json.dumps({"pair": pair, "exit": proc.returncode, "stderr": proc.stderr[-3000:]}), flush=True)
+            print(json.dumps({"pair": pair, "exit": proc.returncode, "progress": str(progress),
+                              "stderr": progress.read_text()[-3000:]}), flush=True)
             continue
         engine = db.make_engine(database)
         with db.session_scope(engine) as session:

@@ -205,12 +205,7 @@ class Builder(abc.ABC):
     def short_of_space(self, floor_bytes: int | None = None) -> str | None:
         """Which file system a build writes to has less than ``floor_bytes`` free now (default:
         ``cache.min_free_gb``, at least 16 MiB), with the figures; None when all have room."""
-        floor = max(FULL_BYTES, int(self.limits.min_free_gb * GB)) if floor_bytes is None else floor_bytes
-        for directory, free in free_space(self.scratch_dirs()):
-            if free < floor:
-                return (f"{directory} has {free / GB:.3f} GB free, below cache.min_free_gb = "
-                        f"{self.limits.min_free_gb:g} GB")
-        return None
+        return short_of_space(self.scratch_dirs(), self.limits, floor_bytes)
 
     def make_room(self, sha: str, keep: set[str]) -> None:
         """Evict least recently used artifacts to ``cache.max_gb`` and ``cache.min_free_gb``;
@@ -231,6 +226,16 @@ class Builder(abc.ABC):
         if short is not None:
             return InfraFailure(f"{message}, out of disk space: {short}; not the commit's failure, it stays untested")
         return BuildFailed(message, log, duration_s)
+
+
+def short_of_space(directories: list[Path], limits: CacheConfig, floor_bytes: int | None = None) -> str | None:
+    """Which of ``directories``' file systems has less than ``floor_bytes`` free now (default:
+    ``limits.min_free_gb``, at least 16 MiB), with the figures; None when all have room."""
+    floor = max(FULL_BYTES, int(limits.min_free_gb * GB)) if floor_bytes is None else floor_bytes
+    for directory, free in free_space(directories):
+        if free < floor:
+            return f"{directory} has {free / GB:.3f} GB free, below cache.min_free_gb = {limits.min_free_gb:g} GB"
+    return None
 
 
 def missing_tool(argv0: str, exc: OSError) -> bool:

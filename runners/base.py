@@ -64,10 +64,13 @@ class InvocationResult:
     message: str = ""
     records: tuple[dict, ...] = field(default_factory=tuple)
     metrics: TvmMetrics = field(default_factory=lambda: TvmMetrics())  # TVM workloads only
-    # how contended the process was (command workloads: from wait4): CPU seconds it used, and how
-    # often the kernel took the CPU from it; None where the kind does not measure them
+    # how contended the process was: CPU seconds it used, and how often the kernel took the CPU
+    # from it, over ``usage_wall_s`` seconds of wall time (command workloads: the whole process,
+    # from wait4; TVM workers: the timing batch, all ``threads``); None where not measured
     cpu_s: float | None = None
     involuntary_switches: int | None = None
+    usage_wall_s: float | None = None  # None: the whole invocation (wall_s)
+    threads: int = 1  # threads the measured code ran on (TVM_NUM_THREADS)
 
 
 @dataclass(frozen=True)

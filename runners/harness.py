@@ -103,9 +103,10 @@ class ProcessFigures:
     involuntary context switches it suffered (None where its kind does not measure them)."""
 
     position: int  # the invocation's place in the interleaved order (its samples' group)
-    wall_s: float
+    wall_s: float  # what the CPU figures cover: the whole process, or a TVM worker's timing batch
     cpu_s: float | None
     involuntary_switches: int | None
+    threads: int = 1  # threads it ran on: CPU time can be that many times its wall time
 
 
 @dataclass
@@ -141,8 +142,9 @@ def measure(runner, artifacts: Mapping[str, Path], workload, schedule: list[Slot
             result_of.samples[slot.side].extend(result.samples)
             result_of.groups[slot.side].extend([slot.position] * len(result.samples))
             result_of.records[slot.side].extend(result.records)
-            result_of.processes[slot.side].append(ProcessFigures(slot.position, result.wall_s, result.cpu_s,
-                                                                 result.involuntary_switches))
+            result_of.processes[slot.side].append(ProcessFigures(
+                slot.position, result.usage_wall_s or result.wall_s, result.cpu_s, result.involuntary_switches,
+                result.threads))
         if result.metrics:
             result_of.metrics[slot.side].append(result.metrics)
     return result_of

@@ -327,7 +327,10 @@ class TvmSessions:
                 worker.close()
         metrics["ops"] = reply.get("ops", {})
         metrics["op_features"] = reply.get("op_features", {})
-        return InvocationResult("ok", tuple(reply["samples"]), time.monotonic() - start, "", (), metrics)
+        usage = reply.get("usage") or {}  # the timing batch's, on the host CPU (absent over RPC, on a GPU)
+        return InvocationResult("ok", tuple(reply["samples"]), time.monotonic() - start, "", (), metrics,
+                                cpu_s=usage.get("cpu_s"), involuntary_switches=usage.get("involuntary_switches"),
+                                usage_wall_s=usage.get("wall_s"), threads=threads)
 
     def compile_time(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
                      side: str, side_options: dict) -> InvocationResult:

@@ -11,7 +11,10 @@ model's own imports): never abwatch, which lives in another environment. Protoco
         instructions of the compile call, or with "count_run" of the timed calls)
     <- {"ready": true, "compile_ms": ..., "tvm_version": ..., "inputs": {...},
         "instructions": {...} (compile_only with count)} | {"error": ...}
-    -> {"cmd": "run"}      <- {"samples": [ms, ...], "ops": {name: us}}
+    -> {"cmd": "run"}      <- {"samples": [ms, ...], "ops": {name: us},
+                               "usage": {"wall_s", "cpu_s", "involuntary_switches"} | null}
+       (usage: the timing batch's wall time, this process's CPU time over it (all threads) and
+       the kernel's preemptions of it; on the host CPU only, not over RPC or on a GPU)
     -> {"cmd": "count_run"}  <- {"instructions": {...}, "calls": N}  (N = number)
     -> {"cmd": "outputs"}  <- {"shape": [...], "dtype": "float32", "data": base64}
     -> {"cmd": "exit"}
@@ -30,6 +33,7 @@ import gc
 import hashlib
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -319,13 +323,15 @@ class Workload:
 
     def run(self) -> dict:
         """One timing batch: ``repeat`` samples of ``number`` calls each, and per-op times."""
+        before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         samples = [t * 1000.0 for t in self.timer(*self.args).results]
+        usage = _usage(before, started) if self.spec["device"] == "cpu" and not self.spec.get("rpc") else None
         if not self.is_vm:  # a single operator: the whole call is the operator
             name = self.entry if self.script_sha256 else self.spec["model"].partition(":")[2]
             return {"samples": samples, "ops": {name: float(np.median(samples)) * 1000},
-                    "op_features": {name: _features(self.args)}}
+                    "op_features": {name: _features(self.args)}, "usage": usage}
         features: dict = {}
-        return {"samples": samples, "ops": self._ops(features), "op_features": features}
+        return {"samples": samples, "ops": self._ops(features), "op_features": features, "usage": usage}
 
     def count_run(self) -> dict:
         """The instructions of ``number`` calls (one timed sample's worth), counted."""
@@ -377,6 +383,16 @@ class Workload:
         array = result.numpy().astype(np.float32)
         return {"shape": list(array.shape), "dtype": "float32",
                 "data": base64.b64encode(array.tobytes()).decode()}
+
+
+def _usage(before: resource.struct_rusage, started: float) -> dict:
+    """How contended the timing batch that began at ``before``/``started`` was: its wall time,
+    this process's CPU time over it (user + system, every thread) and its involuntary context
+    switches. Only the batch: the import, compile and load before it would dilute a change."""
+    after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - started
+    return {"wall_s": wall,
+            "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+            "involuntary_switches": after.ru_nivcsw - before.ru_nivcsw}
 
 
 def serve(spec: dict, send) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -119,6 +120,18 @@ def test_heavy_contention_without_cpu_times_is_refused_not_sized():
     assert v.verdict == Outcome.UNKNOWN and v.change_pct is None and v.ci_pct is None and v.p_value is None
     assert v.reason.startswith("not judged: heavy contention") and "cannot be stood behind" in v.reason
     assert "wall time said: regression" in v.reason
+
+
+def test_threads_share_the_wall_time_and_several_threads_are_refused_not_judged_on_cpu():
+    m = measurement(random.Random(6), 10, 0.20)
+    for side in (CONTROL, TREATMENT):  # the same processes on 2 threads: twice the CPU time a second
+        m.processes[side] = [replace(f, cpu_s=2 * f.cpu_s, threads=2) for f in m.processes[side]]
+    assessed = contended.assessed(m, config())
+    assert assessed.heavy and 0.12 < assessed.cpu_share < 0.13  # per thread, as for one
+    step = contended.look(m, config(), look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12)
+    v = step.verdict
+    assert v.verdict == Outcome.UNKNOWN and v.change_pct is None
+    assert "processes ran on several threads" in v.reason and "wall time said: regression" in v.reason
 
 
 def test_no_noise_shape_makes_cpu_judging_inflate_a_null_change():

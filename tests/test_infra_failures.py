@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import git
@@ -25,7 +26,7 @@ from abwatch.service.cli.main import main
 from abwatch.service.config import load_config
 from abwatch.service.store import db
 from abwatch.service.store.models import (
-    AlertDelivery, Build, BuildStatus, Job, Run, RunStatus, WatchedCommit,
+    AlertDelivery, Build, BuildStatus, Comparison, Job, Run, RunStatus, WatchedCommit,
 )
 
 pytestmark = pytest.mark.slow  # real builds, mounts and processes
@@ -54,7 +55,8 @@ def fill(disk: Path, leave_bytes: int) -> Path:
     return filler
 
 
-def write_config(tmp_path: Path, repo: Path, cache: Path, build: str, extra: str = "") -> str:
+def write_config(tmp_path: Path, repo: Path, cache: Path, build: str, extra: str = "",
+                 command: str = '["./bench", "3"]') -> str:
     path = tmp_path / "abwatch.toml"
     path.write_text(f"""
 cache_dir = {json.dumps(str(cache))}
@@ -65,7 +67,7 @@ command = {build}
 artifacts = "out"
 [[workloads]]
 name = "loop"
-command = ["./bench", "3"]
+command = {command}
 [run]
 repetitions = 4
 max_repetitions = 4
@@ -148,6 +150,75 @@ def test_compare_on_a_full_disk_exits_5_without_blaming_the_commit(tmp_path, sma
     engine = db.make_engine(sqlite_url)
     with Session(engine) as session:
         assert session.scalar(select(Build).where(Build.status == BuildStatus.BUILD_FAILED)) is None
+    engine.dispose()
+
+
+# The workload writes 8 MB of scratch to its private TMPDIR (as a compiled model's files would).
+SCRATCH_WORKLOAD = '["sh", "-c", "head -c 8388608 /dev/zero > \\"$TMPDIR/scratch\\" && ./bench 3"]'
+
+
+def test_a_measurement_on_a_full_disk_leaves_the_commit_untested_and_the_next_pass_tests_it(
+        tmp_path, small_disk, fresh_pg_url, capsys, monkeypatch):
+    # the workloads' temporary directories live on the small disk too (TMPDIR's file system)
+    (small_disk / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(small_disk / "tmp"))
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (Step("base", "Baseline", work=200_000),))
+    config = write_config(tmp_path, repo, small_disk / "cache", '["sh", "build.sh"]', '[github]\nrepo = "o/r"',
+                          command=SCRATCH_WORKLOAD)
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 0  # the baseline builds
+    make_demo_repo(repo, (Step("next", "Reword the README", work=200_000, note="words"),))
+    sha = git.Repo(repo).tags["next"].commit.hexsha
+    # both sides built (and measured) while there is room: the watch's pass below builds nothing
+    assert main(["compare", "--config", config, "--control", "base", "--treatment", "next",
+                 "--db", fresh_pg_url]) == 0
+
+    filler = fill(small_disk, 2 * MB)  # below the floor (4 MB), and no room for the workload's 8 MB
+    capsys.readouterr()
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 5
+    err = capsys.readouterr().err
+    assert "infrastructure failure" in err and "out of disk space" in err and sha[:12] in err, err
+    assert "loop: " in err and str(small_disk) in err  # the workload and the full file system are named
+    engine = db.make_engine(fresh_pg_url)
+    with Session(engine) as session:
+        watched = {w.commit.sha: w for w in session.scalars(select(WatchedCommit))}
+        assert watched[sha].status == "queued" and "out of disk space" in watched[sha].reason
+        run = session.scalars(select(Run).order_by(Run.id.desc())).first()
+        assert run.status == RunStatus.FAILED and "out of disk space" in run.error
+        assert session.scalar(select(Comparison).where(Comparison.run_id == run.id)) is None  # no verdict stored
+        states = [d.payload["state"] for d in session.scalars(
+            select(AlertDelivery).where(AlertDelivery.webhook.like("github:%")).order_by(AlertDelivery.id))
+            if d.payload["sha"] == sha]
+        assert "error" not in states and "failure" not in states and states[-1] == "pending"
+
+    filler.unlink()  # the space is back: the next pass measures the commit
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 0
+    with Session(engine) as session:
+        watched = {w.commit.sha: w for w in session.scalars(select(WatchedCommit))}
+        assert watched[sha].status == "ok" and watched[sha].run_id is not None
+        assert session.get(Run, watched[sha].run_id).status == RunStatus.COMPLETED
+    engine.dispose()
+
+
+def test_a_workload_that_fills_the_disk_itself_is_still_its_commits_failure(tmp_path, small_disk, sqlite_url,
+                                                                          capsys, monkeypatch):
+    # its scratch (60 MB) never fits the 48 MB disk; once it has failed, its TMPDIR is gone and
+    # the disk has room again: the failure is the commit's, not an infrastructure failure
+    (small_disk / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(small_disk / "tmp"))
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, (Step("base", "Baseline", work=200_000),))
+    greedy = '["sh", "-c", "head -c 62914560 /dev/zero > \\"$TMPDIR/scratch\\" && ./bench 3"]'
+    config = write_config(tmp_path, repo, small_disk / "cache", '["sh", "build.sh"]', command=greedy)
+    capsys.readouterr()
+    assert main(["compare", "--config", config, "--control", "base", "--treatment", "base",
+                 "--db", sqlite_url]) not in (0, 5)
+    err = capsys.readouterr().err
+    assert "infrastructure failure" not in err and "loop: control invocation" in err, err
+    engine = db.make_engine(sqlite_url)
+    with Session(engine) as session:
+        run = session.scalars(select(Run)).one()
+        assert run.status == RunStatus.INCOMPLETE and "loop" in run.error
     engine.dispose()
 
 

@@ -18,7 +18,7 @@ from abwatch.builders import TvmWheelBuilder
 from abwatch.service.store import db
 from abwatch.service.cli.main import main
 from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
-from abwatch.service.store.models import Record, Regression
+from abwatch.service.store.models import Invocation, Record, Regression
 
 from tests.conftest import free_port
 
@@ -93,6 +93,8 @@ def test_release_against_release_with_complete_records(capsys, tmp_path, tvm_cac
         assert result["compile_ms"]["control"] > 0 and result["compile_ms"]["treatment"] > 0
         assert result["error"]["mismatch"] is False and result["error"]["max_abs"] < 1e-3
         assert result["ops"], "per-operator times for both sides"
+        # how contended the timing batches were (threads = 1: a share of at most about 1)
+        assert result["contention"]["processes"] == 8 and 0 < result["contention"]["cpu_share"] <= 1.05
     mlp_ops = {op["type"] for op in by_name["mlp"]["ops"]}
     assert "matmul" in mlp_ops
     assert all(op["control_us"] and op["treatment_us"] for op in by_name["mlp"]["ops"])
@@ -109,6 +111,11 @@ def test_release_against_release_with_complete_records(capsys, tmp_path, tvm_cac
             assert r.fields["workload_args"]["input_shapes"]
             assert r.fields["runtime_config"]["num_threads"] == "1"
             assert "llvm" in r.fields["runtime_config"]["target"]
+        timed = session.scalars(select(Invocation).where(Invocation.run_id == payload["run_id"],
+                                                         Invocation.warmup.is_(False))).all()
+        assert len(timed) == 16
+        for i in timed:  # the figures cover the timing batch, not the worker's import and compile
+            assert i.cpu_s > 0 and i.involuntary_switches >= 0 and 0 < i.usage_wall_s < i.wall_s
     assert no_workers_left(tvm_cache)
 
 

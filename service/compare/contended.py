@@ -24,7 +24,8 @@ SIDES = (CONTROL, TREATMENT)
 def assessed(m: Measurement, config: Config) -> stats.Contention:
     """The contention of the measured processes of both sides of ``m``."""
     figures = [f for side in SIDES for f in m.processes[side]]
-    return stats.assess([f.wall_s for f in figures], [f.cpu_s for f in figures],
+    # a process on n threads can use n seconds of CPU a second: its share is per thread
+    return stats.assess([f.wall_s * f.threads for f in figures], [f.cpu_s for f in figures],
                         [f.involuntary_switches for f in figures], max_share=config.stats.contention_share)
 
 
@@ -39,7 +40,9 @@ def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget:
                    equivalence_alpha=config.stats.equivalence_alpha, plan_pairs=plan_pairs)
     contention = assessed(m, config)
     processes = [f for side in SIDES for f in m.processes[side]]
-    if contention.heavy and all(f.cpu_s is not None for f in processes):
+    # CPU time stands in for wall time only for one thread: the threads of a pool that wait for
+    # a preempted sibling spin, and waiting would inflate CPU time as much as wall time
+    if contention.heavy and all(f.cpu_s is not None and f.threads == 1 for f in processes):
         cpu = {side: [1000.0 * (f.cpu_s or 0.0) for f in m.processes[side]] for side in SIDES}
         groups = {side: [f.position for f in m.processes[side]] for side in SIDES}
         step = stats.sequential_look(cpu[CONTROL], cpu[TREATMENT], groups[CONTROL], groups[TREATMENT], **options)
@@ -53,5 +56,7 @@ def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget:
     step = stats.sequential_look(m.samples[CONTROL], m.samples[TREATMENT], m.groups[CONTROL], m.groups[TREATMENT],
                                  **options)
     if contention.heavy and step.stop:
-        return replace(step, verdict=stats.refused(step.verdict, contention))
+        why = ("processes ran on several threads, whose CPU time waiting inflates too"
+               if all(f.cpu_s is not None for f in processes) else "processes have no CPU time to judge on")
+        return replace(step, verdict=stats.refused(step.verdict, contention, why))
     return step

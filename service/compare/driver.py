@@ -31,7 +31,9 @@ from abwatch.runners import make_runner
 from abwatch.runners.base import DeviceInfo, Runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from abwatch.service import stats
-from abwatch.service.compare import attribution, compile_time, contended, instructions, lifecycle, liveness, noise
+from abwatch.service.compare import (
+    attribution, compile_time, contended, infra, instructions, lifecycle, liveness, noise,
+)
 from abwatch.service.notify import alerts
 from abwatch.service.store import locks
 from abwatch.service.compare.building import build_pair
@@ -180,6 +182,9 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
                 runner, workload, artifacts, config, run.seed, rng, progress, timeout)
             counted, counted_compile = (None, None) if m.failure else (instructions.measure(
                 runner, workload, artifacts, config, run.seed, rng, progress, timeout, what) for what in WHATS)
+            failures = [f for f in (m.failure, *(x.failure for x in (judged, counted, counted_compile) if x)) if f]
+            if failures:  # a full disk fails a workload's processes too; that is no verdict on the commit
+                infra.check_measuring(workload.name, failures[0], config.cache_dir, config.cache)
             measured.append((workload, m, verdict, judged, (counted, counted_compile)))
     # each metric is a family of its own for Benjamini-Hochberg
     timed = iter(stats.adjust_fdr([verdict for _, _, verdict, _, _ in measured if verdict is not None]))
@@ -235,6 +240,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
             run_id=run.id, workload_id=row.id, side=side, position=slot.position, warmup=slot.warmup,
             status=InvocationStatus(result.status), wall_s=result.wall_s, message=result.message,
             cpu_s=result.cpu_s, involuntary_switches=result.involuntary_switches,
+            usage_wall_s=None if result.cpu_s is None else (result.usage_wall_s or result.wall_s),
         )
         session.add(invocation)
         session.flush()

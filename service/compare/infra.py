@@ -9,7 +9,11 @@ status blames the commit, and a watch leaves it untested and tries it again at i
 
 from __future__ import annotations
 
-from abwatch.builders.base import InfraFailure, disk_full
+import tempfile
+from pathlib import Path
+
+from abwatch.builders.base import InfraFailure, disk_full, short_of_space
+from abwatch.builders.spec import CacheConfig
 from abwatch.service.store import db
 
 PREFIX = "infrastructure failure"  # how a job's error and a run's error begin when it was one
@@ -40,3 +44,15 @@ def describe(exc: BaseException) -> str | None:
     """The one line a command prints for an infrastructure failure, None for another error."""
     why = infrastructure(exc)
     return None if why is None else f"{PREFIX} (not the commit's; it stays untested): {why}"
+
+
+def check_measuring(what: str, failure: str, cache_dir: Path, limits: CacheConfig) -> None:
+    """Raise :class:`InfraFailure` when a measured process failed (``failure``, of workload
+    ``what``) while a file system measuring writes to (the cache, the temporary directory the
+    sandboxed processes get theirs under) is short of space: the full disk failed it, not the
+    commit. Checked after the failed process's own temporary files are gone, so a workload
+    that fills the disk itself is still its commit's failure."""
+    short = short_of_space([cache_dir, Path(tempfile.gettempdir())], limits)
+    if short is not None:
+        raise InfraFailure(f"{what}: {failure}; out of disk space: {short}; "
+                           "not the commit's failure, it stays untested")

@@ -37,7 +37,7 @@ class Contention:
     """How contended the measured processes of a comparison were (medians across them)."""
 
     processes: int  # measured processes with CPU figures
-    cpu_share: float | None  # CPU time / wall time (None: not measured)
+    cpu_share: float | None  # CPU time / wall time, per thread (None: not measured)
     preemptions_per_cpu_s: float | None  # involuntary context switches per CPU second
     heavy: bool
     max_share: float = HEAVY_SHARE  # the rule it was judged by
@@ -88,10 +88,12 @@ def on_cpu_time(verdict: Verdict, contention: Contention) -> Verdict:
     return replace(verdict, unit=CPU_UNIT, estimator=CPU_ESTIMATOR, caveat=caveat, reason=f"{caveat}; {verdict.reason}")
 
 
-def refused(verdict: Verdict, contention: Contention) -> Verdict:
+def refused(verdict: Verdict, contention: Contention,
+            why: str = "processes have no CPU time to judge on") -> Verdict:
     """``unknown`` in place of a wall-time verdict taken under heavy contention with no CPU
-    time to judge on: a size the scheduler's time slices can inflate is not reported."""
-    caveat = (f"{contention.describe()}, and this workload's processes have no CPU time to judge on: "
+    time to judge on (``why``: what this workload's processes lack): a size the scheduler's
+    time slices can inflate is not reported."""
+    caveat = (f"{contention.describe()}, and this workload's {why}: "
               "a wall-time change measured so cannot be stood behind")
     said = verdict.verdict.value + (f" {verdict.change_pct:+.1f}%" if verdict.change_pct is not None else "")
     return replace(verdict, verdict=Outcome.UNKNOWN, change_pct=None, ci_pct=None, p_value=None,

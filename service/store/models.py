@@ -204,10 +204,12 @@ class Invocation(Base):
     status: Mapped[InvocationStatus] = mapped_column(_enum(InvocationStatus, "invocation_status"))
     wall_s: Mapped[float] = mapped_column(Float)
     message: Mapped[str] = mapped_column(Text, default="")
-    # how contended the process was (wait4, when it ended): CPU seconds it used (user + system)
-    # and involuntary context switches; NULL where its kind does not measure them
+    # how contended the process was: CPU seconds it used (user + system, all its threads) and
+    # involuntary context switches over usage_wall_s seconds (a command workload: the whole
+    # process, from wait4; a TVM worker: its timing batch); NULL where not measured
     cpu_s: Mapped[float | None] = mapped_column(Float)
     involuntary_switches: Mapped[int | None] = mapped_column(BigInteger)
+    usage_wall_s: Mapped[float | None] = mapped_column(Float)
 
 
 class Sample(Base):
