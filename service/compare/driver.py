@@ -31,9 +31,8 @@ from abwatch.runners import make_runner
 from abwatch.runners.base import DeviceInfo, Runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from abwatch.service import stats
-from abwatch.service.compare import (
-    attribution, compile_time, contended, infra, instructions, lifecycle, liveness, noise,
-)
+from abwatch.service.compare import attribution, compile_time, contended, infra, instructions, lifecycle, liveness
+from abwatch.service.compare import noise
 from abwatch.service.notify import alerts
 from abwatch.service.store import locks
 from abwatch.service.compare.building import build_pair
