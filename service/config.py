@@ -119,6 +119,19 @@ class GithubConfig(StrictModel):
                            description="environment variable with a token that may write statuses")
     context: str = Field(default="abwatch", min_length=1, max_length=64,
                          description="status context prefix; the device name is appended")
+    # pull requests (service.watch.pulls): commands in comments, answered in the pull request
+    webhook_secret_env: str = Field(default="ABWATCH_GITHUB_WEBHOOK_SECRET", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                    description="environment variable with the webhook's secret (HMAC-SHA256)")
+    command_prefix: str = Field(default="@abwatch", min_length=2, max_length=64, pattern=r"^\S+$",
+                                description="what a comment's command line begins with")
+    pr_runs: Literal["off", "command", "auto"] = Field(
+        default="command", description="off: no pull-request runs; command: on a comment command; "
+                                       "auto: also when a pull request is opened or pushed to")
+    allow: list[str] = Field(default_factory=list,
+                             description="GitHub logins whose commands are taken without asking the API "
+                                         "(others need write access to the repository)")
+    label: str = Field(default="perf-regression", min_length=1, max_length=50,
+                       description="label set on a pull request with an untriaged regression")
 
 
 class ServerConfig(StrictModel):
@@ -284,7 +297,7 @@ class Config(StrictModel):
         """The environment variables whose values this config makes secrets (masked wherever
         shown or stored): the API token, the alert secret, the GitHub token, ``env:`` webhooks."""
         names = [self.server.token_env, self.alerts.secret_env]
-        names += [self.github.token_env] if self.github else []
+        names += [self.github.token_env, self.github.webhook_secret_env] if self.github else []
         names += [hook.removeprefix("env:") for hook in self.alerts.webhooks if hook.startswith("env:")]
         return names
 

@@ -25,7 +25,7 @@ from abwatch.builders.redact import mask_secrets, mask_url, register_secrets
 from abwatch.builders.spec import SandboxConfig, UsageError
 from abwatch.service.cli import report
 from abwatch.service.compare import liveness
-from abwatch.service.read import stored
+from abwatch.service.read import stored, triage_report
 from abwatch.service.store import db
 from abwatch.service.config import Config, ConfigError, load_config
 from abwatch.service.exits import EXIT_BUILD_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
@@ -191,7 +191,22 @@ SESSION_COMMANDS: dict[str, Callable[[Call], int]] = {
     "triage": lambda c: _triage_command(c.args, c.session, c.out),
     "history": lambda c: _history_command(c.args, c.session, c.out, c.err),
     "try": lambda c: _try_command(c),
+    "report": lambda c: _report_command(c),
 }
+
+
+def _report_command(call: Call) -> int:
+    """``abwatch report``: the triage report of a window (:mod:`service.read.triage_report`)."""
+    try:
+        since = triage_report.parse_since(call.args.since)
+    except triage_report.ReportError as exc:
+        raise UsageError(str(exc)) from None
+    data = triage_report.build(call.session, since, dashboard_url=call.args.dashboard_url)
+    if call.args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(triage_report.to_markdown(data) if call.args.markdown else triage_report.to_text(data))
+    return 0
 
 
 def _try_command(call: Call) -> int:

@@ -119,6 +119,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--note", default="", help="why")
     p.add_argument("--who", default=None, help="who decided (default: the login name)")
 
+    p = with_db(sub.add_parser("report", help="the triage report: new, confirmed, fixed and untriaged regressions"))
+    p.add_argument("--since", default="7d", help="the window: 7d, 36h, 2w, or an ISO date (default: 7d)")
+    p.add_argument("--dashboard-url", help="base URL of the dashboard, for links to each regression")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--markdown", action="store_true", help="Markdown, to paste into a forum post or an issue")
+    form.add_argument("--json", action="store_true", help=JSON_HELP)
+
     p = with_db(sub.add_parser("serve", help="serve the REST API and the dashboard"))
     p.add_argument("--config", required=True, type=Path, help="TOML config file ([server], [alerts])")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")

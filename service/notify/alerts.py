@@ -52,7 +52,7 @@ from sqlalchemy.orm import Session, object_session, sessionmaker
 
 from abwatch.builders.redact import redact_endpoint
 from abwatch.service.config import AlertsConfig, GithubConfig
-from abwatch.service.notify import github
+from abwatch.service.notify import github, pulls
 from abwatch.service.store.models import AlertDelivery, BisectionStep, DeliveryStatus, Regression, utcnow
 from abwatch.service.stats.verdict import SILENCED_TRIAGE, RegressionKind
 
@@ -259,6 +259,29 @@ def _prepare(row: AlertDelivery, urls: dict[str, str | None], config: AlertsConf
     return None if url is None else (url, *_webhook_request(row.payload, config))
 
 
+class _PullSync(_Sender):
+    """A pull request's delivery: several requests (:func:`.pulls.sync`) in place of one POST."""
+
+    def __init__(self, row_id: int, webhook: str, github_config: GithubConfig, document: dict,
+                 config: AlertsConfig, deadline: float) -> None:
+        super().__init__(row_id, webhook, github_config.api_url, b"", {}, config, deadline)
+        self.github_config, self.document = github_config, document
+
+    def _post(self, body: bytes, headers: dict[str, str]) -> int:
+        return pulls.sync(self.github_config, self.document, self.deadline, self.config.timeout_s)
+
+
+def _sender(row: AlertDelivery, urls: dict[str, str | None], config: AlertsConfig,
+            github_config: GithubConfig | None, deadline: float) -> _Sender | None:
+    """The sender of ``row``; None if this process cannot send it."""
+    if row.webhook.startswith("github-pr:"):
+        if github_config is None or pulls.label(github_config) != row.webhook or pulls.headers(github_config) is None:
+            return None
+        return _PullSync(row.id, row.webhook, github_config, row.payload, config, deadline)
+    prepared = _prepare(row, urls, config, github_config)
+    return None if prepared is None else _Sender(row.id, row.webhook, *prepared, config, deadline)
+
+
 def deliver_pending(engine: Engine, config: AlertsConfig, *, stop: threading.Event | None = None,
                     github_config: GithubConfig | None = None) -> list[Sent]:
     """Send the pending deliveries whose time has come; at most ``alerts.deadline_s`` in all.
@@ -281,12 +304,12 @@ def deliver_pending(engine: Engine, config: AlertsConfig, *, stop: threading.Eve
         rows = session.scalars(query).all()
         senders, unknown = [], []
         for row in rows:
-            prepared = _prepare(row, urls, config, github_config)
-            if prepared is None:
+            sender = _sender(row, urls, config, github_config, deadline)
+            if sender is None:
                 unknown.append(row)
                 continue
             row.next_at = utcnow() + timedelta(seconds=config.deadline_s + 60)  # claimed for this round
-            senders.append(_Sender(row.id, row.webhook, *prepared, config, deadline))
+            senders.append(sender)
         for row in unknown:  # another process (one whose config names it) will send it
             row.error = (f"{row.webhook}: not among this process's webhooks or [github] (or its variable is "
                          "unset); a process whose config names it sends it")

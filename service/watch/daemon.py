@@ -30,7 +30,7 @@ from abwatch.builders.redact import mask_url
 from abwatch.service.compare import liveness
 from abwatch.service.notify import alerts
 from abwatch.service.store import db
-from abwatch.service.watch import queue, retry, poll as watch
+from abwatch.service.watch import pulls, queue, retry, poll as watch
 from abwatch.service.config import Config, cron_trigger
 from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_INTERNAL, EXIT_OK, EXIT_REGRESSION
 from abwatch.service.compare.driver import NullProgress, Progress
@@ -97,7 +97,7 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
     failed: list[str] = []
     untested: list[str] = []  # jobs a full disk or a missing tool failed: retried by the next pass
     for device in watch.device_names(config):
-        worker = queue.Worker(engine, device, watch.handlers(config, progress))
+        worker = queue.Worker(engine, device, pulls.handlers(config, progress))
         stopper.workers.append(worker)
         try:
             while not stopper.stopping:
@@ -190,7 +190,7 @@ def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
     progress = progress or NullProgress()
     stopper = Stopper()
     stopper.install()
-    worker = queue.Worker(engine, device, watch.handlers(config, progress))
+    worker = queue.Worker(engine, device, pulls.handlers(config, progress))
     stopper.workers.append(worker)
     progress.message(f"worker {worker.name} for device {device!r}")
     wait = 0.0

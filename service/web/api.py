@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pydantic import BaseModel, Field
@@ -25,9 +25,9 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from abwatch.builders.spec import UsageError
-from abwatch.service.read import queries, serialize, triage as triage_mod
+from abwatch.service.read import queries, serialize, triage as triage_mod, triage_report
 from abwatch.service.config import ServerConfig
-from abwatch.service.web import admission
+from abwatch.service.web import admission, github_hooks
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations at run time
 from abwatch.service.store.models import Record
 from abwatch.service.stats.verdict import RegressionState, TriageStatus
@@ -104,7 +104,8 @@ class Guard:
     """Pure ASGI middleware in front of every route, before anything reads a body.
 
     - a write (POST, PUT, PATCH, DELETE) without the token gets its 401 before one byte of its
-      body is read (an unauthenticated 400 MB upload costs the server nothing);
+      body is read (an unauthenticated 400 MB upload costs the server nothing); GitHub's webhook
+      (:mod:`.github_hooks`) is authenticated by its signature instead, after the size limit;
     - one size limit (``server.max_body_mb``) on every request body: 413 from the declared
       length at once, or as soon as the bytes read pass it;
     - a NUL in the path or the query string (which PostgreSQL text cannot hold) is a 404 / 422
@@ -127,7 +128,7 @@ class Guard:
         if b"%00" in scope.get("query_string", b"").lower():
             await _refuse(scope, receive, send, 422, "the query string holds a NUL character")
             return
-        if scope["method"] in self.WRITES:
+        if scope["method"] in self.WRITES and scope["path"] != github_hooks.PATH:  # signed instead
             problem = self.api.token_problem(headers.get("authorization", ""))
             if problem is not None:
                 await _refuse(scope, receive, send, 401, problem, {"WWW-Authenticate": "Bearer"})
@@ -194,6 +195,8 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None, 
     _read_routes(app)
     _write_routes(app)
     _job_routes(app)
+    app.include_router(github_hooks.router)
+    _report_routes(app)
 
     from abwatch.service.web.dashboard import add_dashboard  # noqa: E402 - the pages use the routes above
 
@@ -279,6 +282,26 @@ def _read_routes(app: FastAPI) -> None:
         return {"watched": data["watched"], "compared": data["compared"],
                 "open_regressions": len(data["open_regressions"]),
                 "silenced_regressions": len(data["silenced_regressions"])}
+
+
+def _report_routes(app: FastAPI) -> None:
+    """The triage report (open, like every read)."""
+
+    @app.get("/api/report", tags=["regressions"], responses={422: {"model": ErrorBody}})
+    def report(session: SessionDep, request: Request,
+               since: Annotated[str, Query(max_length=40, pattern=r"^[^\x00]+$")] = "7d",
+               format: Literal["json", "markdown"] = "json") -> Any:
+        """New, confirmed, fixed and untriaged regressions of the window, one section per device,
+        ranked by size; ``format=markdown``: the Markdown a person pastes into a post or an issue."""
+        try:
+            start = triage_report.parse_since(since)
+        except triage_report.ReportError as exc:
+            raise HTTPException(422, str(exc)) from None
+        alerts = request.app.state.alerts
+        data = triage_report.build(session, start, dashboard_url=alerts.dashboard_url if alerts else None)
+        if format == "markdown":
+            return PlainTextResponse(triage_report.to_markdown(data), media_type="text/markdown; charset=utf-8")
+        return data
 
 
 def _job_routes(app: FastAPI) -> None:

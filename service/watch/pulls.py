@@ -1,0 +1,189 @@
+"""Performance runs asked for from a pull request, and answered in it.
+
+GitHub delivers webhooks (``POST /api/github/webhook``, :mod:`service.web.github_hooks`) signed
+with the shared secret; a comment whose line begins with ``[github] command_prefix``::
+
+    @abwatch try [WORKLOAD...] [--verify]
+    @abwatch triage acknowledged | not-a-bug | fixed-by <sha>
+
+from a person with write access (or one on ``[github] allow``) queues a ``pr`` job per watch
+device (:func:`submit`): the pull request's head against its merge base, run like a person's
+try job (:func:`service.watch.tryjob.run_try`). With ``pr_runs = "auto"`` opening or pushing to a
+pull request does the same. When the job is queued and when it ends, :func:`run_pr` records the
+pull request's new state in the outbox (:mod:`service.notify.pulls`): the comment, the check run
+and the label.
+
+Nothing from a comment, a branch or a payload reaches a shell: a command is split on white
+space and each word is checked against the config's workloads or a fixed vocabulary; shas are
+hex.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session
+
+from abwatch.builders import make_builder
+from abwatch.service.config import Config, GithubConfig
+from abwatch.service.compare import driver
+from abwatch.service.notify import pulls
+from abwatch.service.stats.verdict import TriageStatus
+from abwatch.service.store import db
+from abwatch.service.store.models import Job, JobStatus, Regression
+from abwatch.service.watch import poll, queue, tryjob
+
+KIND = pulls.KIND
+SIGNATURE_HEADER = "X-Hub-Signature-256"
+WRITERS = frozenset({"admin", "maintain", "write"})
+TRIAGE_WORDS = {"acknowledged": TriageStatus.ACKNOWLEDGED, "not-a-bug": TriageStatus.INVALID,
+                "fixed-by": TriageStatus.ACKNOWLEDGED}
+SHA = re.compile(r"^[0-9a-f]{7,40}$")
+LOGIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
+WORDS_MAX = 64  # words of one command
+
+
+# the reads of GitHub's API the webhook needs (service.notify.pulls holds the API's client)
+GithubApiError = pulls.GithubApiError
+read_pull = pulls.pull
+merge_base = pulls.merge_base
+
+
+class CommandError(ValueError):
+    """A command line that cannot be carried out as written (its message says how to write it)."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One parsed command: ``try`` (workloads, verify) or ``triage`` (status, fixing sha)."""
+
+    action: str
+    workloads: tuple[str, ...] = ()
+    verify: bool = False
+    triage: TriageStatus | None = None
+    fixed_by: str | None = None
+    words: tuple[str, ...] = field(default=(), compare=False)
+
+    def note(self) -> str:
+        """The triage event's note."""
+        return f"fixed by {self.fixed_by}" if self.fixed_by else f"{self.triage.value if self.triage else ''} on GitHub"
+
+
+def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
+    """GitHub's ``X-Hub-Signature-256``: ``sha256=`` and the HMAC-SHA256 of the exact body,
+    compared in constant time."""
+    expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected.encode(), (header or "").encode())
+
+
+def parse_command(text: str, prefix: str) -> Command | None:
+    """The command in a comment's first line that begins with ``prefix``; None if no line does."""
+    for line in text.splitlines():
+        words = line.split()
+        if not words or words[0].lower() != prefix.lower():
+            continue
+        if len(words) > WORDS_MAX:
+            raise CommandError(f"{prefix}: at most {WORDS_MAX} words")
+        return _command(words[1:], prefix)
+    return None
+
+
+def _command(words: list[str], prefix: str) -> Command:
+    usage = (f"usage: `{prefix} try [WORKLOAD...] [--verify]` or "
+             f"`{prefix} triage acknowledged|not-a-bug|fixed-by <sha>`")
+    if not words:
+        raise CommandError(usage)
+    action, rest = words[0].lower(), words[1:]
+    if action == "try":
+        flags = [w for w in rest if w.startswith("-")]
+        if set(flags) - {"--verify"}:
+            raise CommandError(f"unknown option {sorted(set(flags) - {'--verify'})[0]!r}; {usage}")
+        return Command("try", tuple(dict.fromkeys(w for w in rest if not w.startswith("-"))),
+                       "--verify" in flags, words=tuple(words))
+    if action == "triage" and rest and rest[0].lower() in TRIAGE_WORDS:
+        word = rest[0].lower()
+        if word == "fixed-by":
+            if len(rest) != 2 or not SHA.match(rest[1].lower()):
+                raise CommandError(f"`fixed-by` takes one commit sha (7 to 40 hex digits); {usage}")
+            return Command("triage", triage=TRIAGE_WORDS[word], fixed_by=rest[1].lower(), words=tuple(words))
+        if len(rest) != 1:
+            raise CommandError(usage)
+        return Command("triage", triage=TRIAGE_WORDS[word], words=tuple(words))
+    raise CommandError(usage)
+
+
+def may_command(config: GithubConfig, login: str, timeout_s: float = 10.0) -> bool:
+    """Whether ``login`` may command runs: on ``[github] allow``, or with write access to the
+    repository as GitHub's API says (:func:`service.notify.pulls.permission`)."""
+    if not LOGIN.match(login):
+        return False
+    if login.lower() in {name.lower() for name in config.allow}:
+        return True
+    return pulls.permission(config, login, timeout_s) in WRITERS
+
+
+def submit(session: Session, config: Config, number: int, head: str, merge_base: str, command: Command,
+           who: str, request_key: str) -> list[Job]:
+    """Queue one ``pr`` job per watch device (the head against the merge base) and record the
+    pull request's new state in the outbox; commit. ``request_key`` (the webhook delivery, or
+    the head for an automatic run) makes a delivery GitHub sends again queue nothing twice."""
+    github = config.github
+    assert github is not None, "pull-request runs need [github]"
+    names = {w.name for w in config.workloads}
+    unknown = [w for w in command.workloads if w not in names]
+    if unknown:
+        raise tryjob.TryError(f"unknown workload(s) {', '.join(unknown[:10])} (the config has: "
+                              f"{', '.join(sorted(names))})")
+    builder = make_builder(config)
+    control, treatment = builder.resolve(merge_base), builder.resolve(head)
+    payload = {"control": control.sha, "treatment": treatment.sha, "control_ref": f"merge base of #{number}",
+               "treatment_ref": f"pull/{number}/head", "workloads": sorted(command.workloads),
+               "verify": command.verify, "who": who, "pr": number, "repo": github.repo}
+    jobs = []
+    for device in poll.device_names(config):
+        job = queue.enqueue(session, KIND, device, payload, f"{pulls.job_key(github, number)}{request_key}:{device}")
+        if job is not None:
+            jobs.append(job)
+    if jobs:
+        pulls.enqueue(session, github, number, config.alerts.dashboard_url)
+    session.commit()
+    return jobs
+
+
+def open_regressions(session: Session, config: GithubConfig, number: int) -> list[Regression]:
+    """The open regressions of the pull request's newest runs (what a triage command decides)."""
+    runs = [j.result["run_id"] for j in pulls.current_jobs(session, config, number) if j.result and j.result.get("run_id")]
+    return [r for r in pulls.pr_regressions(session, runs) if r.state in pulls.OPEN_STATES]
+
+
+def announce(session: Session, config: Config, number: int) -> None:
+    """Record the pull request's state now in the outbox (after a triage), in the caller's transaction."""
+    pulls.enqueue(session, config.github, number, config.alerts.dashboard_url)
+
+
+def run_pr(session: Session, config: Config, job: Job, progress: driver.Progress | None = None) -> dict:
+    """The ``pr`` job: a try job's comparison (and verification), then the pull request's state
+    in the outbox, committed with the job's end (or on its own when the job failed)."""
+    number = job.payload["pr"]
+    job_id = job.id
+    try:
+        result = tryjob.run_try(session, config, job, progress)
+    except Exception as exc:
+        if db.lost_connection(exc) is not None:
+            raise  # nothing can be recorded now; the job is queued again once its lock is free
+        session.rollback()
+        pulls.enqueue(session, config.github, number, config.alerts.dashboard_url,
+                      {job_id: (JobStatus.FAILED, None, f"{type(exc).__name__}: {exc}")})
+        session.commit()
+        raise
+    pulls.enqueue(session, config.github, number, config.alerts.dashboard_url, {job_id: (JobStatus.DONE, result, None)})
+    return result
+
+
+def handlers(config: Config, progress: driver.Progress | None = None) -> dict:
+    """The job kinds a worker of this config runs: the watch's and a person's
+    (:func:`service.watch.poll.handlers`) and a pull request's."""
+    return {**poll.handlers(config, progress), KIND: lambda session, job: run_pr(session, config, job, progress)}

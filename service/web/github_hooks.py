@@ -1,0 +1,175 @@
+"""``POST /api/github/webhook``: GitHub's deliveries, authenticated by their signature.
+
+The route needs no API token (:class:`service.web.api.Guard` lets this one path through to
+it); instead the body's ``X-Hub-Signature-256`` is checked against the secret in the variable
+``[github] webhook_secret_env`` before anything is parsed, and a delivery without a valid one
+is refused (401; 403 while the server has no secret). The server's rate limit and body limit
+apply as to every request. What a delivery asks is then checked in turn, each refusal a 4xx
+that queues nothing: the repository must be the configured one, the payload well formed, the
+commenter allowed (:func:`service.watch.pulls.may_command`), the command well written.
+
+- ``issue_comment`` (created, on a pull request) with a command: ``try`` queues a ``pr`` job
+  per device (201), ``triage`` records a decision on the pull request's open regressions (200);
+- ``pull_request`` (opened, synchronize, reopened) with ``[github] pr_runs = "auto"``: the same
+  as ``try``, once per head;
+- ``ping``: 200; anything else: 202, ignored.
+"""
+
+import logging
+import os
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
+
+from abwatch.builders.spec import UsageError
+from abwatch.runners.safejson import BadValue, loads
+from abwatch.service.config import Config
+from abwatch.service.read import triage as triage_mod
+from abwatch.service.watch import pulls
+
+PATH = "/api/github/webhook"
+PR_ACTIONS = frozenset({"opened", "synchronize", "reopened"})
+log = logging.getLogger("abwatch.github")
+router = APIRouter()
+
+
+class Answer(Exception):
+    """How a delivery is answered when it stops early (a refusal, or nothing to do)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def _get(payload: Any, *path: str, kind: type = str) -> Any:
+    """``payload[path...]`` of type ``kind``; a 422 naming the field otherwise."""
+    value = payload
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
+        raise Answer(422, f"malformed {'.'.join(path)}: expected {kind.__name__}")
+    return value
+
+
+@router.post(PATH, tags=["github"], status_code=200)
+async def webhook(request: Request) -> JSONResponse:
+    """A GitHub delivery (see the module's docstring)."""
+    config: Config | None = request.app.state.config
+    github = config.github if config else None
+    if config is None or github is None:
+        return JSONResponse({"detail": "GitHub webhooks are not configured on this server ([github])"}, 404)
+    secret = os.environ.get(github.webhook_secret_env, "")
+    if not secret:
+        return JSONResponse({"detail": f"GitHub webhooks are disabled: ${github.webhook_secret_env} is not "
+                                       "set on the server"}, 403)
+    body = await request.body()  # the body limit was applied before (Guard)
+    if not pulls.verify_signature(secret, body, request.headers.get(pulls.SIGNATURE_HEADER)):
+        return JSONResponse({"detail": f"a valid {pulls.SIGNATURE_HEADER} signature is required"}, 401)
+    event = request.headers.get("X-GitHub-Event", "")
+    delivery = request.headers.get("X-GitHub-Delivery", "")
+    try:
+        payload = loads(body, "webhook body")
+        if not isinstance(payload, dict):
+            raise Answer(422, "malformed payload: expected a JSON object")
+        if not delivery or len(delivery) > 64 or not delivery.replace("-", "").isalnum():
+            raise Answer(400, "X-GitHub-Delivery is missing or malformed")
+        status, data = await run_in_threadpool(_handle, request, config, event, delivery, payload)
+    except (ValueError, UnicodeDecodeError, BadValue) as exc:
+        status, data = 400, {"detail": f"the body is not JSON: {str(exc)[:200]}"}
+    except Answer as answer:
+        status, data = answer.status, {"detail": answer.detail}
+    except pulls.GithubApiError as exc:
+        log.warning("GitHub delivery %s: %s", delivery, exc)
+        return JSONResponse({"detail": str(exc)}, 503, headers={"Retry-After": "60"})
+    if status >= 400:
+        log.info("GitHub delivery %s (%s) refused: %s %s", delivery[:64], event[:64], status, data.get("detail"))
+    return JSONResponse(data, status)
+
+
+def _handle(request: Request, config: Config, event: str, delivery: str, payload: dict) -> tuple[int, dict]:
+    """The delivery's work, in a worker thread (it waits on the database and GitHub's API)."""
+    github = config.github
+    assert github is not None
+    if event == "ping":
+        return 200, {"detail": "pong"}
+    if event not in ("issue_comment", "pull_request"):
+        return 202, {"detail": f"event {event[:64]!r} is not one abwatch acts on"}
+    full_name = _get(payload, "repository", "full_name")
+    if full_name.lower() != github.repo.lower():
+        raise Answer(422, f"the delivery is for {full_name[:140]}, this server answers {github.repo}")
+    if github.pr_runs == "off":
+        return 202, {"detail": "pull-request runs are off ([github] pr_runs)"}
+    login = _get(payload, "sender", "login")
+    if _get(payload, "sender", "type") == "Bot":
+        return 202, {"detail": "deliveries caused by bots are ignored"}
+    if event == "pull_request":
+        return _pull_request(request, config, payload, login)
+    if _get(payload, "action") != "created" or not isinstance(_get(payload, "issue", kind=dict).get("pull_request"), dict):
+        return 202, {"detail": "not a new comment on a pull request"}
+    number = _get(payload, "issue", "number", kind=int)
+    try:
+        command = pulls.parse_command(_get(payload, "comment", "body"), github.command_prefix)
+    except pulls.CommandError as exc:
+        raise Answer(422, str(exc)) from None
+    if command is None:
+        return 202, {"detail": "no command in the comment"}
+    if not pulls.may_command(github, login):
+        raise Answer(403, f"{login[:40]} may not command runs: write access to {github.repo} is needed")
+    with request.app.state.api.sessions() as session:
+        if command.action == "triage":
+            return _triage(session, config, payload, number, command, login)
+        head, base = pulls.read_pull(github, number)
+        return _queue(session, config, number, head, base, command, login, delivery)
+
+
+def _pull_request(request: Request, config: Config, payload: dict, login: str) -> tuple[int, dict]:
+    """``pull_request``: opened or pushed to, with ``pr_runs = "auto"``: a run of the new head."""
+    github = config.github
+    assert github is not None
+    action = _get(payload, "action")
+    if github.pr_runs != "auto" or action not in PR_ACTIONS:
+        return 202, {"detail": f"pull_request {action[:32]!r}: no automatic run ([github] pr_runs = {github.pr_runs!r})"}
+    number = _get(payload, "number", kind=int)
+    head, base = _get(payload, "pull_request", "head", "sha"), _get(payload, "pull_request", "base", "sha")
+    if not (pulls.SHA.match(head) and pulls.SHA.match(base)):
+        raise Answer(422, "malformed pull_request.head.sha or base.sha")
+    if not pulls.may_command(github, login):
+        raise Answer(403, f"{login[:40]} may not start runs: write access to {github.repo} is needed")
+    with request.app.state.api.sessions() as session:
+        return _queue(session, config, number, head, base, pulls.Command("try"), login, f"auto-{head}")
+
+
+def _queue(session: Session, config: Config, number: int, head: str, base: str, command: pulls.Command,
+           login: str, key: str) -> tuple[int, dict]:
+    github = config.github
+    assert github is not None
+    merge_base = pulls.merge_base(github, base, head)
+    try:
+        jobs = pulls.submit(session, config, number, head, merge_base, command, f"github:{login}", key)
+    except UsageError as exc:  # an unknown workload, a commit the mirror cannot find
+        raise Answer(422, str(exc)) from None
+    if not jobs:
+        return 200, {"detail": "already queued for this delivery", "jobs": []}
+    return 201, {"jobs": [{"id": j.id, "device": j.device} for j in jobs], "control": merge_base, "treatment": head}
+
+
+def _triage(session: Session, config: Config, payload: dict, number: int, command: pulls.Command,
+            login: str) -> tuple[int, dict]:
+    github = config.github
+    assert github is not None and command.triage is not None
+    found = pulls.open_regressions(session, github, number)
+    if not found:
+        raise Answer(409, f"pull request #{number} has no open regression to triage")
+    issue_url = None
+    if command.fixed_by:
+        html = _get(payload, "repository", "html_url")
+        issue_url = f"{html.rstrip('/')}/commit/{command.fixed_by}" if html.startswith("https://") else None
+    for regression in found:
+        triage_mod.triage(session, regression.id, command.triage, who=f"github:{login}", issue_url=issue_url,
+                          note=command.note())
+    pulls.announce(session, config, number)
+    session.commit()
+    return 200, {"triaged": [r.id for r in found], "as": command.triage.value}

@@ -1,0 +1,205 @@
+"""Pull-request runs: signed GitHub webhook deliveries to a real ``abwatch serve``, a local
+stand-in for GitHub's REST API (every request recorded), a real git history of the C
+benchmark, real builds and runs, a real queue on PostgreSQL, and the outbox that answers."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+
+import git
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from abwatch.service.config import load_config
+from abwatch.service.notify import alerts
+from abwatch.service.store import db
+from abwatch.service.store.models import Job, TriageEvent
+from abwatch.service.watch import pulls, queue
+from tests.github_standin import TOKEN, GitHub, comment_event, deliver
+from tests.test_try import serving
+from tests.test_watch import write_watch_config
+
+SECRET = "hook-secret-\u00e9"
+REPO = "acme/tvm"
+
+
+@pytest.fixture
+def github(bench_repo):
+    server = GitHub(bench_repo, REPO)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def pr_config(tmp_path, bench_repo, github: GitHub, rate_limit: str = "100/minute", extra: str = "") -> str:
+    path = write_watch_config(tmp_path, bench_repo, "", threshold_pct=5.0)
+    with open(path, "a") as handle:
+        handle.write(f'''[github]
+repo = "{REPO}"
+api_url = "{github.url}"
+token_env = "ABWATCH_TEST_GH_TOKEN"
+webhook_secret_env = "ABWATCH_TEST_HOOK_SECRET"
+allow = ["release-bot"]
+{extra}
+[alerts]
+dashboard_url = "http://dash.example"
+[server]
+rate_limit = "{rate_limit}"
+''')
+    return path
+
+
+def work_and_deliver(url: str, config_path: str) -> None:
+    """What a worker of the device does: its jobs, then a round of the outbox."""
+    config = load_config(config_path)
+    engine = db.make_engine(url)
+    worker = queue.Worker(engine, "bench-box", pulls.handlers(config))
+    try:
+        while worker.run_one() is not None:
+            pass
+        deliver_round(engine, config)
+    finally:
+        worker.close()
+        engine.dispose()
+
+
+def deliver_round(engine, config) -> None:
+    sent = alerts.deliver_pending(engine, config.alerts, github_config=config.github)
+    assert sent and all(s.ok for s in sent), sent
+
+
+def job_count(url: str) -> int:
+    engine = db.make_engine(url)
+    with Session(engine) as session:
+        count = session.scalar(select(func.count()).select_from(Job))
+    engine.dispose()
+    return count or 0
+
+
+def test_a_comment_command_is_answered_in_the_pull_request(tmp_path, bench_repo, fresh_pg_url, github, monkeypatch):
+    tags = {t.name: t.commit.hexsha for t in git.Repo(bench_repo).tags}
+    github.permissions.update({"alice": "write", "mallory": "read"})
+    github.pulls[42] = {"head": tags["slower"], "base": tags["noop"]}
+    config_path = pr_config(tmp_path, bench_repo, github)
+    monkeypatch.setenv("ABWATCH_TEST_GH_TOKEN", TOKEN)
+    monkeypatch.setenv("ABWATCH_TEST_HOOK_SECRET", SECRET)
+    db.upgrade(fresh_pg_url)
+    command = comment_event(REPO, 42, "alice", "Looks slow to me.\n@abwatch try loop --verify\nthanks")
+    with (tmp_path / "serve.log").open("w") as log, serving(config_path, fresh_pg_url, log) as base:
+        # refused, each without a job and without a 5xx
+        assert deliver(base, None, "issue_comment", command).status_code == 401  # unsigned
+        assert deliver(base, "not-the-secret", "issue_comment", command).status_code == 401
+        forged = dict(command, comment={**command["comment"], "body": "@abwatch try"})
+        signed = json.dumps(command).encode()
+        assert deliver(base, None, "issue_comment", json.dumps(forged).encode(),
+                       signature=signature(SECRET, signed)).status_code == 401  # another body's signature
+        assert deliver(base, SECRET, "issue_comment", b"{not json").status_code == 400
+        assert deliver(base, SECRET, "issue_comment", {**command, "issue": {"pull_request": {}}}).status_code == 422
+        unknown = deliver(base, SECRET, "issue_comment", comment_event(REPO, 42, "stranger", "@abwatch try"))
+        assert unknown.status_code == 403 and "stranger" in unknown.text
+        reader = deliver(base, SECRET, "issue_comment", comment_event(REPO, 42, "mallory", "@abwatch try"))
+        assert reader.status_code == 403
+        assert deliver(base, SECRET, "issue_comment", comment_event(REPO, 42, "alice", "@abwatch try nosuch")
+                       ).status_code == 422
+        assert deliver(base, SECRET, "issue_comment", comment_event(REPO, 42, "alice", "@abwatch fly")).status_code == 422
+        assert deliver(base, SECRET, "issue_comment", comment_event(REPO, 42, "alice", "just words")).status_code == 202
+        assert deliver(base, SECRET, "ping", {"zen": "Keep it simple.", "repository": {"full_name": REPO}}
+                       ).status_code == 200
+        assert job_count(fresh_pg_url) == 0
+        assert not github.requests_to("POST", r"/issues/42/comments")
+        # the command: one job per device, the head against its merge base
+        queued = deliver(base, SECRET, "issue_comment", command, delivery="delivery-1")
+        assert queued.status_code == 201, queued.text
+        assert queued.json()["control"] == tags["noop"] and queued.json()["treatment"] == tags["slower"]
+        again = deliver(base, SECRET, "issue_comment", command, delivery="delivery-1")  # GitHub's redelivery
+        assert again.status_code == 200 and again.json()["jobs"] == []
+        assert job_count(fresh_pg_url) == 1
+        assert github.requests_to("GET", r"/collaborators/alice/permission")
+        config = load_config(config_path)
+        engine = db.make_engine(fresh_pg_url)
+        deliver_round(engine, config)  # queued: the comment is created, the check run is in progress
+        (comment_id,) = github.comments
+        assert "Queued" in github.comments[comment_id]["body"]
+        (check,) = github.checks.values()
+        assert check["status"] == "in_progress" and check["head_sha"] == tags["slower"] and check["name"] == "abwatch"
+
+        work_and_deliver(fresh_pg_url, config_path)  # measured and verified: a regression
+        assert list(github.comments) == [comment_id]  # edited, not a second comment
+        assert len(github.requests_to("POST", r"/issues/42/comments")) == 1
+        assert len(github.requests_to("PATCH", rf"/issues/comments/{comment_id}")) == 1
+        body = github.comments[comment_id]["body"]
+        assert body.startswith(pulls.pulls.MARKER) and "#### bench-box" in body
+        row = next(line for line in body.splitlines() if line.startswith("| loop |"))
+        assert "**regression (confirmed)**" in row and "http://dash.example/runs/" in row and "ms |" in row
+        (check,) = github.checks.values()
+        assert check["status"] == "completed" and check["conclusion"] == "failure"
+        assert "loop" in check["output"]["title"] and "| loop |" in check["output"]["summary"]
+        assert github.labels[42] == {"perf-regression"}
+
+        # a triage comment records the decision and takes the label off
+        triaged = deliver(base, SECRET, "issue_comment",
+                          comment_event(REPO, 42, "alice", "@abwatch triage fixed-by abc1234"))
+        assert triaged.status_code == 200, triaged.text
+        deliver_round(engine, config)
+        assert github.labels[42] == set() and list(github.comments) == [comment_id]
+        (check,) = github.checks.values()
+        assert check["conclusion"] == "neutral"
+        assert "triaged acknowledged" in github.comments[comment_id]["body"]
+        with Session(engine) as session:
+            (event,) = session.scalars(select(TriageEvent)).all()
+            assert event.who == "github:alice" and event.note == "fixed by abc1234"
+            assert event.issue_url == f"https://github.com/{REPO}/commit/abc1234"
+        engine.dispose()
+    for call in github.calls:  # the token went only where it belongs, never into a body
+        assert TOKEN not in json.dumps(call["body"])
+    assert SECRET not in (tmp_path / "serve.log").read_text()
+
+
+def test_parse_command_takes_words_never_a_shell():
+    assert pulls.parse_command("@abwatch try a b --verify", "@abwatch") == pulls.Command("try", ("a", "b"), True)
+    assert pulls.parse_command("no command here", "@abwatch") is None
+    triage = pulls.parse_command("@ABWATCH triage not-a-bug", "@abwatch")
+    assert triage is not None and triage.triage and triage.triage.value == "invalid"
+    fixed = pulls.parse_command("@abwatch triage fixed-by 0123abcd", "@abwatch")
+    assert fixed is not None and fixed.fixed_by == "0123abcd"
+    for bad in ("@abwatch try --rm", "@abwatch triage fixed-by $(reboot)", "@abwatch triage maybe", "@abwatch"):
+        with pytest.raises(pulls.CommandError):
+            pulls.parse_command(bad, "@abwatch")
+    assert not pulls.verify_signature("s", b"body", None)
+    assert pulls.verify_signature("s", b"body", signature("s", b"body"))
+
+
+def signature(secret: str, body: bytes) -> str:
+    """``X-Hub-Signature-256`` of ``body``, as GitHub computes it."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def test_automatic_runs_and_the_servers_limits(tmp_path, bench_repo, fresh_pg_url, github, monkeypatch):
+    tags = {t.name: t.commit.hexsha for t in git.Repo(bench_repo).tags}
+    config_path = pr_config(tmp_path, bench_repo, github, rate_limit="8/minute", extra='pr_runs = "auto"')
+    with open(config_path, "a") as handle:
+        handle.write("max_body_mb = 0.01\n")
+    monkeypatch.setenv("ABWATCH_TEST_GH_TOKEN", TOKEN)
+    monkeypatch.setenv("ABWATCH_TEST_HOOK_SECRET", SECRET)
+    db.upgrade(fresh_pg_url)
+    opened = {"action": "opened", "number": 7, "repository": {"full_name": REPO},
+              "sender": {"login": "release-bot", "type": "User"},  # on [github] allow: no API question
+              "pull_request": {"head": {"sha": tags["slower"]}, "base": {"sha": tags["noop"]}}}
+    with (tmp_path / "serve.log").open("w") as log, serving(config_path, fresh_pg_url, log) as base:
+        first = deliver(base, SECRET, "pull_request", opened)
+        assert first.status_code == 201, first.text
+        pushed = deliver(base, SECRET, "pull_request", {**opened, "action": "synchronize"})  # the same head
+        assert pushed.status_code == 200 and pushed.json()["jobs"] == []
+        assert deliver(base, SECRET, "pull_request", {**opened, "action": "closed"}).status_code == 202
+        assert not github.requests_to("GET", r"/collaborators/.*")
+        big = deliver(base, SECRET, "issue_comment", b"x" * 20_000)
+        assert big.status_code == 413
+        answers = [deliver(base, "wrong", "issue_comment", b"{}").status_code for _ in range(10)]
+        assert 429 in answers and set(answers) <= {401, 429}
+    assert job_count(fresh_pg_url) == 1
