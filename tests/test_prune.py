@@ -5,6 +5,9 @@ nothing, in bounded transactions, and every reader of a pruned run says so."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -23,6 +26,8 @@ from abwatch.service.store.models import (
 from abwatch.service.stats.verdict import Outcome, RegressionState
 from abwatch.service.watch import retention
 from conftest import live_server
+from tests.test_watch import write_watch_config
+from tests.test_watch_workers import wait_for
 
 SAMPLES_PER_RUN = 6  # 2 invocations (one a side) x 3 samples
 
@@ -224,3 +229,25 @@ def test_retention_config_is_checked(tmp_path):
         _config(tmp_path, samples_days=-1)
     with pytest.raises(ValueError, match="not a cron expression"):
         _config(tmp_path, samples_days=30, schedule="nightly")
+
+
+@pytest.mark.slow
+def test_the_long_running_watch_prunes_on_its_retention_schedule(tmp_path, sqlite_url):
+    ids = fill(sqlite_url)
+    # the watch's own pass is next new year; the prune every 2 seconds
+    config = write_watch_config(tmp_path, tmp_path / "repo", 'schedule = "0 0 1 1 *"\n'
+                                '[retention]\nsamples_days = 90\nschedule = "*/2 * * * * *"')
+    log = tmp_path / "watch.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "watch", "--config", config,
+                                 "--db", sqlite_url], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for("the nightly prune", lambda: "retention: pruned" in log.read_text(), deadline_s=120, logs=[log])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    text = log.read_text()
+    assert code == 0, text
+    assert f"retention: pruned {SAMPLES_PER_RUN} sample(s) of 1 run(s)" in text, text
+    after = samples_by_run(sqlite_url)
+    assert after[ids["old_plain"]] == 0 and after[ids["recent"]] == SAMPLES_PER_RUN

@@ -110,7 +110,7 @@ def _bytes_estimate(session: Session, rows: int) -> int | None:
     if session.get_bind().dialect.name != "postgresql" or rows == 0:
         return None if rows else 0
     total_bytes, estimate = session.execute(text(
-        "SELECT pg_total_relation_size('samples'), reltuples FROM pg_class WHERE relname = 'samples'")).one()
+        "SELECT pg_total_relation_size('samples'), reltuples FROM pg_class WHERE oid = 'samples'::regclass")).one()
     if estimate is None or estimate <= 0:  # never analysed: count them
         estimate = session.scalar(select(func.count()).select_from(Sample)) or 0
     return int(total_bytes * min(1.0, rows / estimate)) if estimate else None
