@@ -3,6 +3,7 @@
     python -m benchmarks.store                       # 50 workloads x 4 devices x 730 nights, ~10.5 M samples
     python -m benchmarks.store --nights 60           # a quick look
     python -m benchmarks.store --write-docs docs/store.md
+    python -m benchmarks.store --prune-older-than 90 # then prune: sizes, rows, seconds, queries again
 
 Fills a throw-away PostgreSQL database (created on the server of ``--admin-url``, dropped
 at the end unless ``--keep``) with the shape a nightly watch leaves: every night each device
@@ -12,6 +13,11 @@ verified. Samples go through :func:`service.store.rows.write_samples` (COPY), th
 path; the other rows through :func:`service.store.rows.copy_rows`. Then it times, on the full
 database, the dashboard's queries (the functions the pages call) and every query of
 docs/sql.md (median of 5 runs after a warm-up), and prints their EXPLAIN plans.
+
+With ``--prune-older-than DAYS`` it then prunes as ``abwatch db prune --older-than DAYS --yes``
+does (:mod:`service.store.prune`) and reports the rows dropped, the seconds it took, the
+sizes of ``samples`` and of the database before, after (and after ``VACUUM FULL samples``),
+and the dashboard's query times again.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from abwatch.service.read import queries
-from abwatch.service.store import db
+from abwatch.service.store import db, prune
 from abwatch.service.store.rows import copy_rows, write_samples
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -202,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="do not drop the database at the end")
     parser.add_argument("--write-docs", type=Path, help="write the figures and plans as Markdown here")
+    parser.add_argument("--prune-older-than", type=float, metavar="DAYS",
+                        help="then prune the samples of runs older than DAYS that opened nothing, and measure")
     args = parser.parse_args(argv)
     admin = create_engine(args.admin_url, isolation_level="AUTOCOMMIT")
     name = f"abwatch_store_bench_{os.getpid()}"
@@ -244,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                                ("latest_status", "SELECT * FROM latest_status")):
                 plan = session.execute(text("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql))
                 plans.append((label, "\n".join(r[0] for r in plan)))
+        if args.prune_older_than is not None:
+            lines += prune_figures(engine, args.prune_older_than)
         report = "\n".join(lines)
         print(report)
         for label, plan in plans:
@@ -257,6 +267,61 @@ def main(argv: list[str] | None = None) -> int:
             with admin.connect() as connection:
                 connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     return 0
+
+
+SIZES = ("SELECT pg_total_relation_size('samples'), pg_database_size(current_database()), "
+         "(SELECT count(*) FROM samples)")
+
+
+def _vacuum(engine, what: str) -> float:
+    """Run ``VACUUM what`` (outside a transaction); its seconds."""
+    raw = engine.raw_connection()
+    raw.set_isolation_level(0)
+    t0 = time.perf_counter()
+    raw.cursor().execute(f"VACUUM {what}")
+    raw.close()
+    return time.perf_counter() - t0
+
+
+def prune_figures(engine, days: float) -> list[str]:
+    """Prune like ``abwatch db prune --older-than days --yes``; Markdown lines of what it did."""
+    mib = 2 ** 20
+
+    def sizes() -> tuple[int, int, int]:
+        with engine.connect() as connection:
+            return tuple(connection.execute(text(SIZES)).one())  # type: ignore[return-value]
+
+    def timings() -> dict[str, float]:
+        with Session(engine) as session:
+            oldest = session.execute(text("SELECT min(id) FROM runs")).scalar_one()
+            found = dashboard_queries(session)
+            found["run page of a pruned run (the oldest)"] = lambda: queries.run_report(session, oldest)
+            return {label: _time(fn) for label, fn in found.items()}
+
+    before_q, before = timings(), sizes()
+    with Session(engine) as session:
+        t0 = time.perf_counter()
+        found = prune.plan(session, prune.cutoff_of(days))
+        plan_s = time.perf_counter() - t0
+        session.commit()
+        done = prune.prune(session, found, progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    vacuum_s = _vacuum(engine, "ANALYZE samples")
+    after = sizes()
+    full_s = _vacuum(engine, "FULL samples")
+    _vacuum(engine, "ANALYZE samples")
+    full, after_q = sizes(), timings()
+    lines = ["", f"## Pruning samples older than {days:g} days", "",
+             f"- plan (what goes; `db prune`'s dry run): {plan_s:.1f} s; {prune.describe(found)}",
+             f"- prune: {done.samples:,} samples of {done.runs:,} runs deleted in {done.seconds:.1f} s "
+             f"({done.samples / max(done.seconds, 1e-9):,.0f} samples/s, batches of {prune.BATCH_ROWS:,}); "
+             f"then VACUUM ANALYZE samples {vacuum_s:.1f} s, VACUUM FULL samples {full_s:.1f} s", "",
+             "| | samples rows | samples table + indexes | database |", "| --- | ---: | ---: | ---: |"]
+    for label, (table, database, rows) in (("before", before), ("after prune + VACUUM", after),
+                                           ("after VACUUM FULL samples", full)):
+        lines.append(f"| {label} | {rows:,} | {table / mib:,.0f} MiB | {database / mib:,.0f} MiB |")
+    lines += ["", "| query | before ms | after ms |", "| --- | ---: | ---: |"]
+    lines += [f"| {label} | {before_q[label]:.1f} | {after_q[label]:.1f} |" for label in before_q]
+    return lines
 
 
 def _scalar(engine, sql: str):

@@ -241,6 +241,26 @@ class WatchConfig(StrictModel):
         return value
 
 
+class RetentionConfig(StrictModel):
+    """``[retention]``: how long raw samples are kept. ``abwatch watch`` prunes, on ``schedule``
+    (a cron expression in ``[watch] timezone``, nightly by default), the samples of runs that
+    finished more than ``samples_days`` days ago and opened nothing, as ``abwatch db prune
+    --older-than samples_days --yes`` does; 0 keeps them forever."""
+
+    samples_days: float = Field(default=0, ge=0, description="prune raw samples of runs older than this "
+                                "that opened no regression (0: keep forever)")
+    schedule: str = Field(default="30 3 * * *", description="when the watch prunes (cron, [watch] timezone)")
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        try:
+            cron_trigger(value, "UTC")
+        except ValueError as exc:
+            raise ValueError(f"not a cron expression ({exc})") from None
+        return value
+
+
 class Config(StrictModel):
     """The whole validated configuration."""
 
@@ -257,6 +277,7 @@ class Config(StrictModel):
     watch: WatchConfig = WatchConfig()
     cache_dir: Path = DEFAULT_CACHE_DIR
     cache: CacheConfig = CacheConfig()
+    retention: RetentionConfig = RetentionConfig()
     _source: str | None = PrivateAttr(default=None)  # the file it was read from (load_config)
 
     @property

@@ -332,6 +332,8 @@ def _db_command(args: argparse.Namespace, url: str, err: Console) -> int:
         for statement in db.grant_readonly(engine, args.role):
             print(statement)
         return 0
+    if args.db_command == "prune":
+        return _prune(args, url, err)
     if args.db_command == "upgrade":
         db.upgrade(url, args.revision)
     elif args.db_command == "downgrade":
@@ -349,6 +351,27 @@ def _db_command(args: argparse.Namespace, url: str, err: Console) -> int:
         if losses:
             err.print(f"abwatch: downgraded to {args.revision}; dropped or changed:{listed}", markup=False)
     print(db.current_revision(db.make_engine(url)) or "(empty)")
+    return 0
+
+
+def _prune(args: argparse.Namespace, url: str, err: Console) -> int:
+    """``abwatch db prune``: what would go (a dry run), or, with ``--yes``, delete it in batches."""
+    from abwatch.service.store import prune
+
+    try:
+        cutoff = prune.cutoff_of(args.older_than)
+    except ValueError as exc:
+        raise DriverError(f"db prune: {exc}") from None
+    engine = db.open_database(url, write=False)
+    with db.session_scope(engine) as session:
+        found = prune.plan(session, cutoff)
+        print(prune.describe(found))
+        if not args.yes:
+            print("dry run: nothing was deleted; add --yes to delete these samples")
+            return 0
+        done = prune.prune(session, found, progress=lambda line: err.print(f"abwatch: {line}", markup=False))
+    print(f"pruned {done.samples:,} sample(s) of {done.runs:,} run(s) in {done.seconds:.1f} s; the space is "
+          "reused by new samples (VACUUM FULL samples on PostgreSQL, VACUUM on SQLite, returns it to the disk)")
     return 0
 
 

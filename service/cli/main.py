@@ -153,6 +153,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", help="revision to migrate down to, e.g. 0003, or base")
     p.add_argument("--yes", action="store_true", help="confirm a downgrade that drops or changes data (it lists what; base deletes all)")
     with_db(dsub.add_parser("current", help="print the schema revision"))
+    p = with_db(dsub.add_parser("prune", help="delete the raw samples of old runs that opened nothing "
+                                              "(runs, verdicts, invocations and regressions are kept); "
+                                              "a dry run unless --yes"))
+    p.add_argument("--older-than", type=float, required=True, metavar="DAYS",
+                   help="runs that finished more than DAYS days ago")
+    p.add_argument("--yes", action="store_true", help="delete (without it: say what would go, change nothing)")
     p = with_db(dsub.add_parser("grant-readonly", help="let a PostgreSQL role read everything and change nothing"))
     p.add_argument("role", help="the role to create or grant to")
 

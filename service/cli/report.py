@@ -20,7 +20,7 @@ from abwatch.service.stats.verdict import RegressionKind
 from abwatch.service.store.models import Regression
 from abwatch.service.read.serialize import (  # noqa: F401 - re-exported: commands use report.*_json
     LOG_TAIL_LINES, builds_json, cache_json, decisive_p, history_json, log_tail, outcome_json, regression_json,
-    runs_json, short_sha,
+    pruned_note, runs_json, short_sha,
 )
 from abwatch.service.read.stored import StoredRun
 from datetime import UTC
@@ -85,6 +85,8 @@ def print_outcome(out: Console, stored: StoredRun, as_json: bool, ops: bool = Fa
             for line in tail.splitlines() or ["(the build printed nothing)"]:
                 out.print(f"  | {line}", markup=False)
             out.print(f"whole log: abwatch builds --log {b.build_id}", markup=False)
+    if stored.samples_pruned_at is not None:
+        out.print(f"run {outcome.run_id}: {pruned_note(stored.samples_pruned_at)}", markup=False)
     if stored.error and outcome.status == "failed":
         out.print(f"run {outcome.run_id} stopped: {stored.error}", markup=False)
     if outcome.results:

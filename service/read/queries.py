@@ -46,6 +46,7 @@ def run_summary(run: Run) -> dict[str, Any]:
         "treatment_summary": run.treatment_commit.summary,
         "device": run.device.name if run.device else None, "parent_run_id": run.parent_run_id,
         "started_at": _iso(run.started_at), "finished_at": _iso(run.finished_at), "error": run.error,
+        "samples_pruned_at": _iso(run.samples_pruned_at),
     }
 
 
@@ -65,7 +66,8 @@ def list_runs(session: Session, limit: int = 50, offset: int = 0) -> list[dict[s
 
 
 def process_medians(session: Session, run_id: int) -> dict[str, dict[str, list[float]]]:
-    """Per workload and side, the median of each measured (non-warm-up) process, in run order."""
+    """Per workload and side, the median of each measured (non-warm-up) process, in run order
+    (empty for a run whose samples were pruned: ``samples_pruned_at`` says so)."""
     rows = session.execute(
         select(Workload.name, Sample.side, Sample.invocation_id, Sample.runtime_ms)
         .join(Workload, Workload.id == Sample.workload_id)
@@ -95,6 +97,7 @@ def run_report(session: Session, run_id: int) -> dict[str, Any]:
     return {
         **run_summary(run), **data, "seed": run.seed,
         "process_medians_ms": process_medians(session, run_id),
+        "samples_note": serialize.pruned_note(run.samples_pruned_at) if run.samples_pruned_at else None,
         "regressions": [regression_summary(r) for r in regressions],
     }
 

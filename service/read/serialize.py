@@ -23,7 +23,7 @@ def decisive_p(v) -> tuple[float | None, str]:
 
 def outcome_json(stored: StoredRun) -> dict:
     """The ``--json`` object of ``compare``, ``verify`` and ``show``: the outcome, which p
-    decided each verdict, and the failed builds' logs."""
+    decided each verdict, the failed builds' logs, and when its raw samples were pruned (or null)."""
     data = stored.outcome.to_json()
     for result, r in zip(data["results"], stored.outcome.results, strict=True):
         result["p_decisive"] = "p_adjusted" if decisive_p(r.verdict)[1] == "BH-adjusted" else "p_value"
@@ -34,7 +34,15 @@ def outcome_json(stored: StoredRun) -> dict:
         if b.build_id in stored.failed_logs:
             build["log_tail"] = log_tail(stored.failed_logs[b.build_id])
             build["failure"] = build_failure(stored.failed_logs[b.build_id])
+    pruned = stored.samples_pruned_at
+    data["samples_pruned_at"] = pruned.isoformat() if pruned else None
     return data
+
+
+def pruned_note(pruned_at) -> str:
+    """What a report says of a run whose raw samples were pruned (``db prune``, ``[retention]``)."""
+    return (f"raw samples pruned {pruned_at.isoformat(timespec='seconds')}: the verdicts, the figures they were "
+            "judged on and each process's wall and CPU time are kept; per-process sample charts are not")
 
 
 def log_tail(log: str, lines: int = LOG_TAIL_LINES) -> str:

@@ -46,6 +46,7 @@ class StoredRun:
     error: str | None
     parent_run_id: int | None
     failed_logs: dict[int, str] = field(default_factory=dict)  # build id -> log, failed builds only
+    samples_pruned_at: datetime | None = None  # its raw samples were deleted then (service.store.prune)
 
 
 def load_outcome(session: Session, run_id: int) -> StoredRun:
@@ -80,7 +81,7 @@ def load_outcome(session: Session, run_id: int) -> StoredRun:
         ))
     outcome = CompareOutcome(run.id, run.run_type.value, run.status.value, builds, results)
     return StoredRun(outcome, run.control_ref, run.treatment_ref, run.started_at, run.finished_at,
-                     run.error, run.parent_run_id, logs)
+                     run.error, run.parent_run_id, logs, run.samples_pruned_at)
 
 
 def _tvm_details(c: Comparison) -> TvmDetails | None:

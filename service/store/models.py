@@ -184,6 +184,8 @@ class Run(Base):
     pid: Mapped[int | None] = mapped_column(Integer)
     process_started_at: Mapped[float | None] = mapped_column(Float)  # epoch seconds (psutil)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # when its raw samples were deleted (service.store.prune); its verdicts and invocations are kept
+    samples_pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     control_commit: Mapped[Commit] = relationship(foreign_keys=[control_commit_id])
     treatment_commit: Mapped[Commit] = relationship(foreign_keys=[treatment_commit_id])
     device: Mapped[Device | None] = relationship()
@@ -213,7 +215,9 @@ class Invocation(Base):
 
 
 class Sample(Base):
-    """One raw timing, kept forever; warm-up invocations' samples are kept too, flagged."""
+    """One raw timing; warm-up invocations' samples are kept too, flagged. Kept until pruned:
+    ``abwatch db prune`` or ``[retention]`` delete those of old runs that opened nothing
+    (``runs.samples_pruned_at`` says when)."""
 
     __tablename__ = "samples"
     # One composite foreign key instead of three: PostgreSQL checks each sample row with a

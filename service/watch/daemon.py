@@ -9,7 +9,8 @@ rebuilt from the config at start; nothing of APScheduler's is stored in the data
 The loop that waits for the trigger's next fire time is ours, not a ``BlockingScheduler``:
 the scheduler runs its jobs in an executor thread, where SIGTERM cannot reach a running
 benchmark, so ``docker stop`` would wait for a TVM build to end (or kill it without a trace).
-Here the pass runs in the main thread. SIGTERM/SIGINT while idle stop the loop (exit 0);
+Here the pass runs in the main thread, and so does the nightly prune of ``[retention]``
+(:mod:`service.watch.retention`, on its own cron trigger). SIGTERM/SIGINT while idle stop the loop (exit 0);
 during a job they interrupt it like Ctrl-C does a ``compare``: the run is marked
 ``interrupted``, the job goes back to the queue for the next worker, exit 130. Ticks missed
 while a pass ran are coalesced into one.
@@ -30,7 +31,7 @@ from abwatch.builders.redact import mask_url
 from abwatch.service.compare import liveness
 from abwatch.service.notify import alerts
 from abwatch.service.store import db
-from abwatch.service.watch import pulls, queue, retry, poll as watch
+from abwatch.service.watch import pulls, queue, retention, retry, poll as watch
 from abwatch.service.config import Config, cron_trigger
 from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_INTERNAL, EXIT_OK, EXIT_REGRESSION
 from abwatch.service.compare.driver import NullProgress, Progress
@@ -167,10 +168,21 @@ def forever(engine: Engine, config: Config, *, work: bool = True, progress: Prog
     progress.message(f"watching {config.repository.branch} of {mask_url(config.repository.url)}; "
                      f"{'schedule ' + config.watch.schedule if config.watch.schedule else f'every {config.watch.interval_s:g} s'}"
                      f" ({config.watch.timezone}); first pass {due.isoformat(timespec='seconds')}")
+    prunes = retention.trigger(config)  # [retention]: nightly, or None (samples kept forever)
+    prune_due = prunes.get_next_fire_time(None, now) if prunes is not None else None
+    if prune_due is not None:
+        progress.message(f"retention: raw samples of runs older than {config.retention.samples_days:g} days that "
+                         f"opened nothing are pruned on {config.retention.schedule!r}; first "
+                         f"{prune_due.isoformat(timespec='seconds')}")
     while not stopper.stopping and due is not None:
-        wait = (due - datetime.now(zone)).total_seconds()
+        now = datetime.now(zone)
+        wait = (min(d for d in (due, prune_due) if d is not None) - now).total_seconds()
         if wait > 0:
             stopper.event.wait(min(wait, WAKE_S))
+            continue
+        if prunes is not None and prune_due is not None and prune_due <= now:
+            retention.apply(engine, config, progress, stop=lambda: stopper.stopping)
+            prune_due = next_fire(prunes, prune_due, datetime.now(zone))
             continue
         try:
             once(engine, config, work=work, progress=progress, stopper=stopper)
@@ -178,10 +190,16 @@ def forever(engine: Engine, config: Config, *, work: bool = True, progress: Prog
             lost = db.lost_connection(exc)
             progress.message(f"pass failed: the database connection was lost ({first_line(lost)}); the next pass "
                              "reconnects" if lost is not None else f"pass failed: {type(exc).__name__}: {exc}")
-        now = datetime.now(zone)
-        while due is not None and due <= now:  # ticks missed during a long pass: one pass for all
-            due = fires.get_next_fire_time(due, now)
+        due = next_fire(fires, due, datetime.now(zone))  # ticks missed during a long pass: one pass for all
     return EXIT_OK
+
+
+def next_fire(fires, due: datetime | None, now: datetime) -> datetime | None:
+    """The trigger's first fire time after ``now``, from ``due`` on: the ticks missed while a
+    pass or a prune ran are coalesced into one."""
+    while due is not None and due <= now:
+        due = fires.get_next_fire_time(due, now)
+    return due
 
 
 def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
