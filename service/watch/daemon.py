@@ -30,7 +30,8 @@ from abwatch.builders.redact import mask_url
 from abwatch.service.compare import liveness
 from abwatch.service.notify import alerts
 from abwatch.service.store import db
-from abwatch.service.watch import queue, retry, poll as watch
+from abwatch.service.watch import queue, retry, tryjob, poll as watch
+from abwatch.service.watch.devices import device_names
 from abwatch.service.config import Config, cron_trigger
 from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_INTERNAL, EXIT_OK, EXIT_REGRESSION
 from abwatch.service.compare.driver import NullProgress, Progress
@@ -61,6 +62,13 @@ class Stopper:
     def stopping(self) -> bool:
         """Whether a signal asked the loop to end."""
         return self.event.is_set()
+
+
+def handlers(config: Config, progress: Progress | None = None) -> dict:
+    """The job kinds a worker of this config runs: ``test`` (the watch's, :func:`.poll.test_commit`)
+    and ``try`` (a person's, :func:`.tryjob.run_try`)."""
+    return {"test": lambda session, job: watch.test_commit(session, config, job, progress),
+            tryjob.KIND: lambda session, job: tryjob.run_try(session, config, job, progress)}
 
 
 def pass_exit_code(confirmed: list[int], failed: list[str], untested: list[str] | None = None) -> int:
@@ -96,8 +104,8 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
     confirmed: list[int] = []
     failed: list[str] = []
     untested: list[str] = []  # jobs a full disk or a missing tool failed: retried by the next pass
-    for device in watch.device_names(config):
-        worker = queue.Worker(engine, device, watch.handlers(config, progress))
+    for device in device_names(config):
+        worker = queue.Worker(engine, device, handlers(config, progress))
         stopper.workers.append(worker)
         try:
             while not stopper.stopping:
@@ -190,7 +198,7 @@ def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
     progress = progress or NullProgress()
     stopper = Stopper()
     stopper.install()
-    worker = queue.Worker(engine, device, watch.handlers(config, progress))
+    worker = queue.Worker(engine, device, handlers(config, progress))
     stopper.workers.append(worker)
     progress.message(f"worker {worker.name} for device {device!r}")
     wait = 0.0
