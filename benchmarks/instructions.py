@@ -33,7 +33,7 @@ import time
 from collections import Counter
 
 from abwatch.runners.counters import choose
-from abwatch.runners.base import InvocationResult
+from abwatch.runners.results import InvocationResult
 from abwatch.runners.harness import CONTROL, TREATMENT, Slot, interleaved_schedule
 from abwatch.service import stats
 from abwatch.service.compare import fresh

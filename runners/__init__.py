@@ -1,9 +1,10 @@
 """Runners execute workloads on a device; registered by kind in :data:`RUNNERS`."""
 
 from abwatch.builders.spec import RunnerSettings
-from abwatch.runners.base import DeviceInfo, InvocationResult, Runner, RunnerUnavailable, TvmMetrics
+from abwatch.runners.base import Runner, RunnerUnavailable
 from abwatch.runners.cpu import CpuRunner
 from abwatch.runners.gpu import GpuRunner
+from abwatch.runners.results import DeviceInfo, InvocationResult, TvmMetrics
 from abwatch.runners.rpc import RpcRunner
 from abwatch.runners.workloads import WORKLOAD_KINDS, WorkloadKind
 

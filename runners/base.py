@@ -1,88 +1,22 @@
-"""The runner plug-in interface: prepare a device, run one invocation, tear down."""
+"""The runner plug-in interface: prepare a device, run one invocation, tear down.
+
+What a runner returns (:class:`~abwatch.runners.results.InvocationResult`,
+:class:`~abwatch.runners.results.DeviceInfo`) lives in :mod:`.results`, below every module a
+runner is made of, so that this module can import the workload kinds and the TVM sessions.
+"""
 
 from __future__ import annotations
 
 import abc
 import socket
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
+from typing import ClassVar
 
 from abwatch.builders.spec import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig, UsageError
-
-if TYPE_CHECKING:
-    from abwatch.runners.counters import InstructionCounter
-    from abwatch.runners.tvm_sessions import TvmSessions
-
-
-class OpFeatures(TypedDict):
-    """Shapes and dtypes of an operator's tensor arguments (inputs first, then outputs)."""
-
-    shapes: list[list[int]]
-    dtypes: list[str]
-
-
-class WorkerReady(TypedDict, total=False):
-    """What a TVM worker says of itself once its workload is compiled (``runners/tvm_worker.py``)."""
-
-    ready: bool
-    compile_ms: float
-    tvm_version: str
-    target: Any  # the TVM target as the worker printed it
-    features: dict[str, bool]  # llvm, cuda, rpc enabled in that TVM
-    input_shapes: list[list[int]]
-    num_threads: str | None  # $TVM_NUM_THREADS as the worker saw it
-
-
-class OutputTensor(TypedDict):
-    """A workload's first output, as the worker sends it."""
-
-    shape: list[int]
-    dtype: str
-    data: str  # base64 of the raw bytes
-
-
-class TvmMetrics(TypedDict, total=False):
-    """What one TVM invocation reports beside its samples: per-operator times (µs) and their
-    features; the invocation that compiled also its compile time, its worker's self-description
-    and its output."""
-
-    ops: dict[str, float]
-    op_features: dict[str, OpFeatures]
-    compile_ms: float
-    ready: WorkerReady
-    outputs: OutputTensor
-
-
-@dataclass(frozen=True)
-class InvocationResult:
-    """One workload process: its status, its samples (ms) and what it said on failure."""
-
-    status: str  # "ok" | "timeout" | "error" (values of service.store.models.InvocationStatus)
-    samples: tuple[float, ...]
-    wall_s: float
-    message: str = ""
-    records: tuple[dict, ...] = field(default_factory=tuple)
-    metrics: TvmMetrics = field(default_factory=lambda: TvmMetrics())  # TVM workloads only
-    # how contended the process was: CPU seconds it used, and how often the kernel took the CPU
-    # from it, over ``usage_wall_s`` seconds of wall time (command workloads: the whole process,
-    # from wait4; TVM workers: the timing batch, all ``threads``); None where not measured
-    cpu_s: float | None = None
-    involuntary_switches: int | None = None
-    usage_wall_s: float | None = None  # None: the whole invocation (wall_s)
-    threads: int = 1  # threads the measured code ran on (TVM_NUM_THREADS)
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What :meth:`Runner.prepare` says about the device: stored on the device row and in
-    every record (``hardware``, ``hardware_config``, ``software_config``, ``runtime_config``)."""
-
-    name: str  # the device's identity in the database
-    kind: str  # the runner's kind
-    hardware_config: dict[str, Any]
-    software_config: dict[str, Any]
-    runtime_config: dict[str, Any] = field(default_factory=dict)
+from abwatch.runners.counters import InstructionCounter
+from abwatch.runners.results import DeviceInfo, InvocationResult
+from abwatch.runners.tvm_sessions import TvmSessions
+from abwatch.runners.workloads import WORKLOAD_KINDS
 
 
 class RunnerUnavailable(UsageError):
@@ -120,17 +54,13 @@ class Runner(abc.ABC):
         For TVM workloads an invocation is one fresh worker's timing batch; ``side`` selects
         the workload's ``treatment_options`` for the treatment build.
         """
-        from abwatch.runners.workloads import WORKLOAD_KINDS  # the kinds run on runners: imported late
-
-        return WORKLOAD_KINDS[workload.kind].run(self, artifact_dir, workload, timeout_s, side)
+        return WORKLOAD_KINDS[workload.kind].run(self.tvm, artifact_dir, workload, timeout_s, side)
 
     def compile_time(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
                      timeout_s: float, side: str = "control") -> InvocationResult:
         """One fresh process that only compiles ``workload`` with the build in ``artifact_dir``;
         its one sample is the compile time in ms (kinds without a compile step refuse)."""
-        from abwatch.runners.workloads import WORKLOAD_KINDS
-
-        return WORKLOAD_KINDS[workload.kind].compile_time(self, artifact_dir, workload, timeout_s, side)
+        return WORKLOAD_KINDS[workload.kind].compile_time(self.tvm, artifact_dir, workload, timeout_s, side)
 
     def count_instructions(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
                            timeout_s: float, counter: InstructionCounter, side: str = "control",
@@ -138,9 +68,7 @@ class Runner(abc.ABC):
         """One fresh process of ``workload`` under ``counter``; its one sample is the number of
         instructions ``what`` ("run" or "compile") retired (what each kind counts:
         :data:`~abwatch.runners.workloads.WORKLOAD_KINDS`)."""
-        from abwatch.runners.workloads import WORKLOAD_KINDS
-
-        return WORKLOAD_KINDS[workload.kind].count_instructions(self, artifact_dir, workload, timeout_s, side, counter,
+        return WORKLOAD_KINDS[workload.kind].count_instructions(self.tvm, artifact_dir, workload, timeout_s, side, counter,
                                                                 what)
 
     @abc.abstractmethod

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from abwatch.builders.spec import RunnerConfig
-from abwatch.runners.base import DeviceInfo, Runner
+from abwatch.runners.base import Runner
+from abwatch.runners.results import DeviceInfo
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 

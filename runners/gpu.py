@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 from abwatch.builders.spec import RunnerConfig
-from abwatch.runners.base import DeviceInfo, Runner, RunnerUnavailable
+from abwatch.runners.base import Runner, RunnerUnavailable
+from abwatch.runners.results import DeviceInfo
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Mapping
 
-from abwatch.runners.base import TvmMetrics
+from abwatch.runners.results import TvmMetrics
 from abwatch.runners.safejson import BadValue, loads, milliseconds
 
 CONTROL = "control"

@@ -15,7 +15,8 @@ from __future__ import annotations
 import socket
 
 from abwatch.builders.spec import RunnerConfig
-from abwatch.runners.base import DeviceInfo, Runner, RunnerUnavailable
+from abwatch.runners.base import Runner, RunnerUnavailable
+from abwatch.runners.results import DeviceInfo
 from abwatch.runners.sysinfo import software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 

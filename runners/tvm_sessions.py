@@ -29,7 +29,7 @@ from abwatch.builders.procs import child_env, kill_tree
 from abwatch.builders.redact import mask_secrets
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig, TvmWorkloadConfig
-from abwatch.runners.base import InvocationResult, OutputTensor, TvmMetrics, WorkerReady
+from abwatch.runners.results import InvocationResult, OutputTensor, TvmMetrics, WorkerReady
 from abwatch.runners import counters
 from abwatch.runners.counters import CountError, InstructionCounter
 

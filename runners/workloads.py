@@ -10,18 +10,16 @@ from __future__ import annotations
 import abc
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from abwatch.builders.environment import ArtifactInfoError, build_environment
 from abwatch.builders.procs import ProcessResult, child_env, passed, run_process
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import CommandWorkloadConfig, TvmWorkloadConfig
-from abwatch.runners.base import InvocationResult, WorkerReady
 from abwatch.runners.counters import COUNTED_ENV, CountError, InstructionCounter
 from abwatch.runners.harness import OutputError, parse_output
-
-if TYPE_CHECKING:
-    from abwatch.runners.base import Runner
+from abwatch.runners.results import InvocationResult, WorkerReady
+from abwatch.runners.tvm_sessions import TvmSessions
 
 STDERR_TAIL = 4000  # characters of a failed invocation's stderr kept as its message
 
@@ -33,16 +31,17 @@ class WorkloadKind(abc.ABC):
     times_compiles: ClassVar[bool] = False  # whether compile_time() measures anything
 
     @abc.abstractmethod
-    def run(self, runner: Runner, artifact_dir: Path, workload: Any, timeout_s: float,
+    def run(self, tvm: TvmSessions, artifact_dir: Path, workload: Any, timeout_s: float,
             side: str) -> InvocationResult:
-        """One invocation of ``workload`` with the build in ``artifact_dir`` on ``runner``."""
+        """One invocation of ``workload`` with the build in ``artifact_dir`` on the runner whose
+        TVM sessions are ``tvm`` (kinds that run no TVM worker leave them alone)."""
 
-    def compile_time(self, runner: Runner, artifact_dir: Path, workload: Any, timeout_s: float,
+    def compile_time(self, tvm: TvmSessions, artifact_dir: Path, workload: Any, timeout_s: float,
                      side: str) -> InvocationResult:
         """One fresh process that only compiles ``workload``; its one sample is the compile time (ms)."""
         raise NotImplementedError(f"{self.kind} workloads have no compile step to time ({workload.name!r})")
 
-    def count_instructions(self, runner: Runner, artifact_dir: Path, workload: Any, timeout_s: float,
+    def count_instructions(self, tvm: TvmSessions, artifact_dir: Path, workload: Any, timeout_s: float,
                            side: str, counter: InstructionCounter, what: str = "run") -> InvocationResult:
         """One fresh process of ``workload`` counted by ``counter``; its one sample is the
         instructions ``what`` ("run", or "compile" where :attr:`times_compiles`) retired."""
@@ -59,7 +58,7 @@ class CommandKind(WorkloadKind):
 
     kind = "command"
 
-    def run(self, runner: Runner, artifact_dir: Path, workload: CommandWorkloadConfig, timeout_s: float,
+    def run(self, tvm: TvmSessions, artifact_dir: Path, workload: CommandWorkloadConfig, timeout_s: float,
             side: str) -> InvocationResult:
         proc = self._process(artifact_dir, workload, timeout_s, workload.command)
         if isinstance(proc, InvocationResult):
@@ -71,7 +70,7 @@ class CommandKind(WorkloadKind):
         return InvocationResult("ok", samples, proc.wall_s, "", records, cpu_s=proc.cpu_s,
                                 involuntary_switches=proc.involuntary_switches)
 
-    def count_instructions(self, runner: Runner, artifact_dir: Path, workload: CommandWorkloadConfig,
+    def count_instructions(self, tvm: TvmSessions, artifact_dir: Path, workload: CommandWorkloadConfig,
                            timeout_s: float, side: str, counter: InstructionCounter,
                            what: str = "run") -> InvocationResult:
         if what != "run":
@@ -127,20 +126,20 @@ class TvmKind(WorkloadKind):
     kind = "tvm"
     times_compiles = True
 
-    def run(self, runner: Runner, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,
+    def run(self, tvm: TvmSessions, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,
             side: str) -> InvocationResult:
-        return runner.tvm.run(artifact_dir, workload, timeout_s, side, workload.overrides(side))
+        return tvm.run(artifact_dir, workload, timeout_s, side, workload.overrides(side))
 
-    def compile_time(self, runner: Runner, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,
+    def compile_time(self, tvm: TvmSessions, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,
                      side: str) -> InvocationResult:
-        return runner.tvm.compile_time(artifact_dir, workload, timeout_s, side, workload.overrides(side))
+        return tvm.compile_time(artifact_dir, workload, timeout_s, side, workload.overrides(side))
 
-    def count_instructions(self, runner: Runner, artifact_dir: Path, workload: TvmWorkloadConfig,
+    def count_instructions(self, tvm: TvmSessions, artifact_dir: Path, workload: TvmWorkloadConfig,
                            timeout_s: float, side: str, counter: InstructionCounter,
                            what: str = "run") -> InvocationResult:
         # A region of the worker is counted (the compile call, or the timed calls), not its
         # start-up: import tvm alone is ~4 G instructions against a compile's ~80 M.
-        return runner.tvm.counted(artifact_dir, workload, timeout_s, side, workload.overrides(side), counter, what)
+        return tvm.counted(artifact_dir, workload, timeout_s, side, workload.overrides(side), counter, what)
 
     def record_fields(self, workload: TvmWorkloadConfig, worker: WorkerReady | None) -> tuple[dict, dict, dict]:
         args = {"model": workload.model, "dtype": workload.dtype, "options": workload.options,

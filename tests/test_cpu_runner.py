@@ -61,7 +61,7 @@ def test_one_device_name_for_comparisons_and_the_watch():
 
     from abwatch.builders.spec import RunnerConfig
     from abwatch.runners import GpuRunner, RpcRunner, RunnerUnavailable
-    from abwatch.service.watch import poll as watch
+    from abwatch.service.watch.devices import device_names
     from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
 
     def config(runner: RunnerConfig) -> Config:
@@ -69,11 +69,11 @@ def test_one_device_name_for_comparisons_and_the_watch():
                       workloads=[TvmWorkloadConfig(name="m", model="builtin:mlp")])
 
     assert CpuRunner(RunnerConfig()).device_name() == socket.gethostname()
-    assert watch.device_names(config(RunnerConfig())) == [socket.gethostname()]
+    assert device_names(config(RunnerConfig())) == [socket.gethostname()]
     rpc = RunnerConfig(kind="rpc", tracker="127.0.0.1:9190", key="rk3399")
-    assert RpcRunner(rpc).device_name() == "rk3399" == watch.device_names(config(rpc))[0]
+    assert RpcRunner(rpc).device_name() == "rk3399" == device_names(config(rpc))[0]
     named = RunnerConfig(kind="rpc", tracker="127.0.0.1:9190", key="rk3399", device="board-7")
-    assert watch.device_names(config(named)) == ["board-7"] == [RpcRunner(named).device_name()]
+    assert device_names(config(named)) == ["board-7"] == [RpcRunner(named).device_name()]
     # no GPU here (none is lent to CI): the gpu runner refuses to name a device it does not have
     with pytest.raises(RunnerUnavailable, match="no CUDA device"):
         GpuRunner(RunnerConfig(kind="gpu")).device_name()

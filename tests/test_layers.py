@@ -2,7 +2,9 @@
 
 Builders and runners are plug-ins the service drives; if they imported the service, a new
 builder could not be written, tested or run (a watch worker, a board agent) without the
-database, the API and the whole CLI coming along.
+database, the API and the whole CLI coming along. No module imports another in a cycle, nor
+hides an import in a function (bar a short allow-list kept for start-up time), and migrations
+import no abwatch code.
 """
 
 from __future__ import annotations
@@ -130,3 +132,219 @@ def test_no_service_module_is_a_sprawl():
     # a module a newcomer can read in one sitting; the largest today are about 400 lines
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "service").rglob("*.py")}
     assert not {p: n for p, n in sizes.items() if n > 450}, sizes
+
+
+# --- No import cycle, and none dodged ------------------------------------------------------
+# A cycle between two modules means neither can be read, tested or loaded without the other,
+# and an import moved into a function (or below the code, or through importlib) only hides
+# one from the reader and from this file. What both sides need goes to a module below them.
+
+# The only function-level imports of abwatch modules, each for start-up time (benchmarks/cli_startup.py):
+LAZY_ALLOWED = {
+    # the parser needs only the standard library: `abwatch --help` and `--version` answer before
+    # the database, statistics and web stacks load (0.09 s of CPU, not over 1 s)
+    "service/cli/main.py": "loads service.cli.commands once the arguments are parsed",
+    # `abwatch regressions` loads neither the driver, the watch, the web stack nor TVM's runners
+    "service/cli/commands.py": "each command imports the machinery it runs when it runs",
+    # PEP 562: models import .verdict, and that must not load NumPy and SciPy with .core; its
+    # `if TYPE_CHECKING:` block names the same modules, so the cycle test below sees those edges
+    "service/stats/__init__.py": "the package's API is resolved on first use",
+}
+CODE_PACKAGES = ("service", "builders", "runners")
+
+
+def module_of(path: Path, root: Path = ROOT) -> str:
+    """``abwatch.service.watch.poll`` for ``service/watch/poll.py`` (``abwatch.runners`` for its ``__init__``)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(["abwatch", *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def code_files(root: Path = ROOT, packages: tuple[str, ...] = CODE_PACKAGES) -> dict[str, Path]:
+    """Every module of abwatch's code under ``root``, by its name."""
+    return {module_of(p, root): p for package in packages for p in sorted((root / package).rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _dynamic_target(call: ast.Call) -> str | None:
+    """The module an ``importlib.import_module(...)`` or ``__import__(...)`` call names ("?" if
+    computed); None for any other call."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name not in ("import_module", "__import__"):
+        return None
+    first = call.args[0] if call.args else None
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else "?"
+
+
+def imports_of(path: Path, known: dict[str, Path], root: Path = ROOT) -> list[tuple[int, str, str]]:
+    """``(line, module, place)`` of every import in ``path``; ``place`` is "module", "type"
+    (under ``if TYPE_CHECKING:``), "function" (in a function's body), "late" (at module level
+    below a function or class) or "dynamic" (``importlib.import_module``, ``__import__``).
+    ``from package import name`` names the submodule where ``name`` is one, else the package."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = module_of(path, root)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: list[tuple[int, str, str]] = []
+
+    def targets(node: ast.Import | ast.ImportFrom) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [alias.name for alias in node.names]
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+        module = ".".join(base + ([node.module] if node.module else []))
+        return [f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names]
+
+    def visit(node: ast.AST, place: str) -> None:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.extend((node.lineno, target, place) for target in targets(node))
+        elif isinstance(node, ast.Call) and (target := _dynamic_target(node)) is not None:
+            found.append((node.lineno, target, "dynamic"))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            place = "function"
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, "type")
+            for child in node.orelse:
+                visit(child, place)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, place)
+
+    below_code = False
+    for statement in tree.body:
+        visit(statement, "late" if below_code else "module")
+        below_code = below_code or isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    return found
+
+
+def hidden_imports(root: Path = ROOT, allowed: dict[str, str] = LAZY_ALLOWED) -> list[str]:
+    """Imports of abwatch modules made in a function, below the code or through importlib,
+    outside ``allowed``."""
+    known = code_files(root)
+    return sorted({f"{path.relative_to(root)}:{line}: imports {target} ({place})"
+                   for path in known.values() if str(path.relative_to(root)) not in allowed
+                   for line, target, place in imports_of(path, known, root)
+                   if place in ("function", "late", "dynamic") and (target == "?" or target.startswith("abwatch"))})
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the abwatch modules it imports: at module level, under ``if TYPE_CHECKING:``
+    (a cycle for the type checker is one for the reader), and the allowed lazy imports."""
+    known = code_files(root)
+    return {name: {target for _, target, place in imports_of(path, known, root)
+                   if target in known and target != name and place != "dynamic"} for name, path in known.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := walk(nxt)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := walk(start)):
+            return cycle
+    return None
+
+
+def test_no_import_is_hidden_in_a_function():
+    wrong = hidden_imports()
+    assert not wrong, "move what both sides need to a module below them:\n" + "\n".join(wrong)
+
+
+def test_the_lazy_import_allow_list_is_as_small_as_it_can_be():
+    known = code_files()
+    for file in LAZY_ALLOWED:
+        places = {place for _, target, place in imports_of(ROOT / file, known) if target.startswith("abwatch") or target == "?"}
+        assert places & {"function", "dynamic"}, f"{file} imports nothing lazily any more: take it off LAZY_ALLOWED"
+
+
+def test_abwatch_has_no_import_cycle():
+    graph = import_graph()
+    assert "abwatch.runners.workloads" in graph["abwatch.runners.base"]  # the graph is not empty
+    assert "abwatch.service.store.jobs" in graph["abwatch.service.store.models"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def _plant(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_the_checkers_see_hidden_imports_and_cycles(tmp_path):
+    # the two tests above would pass vacuously if imports_of missed the forms that hide an import
+    _plant(tmp_path, {
+        "service/__init__.py": "",
+        "service/a.py": "from typing import TYPE_CHECKING\nimport os\nif TYPE_CHECKING:\n    from abwatch.service import b\n"
+                        "def f():\n    from abwatch.service.c import x\n    return os\n"
+                        "from abwatch.service import d\n",
+        "service/b.py": "import importlib\nfrom . import a\nM = importlib.import_module('abwatch.service.d')\n",
+        "service/c.py": "class C:\n    def g(self):\n        import abwatch.service.d\n",
+        "service/d.py": "x = 1\n",
+        "service/ok.py": "from abwatch.service.d import x\n",
+    })
+    hidden = hidden_imports(tmp_path, allowed={})
+    assert sorted(h.split(": ", 1)[1] for h in hidden) == [
+        "imports abwatch.service.c (function)", "imports abwatch.service.d (dynamic)",
+        "imports abwatch.service.d (function)", "imports abwatch.service.d (late)"], hidden
+    assert hidden_imports(tmp_path, allowed={"service/a.py": "", "service/b.py": "", "service/c.py": ""}) == []
+    graph = import_graph(tmp_path)
+    # b imports a at module level, a imports b for the type checker only: still a cycle
+    assert find_cycle(graph) == ["abwatch.service.a", "abwatch.service.b", "abwatch.service.a"]
+    assert find_cycle({**graph, "abwatch.service.b": set()}) is None
+
+
+# --- Migrations are self-contained ---------------------------------------------------------
+# A migration runs, years later, under whatever abwatch is installed: if it imported today's
+# code (a hash, a URL mask), an old revision would do something else than it did. What it
+# needs is copied into it as it was. Importing an earlier revision is allowed: a revision file
+# is frozen once it has been released, so it is as fixed as a copy.
+
+def migration_imports(path: Path) -> list[str]:
+    """The abwatch modules (other than an earlier revision) that a migration file imports, anywhere."""
+    wrong = []
+    for line, target, _ in imports_of(path, {}, path.parents[2]):
+        if target == "?" or target.split(".")[0] == "abwatch":
+            revision = target.removeprefix("abwatch.migrations.versions.")
+            earlier = revision != target and (path.parent / f"{revision}.py").is_file() and revision < path.stem
+            if not earlier:
+                wrong.append(f"{path.name}:{line}: imports {target}")
+    return wrong
+
+
+def test_migrations_import_no_abwatch_code():
+    files = sorted((ROOT / "migrations" / "versions").glob("0*.py"))
+    assert len(files) >= 20
+    wrong = [problem for path in files for problem in migration_imports(path)]
+    assert not wrong, "copy what a migration needs into it:\n" + "\n".join(wrong)
+
+
+def test_the_migration_checker_sees_an_import_of_abwatch(tmp_path):
+    _plant(tmp_path, {
+        "migrations/versions/0001_a.py": "x = 1\n",
+        "migrations/versions/0002_b.py": "import importlib\nfrom alembic import op\n"
+                                         "_0001 = importlib.import_module('abwatch.migrations.versions.0001_a')\n"
+                                         "_0003 = importlib.import_module('abwatch.migrations.versions.0003_c')\n"
+                                         "def upgrade():\n    from abwatch.service.store.rows import h\n"
+                                         "from abwatch.builders import redact\n",
+        "migrations/versions/0003_c.py": "x = 1\n",
+    })
+    assert migration_imports(tmp_path / "migrations" / "versions" / "0002_b.py") == [
+        "0002_b.py:4: imports abwatch.migrations.versions.0003_c",  # a later revision is not frozen yet
+        "0002_b.py:6: imports abwatch.service.store.rows", "0002_b.py:7: imports abwatch.builders"]

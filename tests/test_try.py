@@ -18,7 +18,7 @@ import requests
 from abwatch.service.cli.main import main
 from abwatch.service.config import load_config
 from abwatch.service.store import db
-from abwatch.service.watch import poll, queue
+from abwatch.service.watch import daemon, queue
 from tests.conftest import free_port
 from tests.test_watch import write_watch_config
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow  # real builds and runs
 def run_queue(url: str, config_path: str, device: str = "bench-box") -> None:
     """What a worker of ``device`` does: take its jobs until none is left."""
     engine = db.make_engine(url)
-    worker = queue.Worker(engine, device, poll.handlers(load_config(config_path)))
+    worker = queue.Worker(engine, device, daemon.handlers(load_config(config_path)))
     try:
         while worker.run_one() is not None:
             pass

@@ -16,6 +16,7 @@ Revision ID: 0010
 Revises: 0009
 Create Date: 2026-11-23 15:00:00
 """
+import hashlib
 import importlib
 import json
 
@@ -38,11 +39,19 @@ OPEN = "state IN ('benchmark', 'verify', 'regress')"
 SAMPLES_FK = 'fk_samples_invocation_id_invocations'
 
 
-def spec_hash(kind: str, spec: dict) -> str:
-    """The identity hash of a stored spec (the same function as abwatch.service.store.rows's)."""
-    from abwatch.service.store.rows import workload_spec_hash
+# A workload's identity hash as abwatch computed it when this revision was written (a copy, not
+# an import: a migration must do the same thing whatever abwatch runs it). Fields that do not
+# change what is timed, and empty values, are left out; sha256 of the sorted JSON, 16 hex digits.
+# Specs stored before this revision have no `measure` field, so abwatch's later rule for it
+# (service.store.rows.workload_spec_hash) gives the same hash for every row seen here.
+NOT_IDENTITY = frozenset({'name', 'timeout_s', 'rtol', 'atol'})
 
-    return workload_spec_hash(kind, spec)
+
+def spec_hash(kind: str, spec: dict) -> str:
+    """The identity hash of a stored spec, as of this revision."""
+    kept = {k: v for k, v in spec.items() if k not in NOT_IDENTITY and v not in (None, {}, [], '')}
+    payload = {'kind': kind, **kept}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _runs_config_spec(config, name):

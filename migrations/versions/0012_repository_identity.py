@@ -14,17 +14,48 @@ Revises: 0011
 Create Date: 2026-11-24 00:20:00
 """
 import json
+import re
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from alembic import op
 import sqlalchemy as sa
-
-from abwatch.builders.redact import mask_url
 
 
 revision = '0012'
 down_revision = '0011'
 branch_labels = None
 depends_on = None
+
+# abwatch.builders.redact.mask_url as it was when this revision was written (a copy, not an
+# import: a migration must do the same thing whatever abwatch runs it).
+MASK = '***'
+_SECRET_PARAM = re.compile(r'token|key|secret|passw|pwd|auth|sig|credential', re.IGNORECASE)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (or a lone token in the user part, or a query parameter named
+    like a credential) replaced by ``***``: a repository's stored identity, as of this revision."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    query = parse_qsl(parts.query, keep_blank_values=True) if parts.scheme not in ('', 'file') else []
+    if any(_SECRET_PARAM.search(key) for key, _ in query):  # rewritten only then: the rest stays as given
+        parts = parts._replace(query=urlencode(
+            [(key, MASK if _SECRET_PARAM.search(key) else value) for key, value in query], safe='*'))
+        url = urlunsplit(parts)
+    if not parts.scheme or '@' not in parts.netloc or parts.scheme == 'file':
+        return url
+    userinfo, _, host = parts.netloc.rpartition('@')
+    user, colon, _password = userinfo.partition(':')
+    if colon:
+        userinfo = f'{user}:{MASK}'
+    elif parts.scheme in ('http', 'https'):  # a bare user part over HTTP is a token
+        userinfo = MASK
+    else:  # ssh://git@host: a user name, not a secret
+        return url
+    return urlunsplit(parts._replace(netloc=f'{userinfo}@{host}'))
+
 
 # Rows of these tables belong to a repository; the columns that make one unique within it.
 OWNED = {"commits": ("sha",), "watch_progress": ("branch", "device", "config_hash"),

@@ -8,16 +8,33 @@ Revision ID: 0013
 Revises: 0012
 Create Date: 2026-11-24 00:30:00
 """
+import hashlib
+from urllib.parse import urlsplit
+
 from alembic import op
 import sqlalchemy as sa
-
-from abwatch.builders.redact import redact_endpoint
 
 
 revision = '0013'
 down_revision = '0012'
 branch_labels = None
 depends_on = None
+
+
+def redact_endpoint(url: str) -> str:
+    """A webhook URL's stored label: scheme and host, then a short hash of the whole URL
+    (abwatch.builders.redact.redact_endpoint as it was when this revision was written: a copy,
+    not an import, so that this migration does the same thing whatever abwatch runs it)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ''
+        port = f':{parts.port}' if parts.port else ''
+    except ValueError:
+        host, port, parts = '', '', None
+    digest = hashlib.sha256(url.encode()).hexdigest()[:8]
+    scheme = parts.scheme if parts is not None and parts.scheme else 'url'
+    return f'{scheme}://{host}{port}/\u2026#{digest}'
+
 
 # What downgrade() drops or changes, counted by `abwatch db downgrade` before it asks for --yes.
 DOWNGRADE_LOSES = (

@@ -213,10 +213,11 @@ def _try_command(call: Call) -> int:
     """``abwatch try``: queue the comparison for the device's workers; say how to follow it."""
     from abwatch.service.read import serialize
     from abwatch.service.watch import tryjob
+    from abwatch.service.watch.devices import device_names
 
     config, args = call.config, call.args
     assert config is not None, "try loads its config"
-    device = args.device or tryjob.device_names(config)[0]
+    device = args.device or device_names(config)[0]
     job = tryjob.submit(call.session, config, tryjob.TryRequest(device, args.control, args.treatment,
                                                                 args.workload, args.verify, getpass.getuser()))
     if args.json:
@@ -229,7 +230,8 @@ def _try_command(call: Call) -> int:
 
 
 def _watch_command(args: argparse.Namespace, config, engine, err: Console) -> int:
-    from abwatch.service.watch import daemon, poll as watch
+    from abwatch.service.watch import daemon
+    from abwatch.service.watch.devices import device_names
 
     if config.repo is None:
         raise ConfigError(f"{args.config}: repo: a watch needs [repo]")
@@ -238,7 +240,7 @@ def _watch_command(args: argparse.Namespace, config, engine, err: Console) -> in
         if engine.dialect.name != "postgresql":
             raise ConfigError("abwatch worker needs PostgreSQL (--db or $ABWATCH_DATABASE_URL); "
                               "on SQLite `abwatch watch` runs the jobs itself")
-        device = args.device or watch.device_names(config)[0]
+        device = args.device or device_names(config)[0]
         return daemon.work(engine, config, device, progress=progress)
     if args.once:
         return daemon.once(engine, config, work=not args.no_work, progress=progress)
@@ -305,7 +307,7 @@ def _cache_command(args: argparse.Namespace, err: Console, out: Console) -> int:
 
 
 def _serve(args: argparse.Namespace, config, engine) -> int:
-    from abwatch.service.web.admission import serve
+    from abwatch.service.web.server import serve
 
     url = engine.url.render_as_string(hide_password=False)
     engine.dispose()  # the server opens its own, its pool sized by [server]

@@ -13,7 +13,7 @@ from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
-from abwatch.runners.base import OpFeatures, OutputTensor, TvmMetrics, WorkerReady
+from abwatch.runners.results import OpFeatures, OutputTensor, TvmMetrics, WorkerReady
 
 
 class OpRow(TypedDict):

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 
 from sqlalchemy.orm import Session
 
-from abwatch.runners.base import InvocationResult, Runner
+from abwatch.runners.base import Runner
+from abwatch.runners.results import InvocationResult
 from abwatch.runners.harness import CONTROL, TREATMENT, Slot
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats

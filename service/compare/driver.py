@@ -27,8 +27,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.builders import Builder, make_builder
 from abwatch.builders.redact import mask_url
-from abwatch.runners import make_runner
-from abwatch.runners.base import DeviceInfo, Runner
+from abwatch.runners import DeviceInfo, Runner, make_runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from abwatch.service import stats
 from abwatch.service.compare import attribution, compile_time, contended, infra, instructions, lifecycle, liveness

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from abwatch.runners.base import InvocationResult
+from abwatch.runners.results import InvocationResult
 from abwatch.runners.harness import CONTROL, TREATMENT, Slot, interleaved_schedule
 from abwatch.service import stats
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from abwatch.runners.base import InvocationResult, Runner
+from abwatch.runners.base import Runner
+from abwatch.runners.results import InvocationResult
 from abwatch.runners.counters import CounterUnavailable, choose
 from abwatch.runners.harness import CONTROL, TREATMENT, Slot
 from abwatch.runners.workloads import WORKLOAD_KINDS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from abwatch.runners.base import DeviceInfo
+from abwatch.runners.results import DeviceInfo
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service.compare.attribution import TvmDetails
 from abwatch.service.config import Config

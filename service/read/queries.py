@@ -13,6 +13,8 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, joinedload
 
+# stats resolves its functions on first use: NumPy and SciPy load only for the pages that draw a series
+from abwatch.service import stats
 from abwatch.service.read import serialize, stored
 from abwatch.service.store.models import (
     AlertDelivery, Build, Commit, Comparison, Device, Job, Regression, Run, Sample, TriageEvent, WatchedCommit, WatchProgress,
@@ -306,8 +308,6 @@ def _summary(session: Session, sha: str | None) -> str | None:
 
 
 def _change_points(values: list[float], max_pvalue: float) -> list:
-    from abwatch.service import stats  # NumPy and SciPy: only the pages that draw a series need them
-
     return stats.change_points(values, max_pvalue=max_pvalue)
 
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Float, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from abwatch.service.store.base import Base, _enum, utcnow
-
-if TYPE_CHECKING:
-    from abwatch.service.store.models import Commit, Repository
+from abwatch.service.store.commits import Commit, Repository
 
 
 class DeliveryStatus(str, enum.Enum):

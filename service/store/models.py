@@ -32,6 +32,13 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 from abwatch.service.stats.verdict import Metric, Outcome, RegressionKind, RegressionState, TriageStatus
 
 from abwatch.service.store.base import Base, _enum, utcnow  # noqa: F401 - utcnow: re-exported
+# The tables every other one points at, and the watch's tables: re-exported so that ``models``
+# names the whole schema (jobs needs only the first, so neither imports this module).
+from abwatch.service.store.commits import Commit, Repository
+from abwatch.service.store.jobs import (  # noqa: F401
+    AlertDelivery, BisectionStep, CommitStatus, DeliveryStatus, Job, JobStatus, StepSide, StepVerdict, WatchedCommit,
+    WatchProgress,
+)
 
 
 class BuildStatus(str, enum.Enum):
@@ -74,32 +81,6 @@ class InvocationStatus(str, enum.Enum):
     OK = "ok"
     TIMEOUT = "timeout"
     ERROR = "error"
-
-
-class Repository(Base):
-    """A git repository under watch."""
-
-    __tablename__ = "repositories"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    url: Mapped[str] = mapped_column(String(1024), unique=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-
-
-class Commit(Base):
-    """One commit of a repository."""
-
-    __tablename__ = "commits"
-    __table_args__ = (UniqueConstraint("repository_id", "sha"),)
-    id: Mapped[int] = mapped_column(primary_key=True)
-    repository_id: Mapped[int] = mapped_column(ForeignKey("repositories.id"))
-    sha: Mapped[str] = mapped_column(String(64), index=True)
-    summary: Mapped[str] = mapped_column(Text, default="")
-    author: Mapped[str] = mapped_column(String(256), default="")
-    # the instant in UTC (before 1970 too); the committer's offset apart, in minutes (git
-    # accepts up to +-99:59, timestamptz only +-15:59); NULL: unknown (stored before 0020)
-    committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    committed_offset_min: Mapped[int | None] = mapped_column(Integer)
-    repository: Mapped[Repository] = relationship()
 
 
 class Build(Base):
@@ -423,10 +404,3 @@ class SchemaVersion(Base):
     revision: Mapped[str] = mapped_column(String(64), primary_key=True)
     abwatch_version: Mapped[str] = mapped_column(String(64))
     migrated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-
-
-# The watch's tables live in .jobs; re-exported so that ``models`` names the whole schema.
-from abwatch.service.store.jobs import (  # noqa: E402, F401
-    AlertDelivery, BisectionStep, CommitStatus, DeliveryStatus, Job, JobStatus, StepSide, StepVerdict, WatchedCommit,
-    WatchProgress,
-)

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from abwatch.service.store.models import Base, Build, BuildStatus, Commit, Device, Repository, Workload, utcnow
 from abwatch.builders.redact import mask_url
 from abwatch.builders.spec import CommitInfo, spec_hash
-from abwatch.runners.base import DeviceInfo
+from abwatch.runners.results import DeviceInfo
 
 # Spec fields that do not change what is timed: changing them keeps the workload's series.
 NOT_IDENTITY = frozenset({"name", "timeout_s", "rtol", "atol"})

@@ -31,7 +31,8 @@ from abwatch.builders.redact import mask_url
 from abwatch.service.compare import liveness
 from abwatch.service.notify import alerts
 from abwatch.service.store import db
-from abwatch.service.watch import pulls, queue, retention, retry, poll as watch
+from abwatch.service.watch import pulls, queue, retention, retry, tryjob, poll as watch
+from abwatch.service.watch.devices import device_names
 from abwatch.service.config import Config, cron_trigger
 from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_INTERNAL, EXIT_OK, EXIT_REGRESSION
 from abwatch.service.compare.driver import NullProgress, Progress
@@ -62,6 +63,14 @@ class Stopper:
     def stopping(self) -> bool:
         """Whether a signal asked the loop to end."""
         return self.event.is_set()
+
+
+def handlers(config: Config, progress: Progress | None = None) -> dict:
+    """The job kinds a worker of this config runs: ``test`` (the watch's, :func:`.poll.test_commit`),
+    ``try`` (a person's, :func:`.tryjob.run_try`) and ``pr`` (a pull request's, :func:`.pulls.run_pr`)."""
+    return {"test": lambda session, job: watch.test_commit(session, config, job, progress),
+            tryjob.KIND: lambda session, job: tryjob.run_try(session, config, job, progress),
+            pulls.KIND: lambda session, job: pulls.run_pr(session, config, job, progress)}
 
 
 def pass_exit_code(confirmed: list[int], failed: list[str], untested: list[str] | None = None) -> int:
@@ -97,8 +106,8 @@ def once(engine: Engine, config: Config, *, work: bool = True, progress: Progres
     confirmed: list[int] = []
     failed: list[str] = []
     untested: list[str] = []  # jobs a full disk or a missing tool failed: retried by the next pass
-    for device in watch.device_names(config):
-        worker = queue.Worker(engine, device, pulls.handlers(config, progress))
+    for device in device_names(config):
+        worker = queue.Worker(engine, device, handlers(config, progress))
         stopper.workers.append(worker)
         try:
             while not stopper.stopping:
@@ -208,7 +217,7 @@ def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
     progress = progress or NullProgress()
     stopper = Stopper()
     stopper.install()
-    worker = queue.Worker(engine, device, pulls.handlers(config, progress))
+    worker = queue.Worker(engine, device, handlers(config, progress))
     stopper.workers.append(worker)
     progress.message(f"worker {worker.name} for device {device!r}")
     wait = 0.0

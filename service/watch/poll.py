@@ -28,12 +28,13 @@ from abwatch.service.notify import alerts, github
 from abwatch.service.watch import bisect, queue, retry, upkeep
 from abwatch.service.config import Config
 from abwatch.service.watch.controls import control_rule
+from abwatch.service.watch.devices import device_names, for_device
 from abwatch.service.store.models import (
     Commit, CommitStatus, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
 )
 from abwatch.service.stats.verdict import RegressionState
+from abwatch.builders import BuildFailed, make_builder
 from abwatch.builders.repo import RepoError, RepoMirror
-from abwatch.runners import make_runner
 from abwatch.builders.spec import CommitInfo, spec_hash, storable
 from abwatch.service.store.rows import get_commit, get_repository, insert_ignoring_conflict
 
@@ -41,19 +42,6 @@ OK, BUILD_FAILED, FAILED, QUEUED, BASELINE, SKIPPED = (
     CommitStatus.OK, CommitStatus.BUILD_FAILED, CommitStatus.FAILED, CommitStatus.QUEUED, CommitStatus.BASELINE,
     CommitStatus.SKIPPED)
 GOOD = (OK, BASELINE)  # statuses a later commit may be compared with
-
-
-def device_names(config: Config) -> list[str]:
-    """The devices a watch queues jobs for: ``[watch] devices``, else the runner's own
-    (:meth:`~abwatch.runners.base.Runner.device_name`, the name its comparisons store)."""
-    if config.watch.devices:
-        return list(config.watch.devices)
-    return [make_runner(config).device_name()]
-
-
-def for_device(config: Config, device: str) -> Config:
-    """``config`` with its runner pinned to ``device`` (the name the runs are stored under)."""
-    return config.model_copy(update={"runner": config.runner.model_copy(update={"device": device})})
 
 
 def config_hash(config: Config) -> str:
@@ -324,8 +312,6 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
 
 def _baseline(config: Config, sha: str, progress: driver.Progress) -> CommitStatus:
     """Build the watch's first commit; its status."""
-    from abwatch.builders import BuildFailed, make_builder
-
     progress.message(f"baseline {sha[:12]}: building")
     try:
         make_builder(config).build(sha)
@@ -333,11 +319,3 @@ def _baseline(config: Config, sha: str, progress: driver.Progress) -> CommitStat
         progress.message(f"baseline {sha[:12]}: build FAILED: {exc}")
         return BUILD_FAILED
     return BASELINE
-
-
-def handlers(config: Config, progress: driver.Progress | None = None) -> dict:
-    """The job kinds a worker of this config runs: ``test`` (the watch's) and ``try`` (a person's)."""
-    from abwatch.service.watch import tryjob  # it builds on this module
-
-    return {"test": lambda session, job: test_commit(session, config, job, progress),
-            tryjob.KIND: lambda session, job: tryjob.run_try(session, config, job, progress)}

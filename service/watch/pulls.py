@@ -34,7 +34,8 @@ from abwatch.service.notify import pulls
 from abwatch.service.stats.verdict import TriageStatus
 from abwatch.service.store import db
 from abwatch.service.store.models import Job, JobStatus, Regression
-from abwatch.service.watch import poll, queue, tryjob
+from abwatch.service.watch import queue, tryjob
+from abwatch.service.watch.devices import device_names
 
 KIND = pulls.KIND
 SIGNATURE_HEADER = "X-Hub-Signature-256"
@@ -143,7 +144,7 @@ def submit(session: Session, config: Config, number: int, head: str, merge_base:
                "treatment_ref": f"pull/{number}/head", "workloads": sorted(command.workloads),
                "verify": command.verify, "who": who, "pr": number, "repo": github.repo}
     jobs = []
-    for device in poll.device_names(config):
+    for device in device_names(config):
         job = queue.enqueue(session, KIND, device, payload, f"{pulls.job_key(github, number)}{request_key}:{device}")
         if job is not None:
             jobs.append(job)
@@ -181,9 +182,3 @@ def run_pr(session: Session, config: Config, job: Job, progress: driver.Progress
         raise
     pulls.enqueue(session, config.github, number, config.alerts.dashboard_url, {job_id: (JobStatus.DONE, result, None)})
     return result
-
-
-def handlers(config: Config, progress: driver.Progress | None = None) -> dict:
-    """The job kinds a worker of this config runs: the watch's and a person's
-    (:func:`service.watch.poll.handlers`) and a pull request's."""
-    return {**poll.handlers(config, progress), KIND: lambda session, job: run_pr(session, config, job, progress)}

@@ -27,7 +27,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from abwatch.builders.spec import UsageError
 from abwatch.service.read import queries, serialize, triage as triage_mod, triage_report
 from abwatch.service.config import ServerConfig
+from abwatch.service.watch import tryjob
+from abwatch.service.watch.devices import device_names
 from abwatch.service.web import admission, github_hooks
+from abwatch.service.web.dashboard import add_dashboard
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations at run time
 from abwatch.service.store.models import Record
 from abwatch.service.stats.verdict import RegressionState, TriageStatus
@@ -197,10 +200,7 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None, 
     _job_routes(app)
     app.include_router(github_hooks.router)
     _report_routes(app)
-
-    from abwatch.service.web.dashboard import add_dashboard  # noqa: E402 - the pages use the routes above
-
-    add_dashboard(app, api)
+    add_dashboard(app, api)  # after the routes above: the pages use them
     admission.install(app, api)
     return app
 
@@ -318,12 +318,10 @@ def _job_routes(app: FastAPI) -> None:
     def submit_try(body: TryBody, request: Request, session: SessionDep) -> dict[str, Any]:
         """Queue a try job: the watch's workers on that device compare the two commits (and
         verify a regression if asked); ``GET /api/jobs/{id}`` follows it."""
-        from abwatch.service.watch import tryjob  # the watch's machinery, only for this route
-
         config = request.app.state.config
         if config is None:
             raise HTTPException(409, "this server was started without a watch config: it cannot queue jobs")
-        device = body.device or tryjob.device_names(config)[0]
+        device = body.device or device_names(config)[0]
         try:
             job = tryjob.submit(session, config, tryjob.TryRequest(device, body.control, body.treatment,
                                                                    body.workloads, body.verify, body.who))

@@ -1,0 +1,82 @@
+"""What a runner yields: its device's description, each invocation's result and the metrics a
+TVM worker reports.
+
+Apart from :mod:`.base` (the runner interface) so that the modules a runner is made of
+(the harness, the workload kinds, the TVM sessions) and the service can all use these types
+while :mod:`.base` imports those modules in turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+
+class OpFeatures(TypedDict):
+    """Shapes and dtypes of an operator's tensor arguments (inputs first, then outputs)."""
+
+    shapes: list[list[int]]
+    dtypes: list[str]
+
+
+class WorkerReady(TypedDict, total=False):
+    """What a TVM worker says of itself once its workload is compiled (``runners/tvm_worker.py``)."""
+
+    ready: bool
+    compile_ms: float
+    tvm_version: str
+    target: Any  # the TVM target as the worker printed it
+    features: dict[str, bool]  # llvm, cuda, rpc enabled in that TVM
+    input_shapes: list[list[int]]
+    num_threads: str | None  # $TVM_NUM_THREADS as the worker saw it
+
+
+class OutputTensor(TypedDict):
+    """A workload's first output, as the worker sends it."""
+
+    shape: list[int]
+    dtype: str
+    data: str  # base64 of the raw bytes
+
+
+class TvmMetrics(TypedDict, total=False):
+    """What one TVM invocation reports beside its samples: per-operator times (µs) and their
+    features; the invocation that compiled also its compile time, its worker's self-description
+    and its output."""
+
+    ops: dict[str, float]
+    op_features: dict[str, OpFeatures]
+    compile_ms: float
+    ready: WorkerReady
+    outputs: OutputTensor
+
+
+@dataclass(frozen=True)
+class InvocationResult:
+    """One workload process: its status, its samples (ms) and what it said on failure."""
+
+    status: str  # "ok" | "timeout" | "error" (values of service.store.models.InvocationStatus)
+    samples: tuple[float, ...]
+    wall_s: float
+    message: str = ""
+    records: tuple[dict, ...] = field(default_factory=tuple)
+    metrics: TvmMetrics = field(default_factory=lambda: TvmMetrics())  # TVM workloads only
+    # how contended the process was: CPU seconds it used, and how often the kernel took the CPU
+    # from it, over ``usage_wall_s`` seconds of wall time (command workloads: the whole process,
+    # from wait4; TVM workers: the timing batch, all ``threads``); None where not measured
+    cpu_s: float | None = None
+    involuntary_switches: int | None = None
+    usage_wall_s: float | None = None  # None: the whole invocation (wall_s)
+    threads: int = 1  # threads the measured code ran on (TVM_NUM_THREADS)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What :meth:`~abwatch.runners.base.Runner.prepare` says about the device: stored on the device row and in
+    every record (``hardware``, ``hardware_config``, ``software_config``, ``runtime_config``)."""
+
+    name: str  # the device's identity in the database
+    kind: str  # the runner's kind
+    hardware_config: dict[str, Any]
+    software_config: dict[str, Any]
+    runtime_config: dict[str, Any] = field(default_factory=dict)
