@@ -29,7 +29,8 @@ from abwatch.builders.spec import storable
 
 TOP = 200  # functions kept per profile: the stored size stays bounded whatever the region ran
 SHOWN = 5  # functions a comment or an alert names
-GREW_KEPT = 10  # rows of the diff stored (and shown on the regression page)
+GREW_KEPT = 20  # rows of the diff stored (and shown on the regression page)
+NO_SYMBOL = "???"  # cachegrind's name for code without a symbol (a stripped library's own functions)
 NAME_LIMIT = 2000  # characters of a function's full name kept (templated C++ names run long)
 SHORT = 90  # characters of a function's name shown in a table
 
@@ -148,6 +149,8 @@ def short_name(name: str, width: int = SHORT) -> str:
     """A function's name as a table shows it: template arguments and parameters elided
     (``tvm::runtime::Array<…>::operator[](…) const`` -> ``tvm::runtime::Array<…>::operator[](…)``),
     a leading return type dropped, cut in the middle past ``width`` characters."""
+    if name == NO_SYMBOL:
+        return "??? (no symbol)"
     text = _collapse(_collapse(name, "<", ">"), "(", ")", keep=("(anonymous namespace)",))
     text = text.removesuffix(" const")
     depth, split = 0, -1
@@ -169,8 +172,10 @@ def grew(control: Profile, treatment: Profile, keep: int = GREW_KEPT) -> list[di
     """The functions whose instructions grew most from ``control`` to ``treatment``, most first:
     each with its full and short name, both counts (None where the side did not keep it), the
     growth (at least: a count left out is taken as the side's floor) and its percentage, and its
-    share of the region's whole change. Functions that did not grow are left out."""
+    share of the region's whole change. Functions that did not grow are left out, and so is code
+    without a symbol (:func:`unnamed` says how much of the change that was)."""
     a, b = dict(control.functions), dict(treatment.functions)
+    a.pop(NO_SYMBOL, None), b.pop(NO_SYMBOL, None)
     change = treatment.total - control.total
     rows: list[dict[str, Any]] = []
     for name in set(a) | set(b):
@@ -187,3 +192,14 @@ def grew(control: Profile, treatment: Profile, keep: int = GREW_KEPT) -> list[di
         })
     rows.sort(key=lambda row: (-row["change"], row["name"]))
     return rows[:keep]
+
+
+def unnamed(control: Profile, treatment: Profile) -> dict[str, Any] | None:
+    """The instructions of code without a symbol on each side (a release wheel's ``libtvm.so``
+    keeps only its exported names: TVM's internal functions and the LLVM inside it are ``???``),
+    their change and its share of the region's change; None where neither side kept any."""
+    a, b = dict(control.functions).get(NO_SYMBOL), dict(treatment.functions).get(NO_SYMBOL)
+    if a is None and b is None:
+        return None
+    change, whole = (b or 0) - (a or 0), treatment.total - control.total
+    return {"control": a, "treatment": b, "change": change, "share_pct": change / whole * 100.0 if whole else None}

@@ -120,6 +120,10 @@ def test_the_diff_ranks_growth_and_bounds_what_a_side_did_not_keep():
     # d was not among the control's kept functions: it ran at most 50 there, so it grew by at least 150
     assert d["control"] is None and d["change"] == 150 and d["at_least"] and not d["new"]
     assert grew(Profile(10, (), 0, 0), Profile(20, (("n", 20),), 1, 0))[0]["new"]
+    stripped = Profile(100, (("???", 90), ("f", 10)), 2, 0), Profile(200, (("???", 180), ("f", 20)), 2, 0)
+    assert [r["name"] for r in grew(*stripped)] == ["f"]  # code without a symbol is no function
+    assert profiles.unnamed(*stripped) == {"control": 90, "treatment": 180, "change": 90, "share_pct": 90.0}
+    assert profiles.unnamed(control, treatment) is None
 
 
 def test_long_cpp_names_are_shortened_for_tables_and_kept_whole():
@@ -131,6 +135,7 @@ def test_long_cpp_names_are_shortened_for_tables_and_kept_whole():
     assert short_name("tvm::tir::StmtMutator::VisitStmt_(tvm::tir::ForNode const*)") == \
         "tvm::tir::StmtMutator::VisitStmt_(…)"
     assert short_name("operator new(unsigned long)") == "operator new(…)"
+    assert short_name("???") == "??? (no symbol)"
     assert short_name("(anonymous namespace)::Pass::Run(int)") == "(anonymous namespace)::Pass::Run(…)"
     assert short_name("tvm::runtime::ObjectPtr<tvm::Object>::operator->() const") == \
         "tvm::runtime::ObjectPtr<…>::operator->()"
@@ -180,6 +185,11 @@ def test_comments_and_alerts_show_the_top_five_safely():
     assert len(rows) == 5  # the top five under the table
     assert "\\|" in rows[0] and "`" not in rows[0][3:rows[0].index(" |", 3) - 1]  # no cell or code span broken
     assert markdown_lines(explain("compile-time", "time", {}), _cell)[0].startswith("No profile: judged on")
+    stripped = _details([ROW])
+    stripped["profile"]["no_symbol"] = {"control": 50, "treatment": 250, "change": 200, "share_pct": 50.0}
+    explained = explain("runtime", "instructions", {"instructions": stripped})
+    assert text_lines(explained)[-1] == "  code without a symbol (a stripped library's own functions): +200, 50% of the change"
+    assert markdown_lines(explained, _cell)[-1].startswith("Code without a symbol")
 
 
 @pytest.mark.slow
@@ -215,9 +225,15 @@ def test_a_real_tvm_compile_regression_names_the_tvm_functions_that_grew(capsys,
         assert len(kept["functions"]) <= profiles.TOP and kept["seen"] > len(kept["functions"])  # bounded
         # the region's profile is the region's count: the median process's, to the instruction
         assert kept["total"] == sorted(compiled[f"{side}_counts"])[(len(compiled[f"{side}_counts"]) - 1) // 2]
-    top_five = profile["grew"][:5]
-    tvm_names = [row["name"] for row in top_five if "tvm::" in row["name"]]
+    with capsys.disabled():  # what the diff says, for the record
+        print("\nregion totals", profile["control"]["total"], profile["treatment"]["total"],
+              "functions seen", profile["control"]["seen"], profile["treatment"]["seen"])
+        for row in profile["grew"]:
+            print(f"  +{row['change']:,} ({row['change_pct']}%) {row['short']}  [{row['name'][:200]}]")
+    tvm_names = [row["name"] for row in profile["grew"] if "tvm::" in row["name"]]
     assert tvm_names, [row["name"] for row in profile["grew"]]  # TVM's own C++ functions grew
+    assert "???" not in [row["name"] for row in profile["grew"]]  # code without a symbol: apart
+    assert profile["no_symbol"]["change"] > 0  # most of a release wheel's libtvm.so has no symbol
     assert not [row for row in profile["grew"] if row["name"].startswith("_Z")]  # demangled
     assert all(row["change"] > 0 for row in profile["grew"])
     # the timed runs were counted too, with their own profile (per call)
@@ -239,7 +255,9 @@ def test_a_real_tvm_compile_regression_names_the_tvm_functions_that_grew(capsys,
     with Session(engine) as session:
         text = alerts.payload(session.get(Regression, regression["id"]), "regress")["text"]
     engine.dispose()
-    assert "functions that grew most (compile instructions, valgrind)" in text and first_tvm["short"] in text
+    assert "functions that grew most (compile instructions, valgrind)" in text
+    assert all(row["short"] in text for row in explained["rows"][:5])  # the top five
+    assert "code without a symbol" in text and "Code without a symbol" in page
 
 
 def _main_out(capsys, *argv) -> str:

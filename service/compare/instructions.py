@@ -152,14 +152,15 @@ def details(judged: CountJudged) -> dict:
 def profile_details(judged: CountJudged) -> dict:
     """Where the counts were spent: each side's median-count process's top functions
     (``control``, ``treatment``: :meth:`Profile.to_dict`) and the functions that grew most
-    (``grew``: :func:`profiles.grew`), or the ``reason`` there is none."""
+    (``grew``: :func:`profiles.grew`; ``no_symbol``: what code without a symbol ran,
+    :func:`profiles.unnamed`), or the ``reason`` there is none."""
     if judged.profiles is None:
         reason = ("perf counts instructions, not the functions they ran in" if judged.source == "perf"
                   else "no per-function counts were read" if not judged.failure else "the counting failed")
         return {"reason": reason}
     control, treatment = (profiles.Profile.from_dict(judged.profiles[side]) for side in (CONTROL, TREATMENT))
     return {"process": "median count of each side", "control": control.to_dict(), "treatment": treatment.to_dict(),
-            "grew": profiles.grew(control, treatment)}
+            "grew": profiles.grew(control, treatment), "no_symbol": profiles.unnamed(control, treatment)}
 
 
 def verdict_of(workload_details: Mapping[str, Any] | None, what: str = "run") -> stats.Verdict:

@@ -22,7 +22,9 @@ def text_lines(explained: Mapping[str, Any], shown: int = SHOWN) -> list[str]:
                  f"{_us(r.get('treatment_us'))}{_pct(r.get('change_pct'), ' ')}" for r in rows]
     else:
         return [f"no profile: {explained.get('reason')}"]
-    return [head, *lines, *([f"  ({explained['note']})"] if explained.get("note") else [])]
+    unnamed = _unnamed(explained)
+    return [head, *lines, *([f"  {unnamed}"] if unnamed else []),
+            *([f"  ({explained['note']})"] if explained.get("note") else [])]
 
 
 def markdown_lines(explained: Mapping[str, Any], cell, shown: int = SHOWN) -> list[str]:
@@ -40,7 +42,18 @@ def markdown_lines(explained: Mapping[str, Any], cell, shown: int = SHOWN) -> li
                   f"{_us(r.get('treatment_us'))} | {_pct(r.get('change_pct'), '') or '–'} |" for r in rows]
     else:
         return [f"No profile: {cell(str(explained.get('reason')))}."]
-    return lines + (["", f"_{cell(explained['note'])}_"] if explained.get("note") else [])
+    unnamed = _unnamed(explained)
+    return (lines + (["", unnamed[0].upper() + unnamed[1:] + "."] if unnamed else [])
+            + (["", f"_{cell(explained['note'])}_"] if explained.get("note") else []))
+
+
+def _unnamed(explained: Mapping[str, Any]) -> str:
+    """What code without a symbol added, where it grew (most of a release wheel's libtvm.so)."""
+    found = explained.get("no_symbol") or {}
+    if explained.get("what") != "functions" or not found.get("change") or found["change"] <= 0:
+        return ""
+    share = f", {found['share_pct']:.0f}% of the change" if found.get("share_pct") is not None else ""
+    return f"code without a symbol (a stripped library's own functions): +{found['change']:,}{share}"
 
 
 def _count(value: int | None) -> str:

@@ -63,6 +63,7 @@ def _functions(counted: Any, region: str, note: str) -> dict[str, Any]:
     sides = {side: (profile.get(side) or {}).get("total") for side in ("control", "treatment")}
     return {"what": "functions", "rows": list(profile.get("grew") or []), "region": region,
             "source": counted.get("source"), "process": profile.get("process"), "totals": sides,
+            "no_symbol": profile.get("no_symbol"),
             "note": note, "reason": None if profile.get("grew") else "no function ran more instructions"}
 
 
