@@ -28,6 +28,11 @@ the worker marks the region (``runners/worker_region.py``, ``Region``) and
   forks a child that exits at once before the region and another after it: a forked child
   inherits its parent's counts, so the second child's count minus the first's is the
   region's, to the instruction, whatever start-up cost.
+
+Valgrind also says which functions the instructions were spent in (cachegrind's per-function
+counts, C++ names demangled): :meth:`InstructionCounter.profile` and ``region_profile`` read them
+(``runners/profiles.py``) before the scratch directory is cleaned. perf counts the total only
+(per-function counts would need ``perf record``'s sampling, which is not a count).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from abwatch.builders.sandbox import Sandbox
+from abwatch.runners import profiles
+from abwatch.runners.profiles import Profile, ProfileError
 
 
 # Fixed in every counted process unless the workload sets it: Python's string hashing is seeded
@@ -81,6 +88,17 @@ class InstructionCounter(abc.ABC):
     def read_region(self, scratch: Path, reported: dict) -> int:
         """The instructions of the region a worker reported (``reported``: what its ``_Region``
         said) once its process has exited (CountError if they cannot be read)."""
+
+    def profile(self, scratch: Path) -> Profile | None:
+        """Which functions the wrapped command's processes spent their instructions in
+        (:mod:`abwatch.runners.profiles`); None where this counter counts no functions or its
+        files cannot be read as a profile (the count itself stands)."""
+        return None
+
+    def region_profile(self, scratch: Path, reported: dict) -> Profile | None:
+        """Which functions the region a worker reported spent its instructions in; None as for
+        :meth:`profile`."""
+        return None
 
 
 class PerfCounter(InstructionCounter):
@@ -170,6 +188,23 @@ class ValgrindCounter(InstructionCounter):
             if line.startswith("summary:"):
                 return int(line.split()[1])
         raise CountError(f"{path.name} has no summary line")
+
+    def region_profile(self, scratch: Path, reported: dict) -> Profile | None:
+        # the end mark's counts minus the start mark's, function by function
+        marks = reported.get("marks")
+        if not (isinstance(marks, list) and len(marks) == 2 and all(isinstance(m, int) for m in marks)):
+            return None
+        try:
+            before, after = (profiles.read_cg(scratch / f"cg.{pid}") for pid in marks)
+        except ProfileError:
+            return None
+        return profiles.top(profiles.subtract(after, before))
+
+    def profile(self, scratch: Path) -> Profile | None:
+        try:
+            return profiles.top(profiles.add(profiles.read_cg(path) for path in sorted(scratch.glob("cg.*"))))
+        except ProfileError:
+            return None
 
     def read(self, scratch: Path) -> int:
         total, found = 0, 0

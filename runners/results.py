@@ -68,6 +68,9 @@ class InvocationResult:
     involuntary_switches: int | None = None
     usage_wall_s: float | None = None  # None: the whole invocation (wall_s)
     threads: int = 1  # threads the measured code ran on (TVM_NUM_THREADS)
+    # a counted process: the functions its count was spent in (runners.profiles.Profile.to_dict,
+    # per call where its sample is), None where the counter counts no functions
+    profile: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

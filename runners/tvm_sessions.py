@@ -395,13 +395,16 @@ class TvmSessions:
                 if ended.get("status") != 0:
                     raise WorkerError(_ended(ended, server.worker))
                 count = counter.read_region(server.scratch, ready.get("instructions") or {})
+                # read before the scratch directory is cleaned for the server's next child
+                profile = counter.region_profile(server.scratch, ready.get("instructions") or {})
         except WorkerError as exc:
             status = "timeout" if "timeout" in str(exc) else "error"
             return InvocationResult(status, (), time.monotonic() - start, str(exc))
         except CountError as exc:
             return InvocationResult("error", (), time.monotonic() - start, f"{counter.name}: {exc}")
-        per_call = count / ready["calls"] if what == "run" else count
-        return InvocationResult("ok", (float(per_call),), time.monotonic() - start)
+        calls = ready["calls"] if what == "run" else 1
+        return InvocationResult("ok", (float(count / calls),), time.monotonic() - start,
+                                profile=profile.per(calls).to_dict() if profile else None)
 
     def _name_native(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float, side: str,
                      side_options: dict) -> InvocationResult | None:

@@ -86,7 +86,8 @@ class CommandKind(WorkloadKind):
                 count = counter.read(Path(scratch))
             except CountError as exc:
                 return InvocationResult("error", (), proc.wall_s, f"{counter.name}: {exc}")
-        return InvocationResult("ok", (float(count),), proc.wall_s)
+            profile = counter.profile(Path(scratch))
+        return InvocationResult("ok", (float(count),), proc.wall_s, profile=profile.to_dict() if profile else None)
 
     @staticmethod
     def _process(artifact_dir: Path, workload: CommandWorkloadConfig, timeout_s: float, argv: list[str],

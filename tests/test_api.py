@@ -65,6 +65,8 @@ def test_regressions_with_filters(filled_server):
     # a compare and its verify name a range; only bisection names a culprit (none ran here)
     assert detail["culprit"] is None and detail["bisection"] == []
     assert detail["range"] == {"good": regression["control_sha"], "bad": regression["treatment_sha"]}
+    # a command's run-time regression on time: no per-operator table and no profile, and it says so
+    assert detail["explanation"]["what"] is None and "per-operator" in detail["explanation"]["reason"]
 
 
 def test_series_with_change_points_records_and_watch(filled_server):

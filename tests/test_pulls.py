@@ -137,6 +137,8 @@ def test_a_comment_command_is_answered_in_the_pull_request(tmp_path, bench_repo,
         assert body.startswith(pulls.pulls.MARKER) and "#### bench-box" in body
         row = next(line for line in body.splitlines() if line.startswith("| loop |"))
         assert "**regression (confirmed)**" in row and "http://dash.example/runs/" in row and "ms |" in row
+        # under the table, what explains it: a command timed on wall time has no profile, and says so
+        assert "**loop**, runtime regression on time:" in body and "No profile: no per-operator table" in body
         (check,) = github.checks.values()
         assert check["status"] == "completed" and check["conclusion"] == "failure"
         assert "loop" in check["output"]["title"] and "| loop |" in check["output"]["summary"]

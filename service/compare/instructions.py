@@ -29,6 +29,7 @@ from typing import Any
 from abwatch.runners.base import Runner
 from abwatch.runners.results import InvocationResult
 from abwatch.runners.counters import CounterUnavailable, choose
+from abwatch.runners import profiles
 from abwatch.runners.harness import CONTROL, TREATMENT, Slot
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
@@ -54,6 +55,9 @@ class CountJudged:
     samples: dict[str, list[float]]
     source: str  # the counter's name: perf or valgrind
     failure: str | None = None
+    # the functions the counts were spent in: each side's median-count process (stored shape of
+    # runners.profiles.Profile), None where the counter counts no functions
+    profiles: dict[str, dict] | None = None
 
 
 def wanted(workload) -> bool:
@@ -94,12 +98,17 @@ def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, see
     progress.message(f"  {workload.name}: {label} ({counter.name}): {min(most, FIRST_LOOK)} pairs of counted "
                      f"processes to start, {config.run.counted_jobs} at a time")
 
+    counted: list[tuple[str, InvocationResult]] = []  # appended from the pool's threads (atomic)
+
     def count(slot: Slot) -> InvocationResult:
-        return runner.count_instructions(artifacts[slot.side], workload, timeout_s, counter, slot.side, what)
+        result = runner.count_instructions(artifacts[slot.side], workload, timeout_s, counter, slot.side, what)
+        counted.append((slot.side, result))
+        return result
 
     rule = fresh.rule(config, config.stats.instructions_threshold_pct, FIRST_LOOK, most, seed)
     with ThreadPoolExecutor(max_workers=config.run.counted_jobs) as pool:
         judged = fresh.until_decided(count, rule, rng, "counted process", each=pool.map)
+    kept = median_profiles(counted)
     if judged.verdict is None:
         verdict = replace(unmeasured(judged.failure or ""), stop_reason="counted process failed",
                           elapsed_s=judged.elapsed_s)
@@ -108,19 +117,51 @@ def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, see
                  "instructions per call of the timed calls" if WORKLOAD_KINDS[workload.kind].times_compiles
                  else "instructions per process")
     return CountJudged(replace(judged.verdict, unit=UNIT, estimator=f"{estimator}, median across processes"),
-                       judged.samples, counter.name)
+                       judged.samples, counter.name, profiles=kept)
+
+
+def median_profiles(counted: list[tuple[str, InvocationResult]]) -> dict[str, dict] | None:
+    """Each side's profile of its median-count process (the lower median for an even number),
+    None unless both sides have one. The median process, not the first: the verdict is on the
+    sides' medians, and a process that ran apart from its side (a first one warming a cache)
+    would explain a difference the verdict did not see."""
+    chosen: dict[str, dict] = {}
+    for side in (CONTROL, TREATMENT):
+        ok = sorted((r for s, r in counted if s == side and r.status == "ok" and r.samples),
+                    key=lambda r: r.samples[0])
+        median = ok[(len(ok) - 1) // 2].profile if ok else None
+        if median is None:
+            return None
+        chosen[side] = median
+    return chosen
 
 
 def details(judged: CountJudged) -> dict:
     """The ``instructions`` object of a comparison's details (and of ``--json``): the whole
     verdict (:meth:`Verdict.to_dict`, ``unit`` "instructions"), the counter as ``source``, the
-    processes' count per side as ``n``, the failure if any, and every count."""
+    processes' count per side as ``n``, the failure if any, every count, and the ``profile``
+    (:func:`profile_details`)."""
     return {
         **judged.verdict.to_dict(), "source": judged.source,
         "n": [len(judged.samples[CONTROL]), len(judged.samples[TREATMENT])], "failure": judged.failure,
         "control_counts": [int(c) for c in judged.samples[CONTROL]],
         "treatment_counts": [int(c) for c in judged.samples[TREATMENT]],
+        "profile": profile_details(judged),
     }
+
+
+def profile_details(judged: CountJudged) -> dict:
+    """Where the counts were spent: each side's median-count process's top functions
+    (``control``, ``treatment``: :meth:`Profile.to_dict`) and the functions that grew most
+    (``grew``: :func:`profiles.grew`; ``no_symbol``: what code without a symbol ran,
+    :func:`profiles.unnamed`), or the ``reason`` there is none."""
+    if judged.profiles is None:
+        reason = ("perf counts instructions, not the functions they ran in" if judged.source == "perf"
+                  else "no per-function counts were read" if not judged.failure else "the counting failed")
+        return {"reason": reason}
+    control, treatment = (profiles.Profile.from_dict(judged.profiles[side]) for side in (CONTROL, TREATMENT))
+    return {"process": "median count of each side", "control": control.to_dict(), "treatment": treatment.to_dict(),
+            "grew": profiles.grew(control, treatment), "no_symbol": profiles.unnamed(control, treatment)}
 
 
 def verdict_of(workload_details: Mapping[str, Any] | None, what: str = "run") -> stats.Verdict:

@@ -3,10 +3,11 @@
 Payload (JSON, ``Content-Type: application/json``)::
 
     {"event": "regress" | "culprit" | "fixed",
-     "text": "<one line a person reads; Slack's incoming webhooks show it as the message>",
+     "text": "<a line a person reads (Slack's incoming webhooks show it as the message), then a
+              few lines of what explains it: the functions that grew, or the operators>",
      "regression": {"id", "workload", "device", "kind", "state", "change_pct", "good_sha",
                     "bad_sha", "culprit_sha", "culprit_summary", "culprit_author", "steps",
-                    "run_id", "url"},
+                    "run_id", "url", "explanation"},
      "sent_at": "<ISO 8601 time>", "delivery": "<uuid, the same for every attempt>"}
 
 Headers: ``X-Abwatch-Event``, ``X-Abwatch-Delivery`` and, when the environment variable
@@ -52,7 +53,8 @@ from sqlalchemy.orm import Session, object_session, sessionmaker
 
 from abwatch.builders.redact import redact_endpoint
 from abwatch.service.config import AlertsConfig, GithubConfig
-from abwatch.service.notify import github, pulls
+from abwatch.service.notify import explained, github, pulls
+from abwatch.service.store import explain
 from abwatch.service.store.models import AlertDelivery, BisectionStep, DeliveryStatus, Regression, utcnow
 from abwatch.service.stats.verdict import SILENCED_TRIAGE, RegressionKind
 
@@ -103,6 +105,10 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
         text += f" [{caveat}]"
     if url:
         text += f" <{url}>"
+    # what explains it (the functions that grew, or the operators), stored with the opening comparison
+    explanation = explain.of_regression(session, regression) if session is not None else None
+    if explanation is not None and event != "fixed":
+        text += "\n" + "\n".join(explained.text_lines(explanation))
     return {
         "event": event, "text": text,
         "regression": {
@@ -112,7 +118,7 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
             "good_sha": good.sha, "bad_sha": bad.sha, "culprit_sha": culprit.sha if culprit else None,
             "culprit_summary": culprit.summary if culprit else None,
             "culprit_author": culprit.author if culprit else None, "steps": steps,
-            "run_id": regression.run_id, "url": url, "caveat": caveat,
+            "run_id": regression.run_id, "url": url, "caveat": caveat, "explanation": explanation,
         },
         "sent_at": utcnow().isoformat(), "delivery": str(uuid.uuid4()),
     }

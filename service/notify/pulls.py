@@ -1,5 +1,7 @@
 """A pull request's answer on GitHub: one comment (edited as results arrive), one check run and
-the regression label, all from the rows the pull request's jobs left.
+the regression label, all from the rows the pull request's jobs left. Under each device's table,
+each regression's explanation (:mod:`service.store.explain`): the five functions whose
+instructions grew most, or the five operators whose time changed most.
 
 :func:`render` reads a pull request's ``pr`` jobs (:mod:`service.watch.pulls`), their runs'
 comparisons and the regressions they opened, and says what GitHub should show: the comment's
@@ -33,7 +35,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from abwatch.service.config import GithubConfig
-from abwatch.service.stats.verdict import RegressionState, Verdict
+from abwatch.service.notify import explained
+from abwatch.service.stats.verdict import Metric, RegressionKind, RegressionState, Verdict
+from abwatch.service.store import explain
 from abwatch.service.store.models import (
     AlertDelivery, Comparison, DeliveryStatus, Job, JobStatus, Regression, utcnow,
 )
@@ -230,6 +234,11 @@ def _device_section(session: Session, job: Job, status: JobStatus, result: dict 
                      f"{_link(dashboard_url, run_id)} |")
     if result.get("verify_run_id"):
         lines += ["", f"Verified by {_link(dashboard_url, result['verify_run_id'])}."]
+    for r in pr_regressions(session, [run_id]):  # what explains each regression: its top five
+        if RegressionKind(r.kind) is not RegressionKind.CORRECTNESS:
+            kind, metric = RegressionKind(r.kind).value, Metric(r.metric or Metric.TIME).value
+            lines += ["", f"**{_cell(r.workload.name)}**, {kind} regression on {metric}:", ""]
+            lines += explained.markdown_lines(explain.of_regression(session, r), _cell)
     return lines + [""]
 
 

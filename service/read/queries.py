@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, joinedload
 # stats resolves its functions on first use: NumPy and SciPy load only for the pages that draw a series
 from abwatch.service import stats
 from abwatch.service.read import serialize, stored
+from abwatch.service.store import explain
 from abwatch.service.store.models import (
     AlertDelivery, Build, Commit, Comparison, Device, Job, Regression, Run, Sample, TriageEvent, WatchedCommit, WatchProgress,
     Workload,
@@ -148,6 +149,7 @@ def regression_detail(session: Session, regression_id: int) -> dict[str, Any]:
         **serialize.regression_json(r),  # the CLI's shape: range, culprit (once bisected), steps, events
         **regression_summary(r),
         "control_summary": r.control_commit.summary,
+        "explanation": explain.of_regression(session, r),  # the profile or operator table behind it
         "triage_events": [triage_json(t) for t in r.triage_events],
         "alerts": [{"event": d.event, "webhook": d.webhook, "status": d.status.value, "attempts": d.attempts,
                     "status_code": d.status_code, "error": d.error, "at": _iso(d.at),
