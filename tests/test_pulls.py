@@ -18,7 +18,7 @@ from abwatch.service.config import load_config
 from abwatch.service.notify import alerts
 from abwatch.service.store import db
 from abwatch.service.store.models import Job, TriageEvent
-from abwatch.service.watch import pulls, queue
+from abwatch.service.watch import daemon, pulls, queue
 from tests.github_standin import TOKEN, GitHub, comment_event, deliver
 from tests.test_try import serving
 from tests.test_watch import write_watch_config
@@ -59,7 +59,7 @@ def work_and_deliver(url: str, config_path: str) -> None:
     """What a worker of the device does: its jobs, then a round of the outbox."""
     config = load_config(config_path)
     engine = db.make_engine(url)
-    worker = queue.Worker(engine, "bench-box", pulls.handlers(config))
+    worker = queue.Worker(engine, "bench-box", daemon.handlers(config))
     try:
         while worker.run_one() is not None:
             pass
