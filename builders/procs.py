@@ -125,6 +125,7 @@ class ProcessResult:
     # system) and how often the kernel took the CPU from it; None where it was not reaped here
     cpu_s: float | None = None
     involuntary_switches: int | None = None
+    max_rss_kb: int | None = None  # peak resident memory of the child (its largest waited-for process)
 
 
 def cut_log(text: str, limit: int, cut_bytes: int = 0) -> str:
@@ -173,9 +174,10 @@ def _inner_usage(result: ProcessResult, usage_r: int) -> ProcessResult:
     them (a command killed at its time limit did not: bubblewrap's own figures stay)."""
     os.set_blocking(usage_r, False)
     try:
-        cpu, switches, wall = os.read(usage_r, 128).decode().split()
-        return dataclasses.replace(result, cpu_s=float(cpu), involuntary_switches=int(switches), wall_s=float(wall))
-    except (OSError, ValueError):  # nothing written (killed), or not two numbers
+        cpu, switches, wall, peak = os.read(usage_r, 128).decode().split()
+        return dataclasses.replace(result, cpu_s=float(cpu), involuntary_switches=int(switches), wall_s=float(wall),
+                                   max_rss_kb=int(peak))
+    except (OSError, ValueError):  # nothing written (killed), or not four numbers
         return result
 
 
@@ -244,7 +246,8 @@ def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], ti
     return ProcessResult(None if timed_out or overflowed else proc.returncode, text["stdout"],
                          text.get("stderr", ""), time.monotonic() - start, timed_out, overflowed,
                          tails["stdout"].cut, cpu_s=None if usage is None else usage.ru_utime + usage.ru_stime,
-                         involuntary_switches=None if usage is None else usage.ru_nivcsw)
+                         involuntary_switches=None if usage is None else usage.ru_nivcsw,
+                         max_rss_kb=None if usage is None else usage.ru_maxrss)
 
 
 class _Reaper:

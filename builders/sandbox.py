@@ -178,8 +178,8 @@ class Sandbox:
 
 
 # Inside the sandbox, between bubblewrap and the command: runs the command and reports its
-# CPU seconds, involuntary context switches and wall seconds ("cpu switches wall") on the
-# inherited descriptor. The wall time is the command's alone: setting up the sandbox (tens of
+# CPU seconds, involuntary context switches, wall seconds and peak resident kilobytes ("cpu
+# switches wall maxrss") on the inherited descriptor. The wall time is the command's alone: setting up the sandbox (tens of
 # milliseconds, the same on both sides) would dilute every change measured on a short process.
 # bubblewrap's own process never waits for the sandbox's processes, so wait4 on it sees none of
 # their CPU time. The descriptor is closed in the command: it cannot write a figure of its own.
@@ -197,7 +197,7 @@ for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, lambda n, _: os.kill(pid, n))
 _, status, usage = os.wait4(pid, 0)
 wall = time.monotonic() - started
-os.write(fd, f"{usage.ru_utime + usage.ru_stime} {usage.ru_nivcsw} {wall}".encode()); os.close(fd)
+os.write(fd, f"{usage.ru_utime + usage.ru_stime} {usage.ru_nivcsw} {wall} {usage.ru_maxrss}".encode()); os.close(fd)
 code = os.waitstatus_to_exitcode(status)
 if code < 0:
     signal.signal(-code, signal.SIG_DFL); os.kill(os.getpid(), -code)

@@ -20,6 +20,9 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from abwatch.builders.metrics import FROM_TIMED_PROCESSES, Metric
+
+
 class UsageError(Exception):
     """A request abwatch cannot carry out as asked — a bad config value, an unknown ref, a
     record that does not validate, a device that is not there — and whose message names what
@@ -265,21 +268,27 @@ BuildConfig = Annotated[
 ]
 
 
-# What a workload may be measured by (``measure``): wall time, and/or the instructions a process
-# retires (runners/counters.py), which barely move with load. The first listed decides the
-# comparison's verdict; each has its own verdict and threshold.
-Metric = Literal["time", "instructions"]
-
-
+# What a workload may be measured by (``measure``): wall time, the instructions a process
+# retires (runners/counters.py), which barely move with load, and what the timed processes used
+# (CPU time, peak memory). The first listed decides the comparison's verdict; each has its own
+# verdict and threshold (service.compare.metrics).
 def _measure_field():
-    return Field(default_factory=lambda: ["time"], min_length=1,
-                 description='metrics measured: ["time"], ["time", "instructions"] or ["instructions"]; '
-                             "the first decides the comparison's verdict")
+    return Field(default_factory=lambda: [Metric.TIME], min_length=1,
+                 description='metrics measured, of ' + ", ".join(m.value for m in Metric) + ': e.g. ["time"], '
+                             '["time", "instructions", "max_rss"] or ["instructions"]; the first decides the '
+                             "comparison's verdict (time or instructions)")
 
 
-def _unique(value: list[str]) -> list[str]:
-    if len(set(value)) != len(value):
-        raise ValueError(f"lists a metric twice: {value}")
+def _unique(value: list[Metric]) -> list[Metric]:
+    names = [m.value for m in value]
+    if len(set(names)) != len(names):
+        raise ValueError(f"lists a metric twice: {names}")
+    if value[0] in FROM_TIMED_PROCESSES:
+        raise ValueError(f"{value[0].value} is judged from the timed processes and cannot decide the "
+                         f'comparison: list "time" (or "instructions") first, e.g. ["time", "{value[0].value}"]')
+    if any(m in FROM_TIMED_PROCESSES for m in value) and Metric.TIME not in value:
+        raise ValueError(f'{", ".join(m.value for m in value if m in FROM_TIMED_PROCESSES)} is judged from the '
+                         'timed processes: add "time" to measure')
     return value
 
 

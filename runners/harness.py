@@ -107,6 +107,7 @@ class ProcessFigures:
     cpu_s: float | None
     involuntary_switches: int | None
     threads: int = 1  # threads it ran on: CPU time can be that many times its wall time
+    max_rss_kb: int | None = None  # its peak resident memory (or its timed region's)
 
 
 @dataclass
@@ -144,7 +145,7 @@ def measure(runner, artifacts: Mapping[str, Path], workload, schedule: list[Slot
             result_of.records[slot.side].extend(result.records)
             result_of.processes[slot.side].append(ProcessFigures(
                 slot.position, result.usage_wall_s or result.wall_s, result.cpu_s, result.involuntary_switches,
-                result.threads))
+                result.threads, result.max_rss_kb))
         if result.metrics:
             result_of.metrics[slot.side].append(result.metrics)
     return result_of

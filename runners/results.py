@@ -68,6 +68,10 @@ class InvocationResult:
     involuntary_switches: int | None = None
     usage_wall_s: float | None = None  # None: the whole invocation (wall_s)
     threads: int = 1  # threads the measured code ran on (TVM_NUM_THREADS)
+    # peak resident memory (KiB) of the process (command workloads, from wait4) or of the timed
+    # region (TVM workers: the peak reset before the timing batch), or of the compile (a TVM
+    # worker that only compiles); None where not measured
+    max_rss_kb: int | None = None
     # a counted process: the functions its count was spent in (runners.profiles.Profile.to_dict,
     # per call where its sample is), None where the counter counts no functions
     profile: dict[str, Any] | None = None

@@ -330,7 +330,7 @@ class TvmSessions:
         usage = reply.get("usage") or {}  # the timing batch's, on the host CPU (absent over RPC, on a GPU)
         return InvocationResult("ok", tuple(reply["samples"]), time.monotonic() - start, "", (), metrics,
                                 cpu_s=usage.get("cpu_s"), involuntary_switches=usage.get("involuntary_switches"),
-                                usage_wall_s=usage.get("wall_s"), threads=threads)
+                                usage_wall_s=usage.get("wall_s"), threads=threads, max_rss_kb=usage.get("max_rss_kb"))
 
     def compile_time(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
                      side: str, side_options: dict) -> InvocationResult:
@@ -351,7 +351,8 @@ class TvmSessions:
             if worker is not None:
                 worker.close()
         self._resolved(artifact, ready)
-        return InvocationResult("ok", (float(ready["compile_ms"]),), time.monotonic() - start)
+        return InvocationResult("ok", (float(ready["compile_ms"]),), time.monotonic() - start,
+                                max_rss_kb=ready.get("max_rss_kb"))
 
     def _resolved(self, artifact: Path, ready: dict) -> None:
         if isinstance(ready.get("target"), str):

@@ -10,11 +10,12 @@ model's own imports): never abwatch, which lives in another environment. Protoco
         (compile_only: report compile_ms, touch no device, then exit; count: count the
         instructions of the compile call, or with "count_run" of the timed calls)
     <- {"ready": true, "compile_ms": ..., "tvm_version": ..., "inputs": {...},
-        "instructions": {...} (compile_only with count)} | {"error": ...}
+        "instructions": {...} (compile_only with count), "max_rss_kb": (compile_only)} | {"error": ...}
     -> {"cmd": "run"}      <- {"samples": [ms, ...], "ops": {name: us},
-                               "usage": {"wall_s", "cpu_s", "involuntary_switches"} | null}
-       (usage: the timing batch's wall time, this process's CPU time over it (all threads) and
-       the kernel's preemptions of it; on the host CPU only, not over RPC or on a GPU)
+                               "usage": {"wall_s", "cpu_s", "involuntary_switches", "max_rss_kb"} | null}
+       (usage: the timing batch's wall time, this process's CPU time over it (all threads),
+       the kernel's preemptions of it and its peak memory (worker_usage.py); on the host CPU
+       only, not over RPC or on a GPU)
     -> {"cmd": "count_run"}  <- {"instructions": {...}, "calls": N}  (N = number)
     -> {"cmd": "outputs"}  <- {"shape": [...], "dtype": "float32", "data": base64}
     -> {"cmd": "exit"}
@@ -33,7 +34,6 @@ import gc
 import hashlib
 import json
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -323,9 +323,10 @@ class Workload:
 
     def run(self) -> dict:
         """One timing batch: ``repeat`` samples of ``number`` calls each, and per-op times."""
-        before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        usage_of = _sibling("worker_usage")
+        before = usage_of.start()
         samples = [t * 1000.0 for t in self.timer(*self.args).results]
-        usage = _usage(before, started) if self.spec["device"] == "cpu" and not self.spec.get("rpc") else None
+        usage = usage_of.figures(*before) if self.spec["device"] == "cpu" and not self.spec.get("rpc") else None
         if not self.is_vm:  # a single operator: the whole call is the operator
             name = self.entry if self.script_sha256 else self.spec["model"].partition(":")[2]
             return {"samples": samples, "ops": {name: float(np.median(samples)) * 1000},
@@ -385,16 +386,6 @@ class Workload:
                 "data": base64.b64encode(array.tobytes()).decode()}
 
 
-def _usage(before: resource.struct_rusage, started: float) -> dict:
-    """How contended the timing batch that began at ``before``/``started`` was: its wall time,
-    this process's CPU time over it (user + system, every thread) and its involuntary context
-    switches. Only the batch: the import, compile and load before it would dilute a change."""
-    after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - started
-    return {"wall_s": wall,
-            "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
-            "involuntary_switches": after.ru_nivcsw - before.ru_nivcsw}
-
-
 def serve(spec: dict, send) -> int:
     """Compile ``spec``'s workload, say so, and serve its commands until told to exit or stdin
     closes; the exit status."""
@@ -414,7 +405,9 @@ def serve(spec: dict, send) -> int:
           "input_shapes": [list(x.shape) for x in workload.inputs],
           "num_threads": os.environ.get("TVM_NUM_THREADS"),
           **({"instructions": workload.instructions} if workload.instructions else {}),
-          **({"script_sha256": workload.script_sha256} if workload.script_sha256 else {})})
+          **({"script_sha256": workload.script_sha256} if workload.script_sha256 else {}),
+          # a compile-only worker's peak is its compile's (the import's included, alike on both sides)
+          **({"max_rss_kb": _sibling("worker_usage").peak_kb()} if spec.get("compile_only") else {})})
     for line in sys.stdin:
         command = json.loads(line).get("cmd")
         try:

@@ -68,7 +68,7 @@ class CommandKind(WorkloadKind):
         except OutputError as exc:
             return InvocationResult("error", (), proc.wall_s, str(exc))
         return InvocationResult("ok", samples, proc.wall_s, "", records, cpu_s=proc.cpu_s,
-                                involuntary_switches=proc.involuntary_switches)
+                                involuntary_switches=proc.involuntary_switches, max_rss_kb=proc.max_rss_kb)
 
     def count_instructions(self, tvm: TvmSessions, artifact_dir: Path, workload: CommandWorkloadConfig,
                            timeout_s: float, side: str, counter: InstructionCounter,

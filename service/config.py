@@ -12,10 +12,11 @@ import os
 import tomllib
 import hashlib
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from abwatch.builders.metrics import Metric
 # The models builders and runners share live in builders.spec (the bottom layer); the
 # config re-uses them, and service code may import them from here or from there.
 from abwatch.builders.spec import (  # noqa: F401  (re-exported)
@@ -78,6 +79,9 @@ class StatsConfig(StrictModel):
     threshold_pct: float = Field(default=1.0, gt=0)
     instructions_threshold_pct: float = Field(
         default=0.5, gt=0, description="the smallest change in instructions worth reporting (%)")
+    thresholds: dict[Metric, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="the smallest change worth reporting (%) of the other metrics, by name "
+        "(cpu_time, max_rss); each metric has its default (service.compare.metrics)")
     target_pct: float = Field(default=2.0, gt=0, description="slowdown to catch with `power`")
     power: float = Field(default=0.95, gt=0.5, lt=1)
     alpha: float = Field(default=0.01, gt=0, lt=0.5)

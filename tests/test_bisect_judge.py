@@ -22,6 +22,7 @@ from abwatch.service.watch import bisect, poll as watch
 from abwatch.service.config import load_config
 from abwatch.service.cli.demo import make_demo_repo
 from abwatch.service.store.models import BisectionStep, Comparison, Run
+from abwatch.service.stats.verdict import Metric
 
 from tests.test_watch import shas, step, write_watch_config
 
@@ -68,9 +69,10 @@ def test_each_step_is_judged_by_the_judge_given(tmp_path, sqlite_url):
 
 
 def test_the_kind_and_the_metric_pick_the_judge():
-    assert {("runtime", "time"): bisect.run_time, ("compile-time", "time"): compile_time.judged,
-            ("runtime", "instructions"): instructions.judged,
-            ("compile-time", "instructions"): instructions.judged_compile} == bisect.JUDGES
+    # every (kind, metric) reads its verdict through the metric registry: time's run verdict is the
+    # result's own, its compile verdict the compile's; instructions the counts of the run or compile
+    assert set(bisect.JUDGES) == {(kind, metric) for kind in ("runtime", "compile-time") for metric in Metric}
+    assert bisect.BISECTED_KINDS == sorted(["runtime", "compile-time"])
     # the compile judge reads the compile's counts, not the run's
     slower = stats.compare([100.0] * 6, [110.0] * 6, control_groups=range(6), treatment_groups=range(6))
     same = stats.compare([100.0] * 6, [100.0] * 6, control_groups=range(6), treatment_groups=range(6))
@@ -98,7 +100,8 @@ def test_the_compile_judge_reads_the_compile_verdict_not_the_run_time():
     result = outcome.WorkloadResult("mlp", same_run_time, 1, None, None, details=details)  # type: ignore[arg-type]
     verdict, failure = compile_time.judged(result)
     assert failure is None and verdict.verdict == stats.Outcome.REGRESSION and verdict.change_pct > 40
-    assert bisect.run_time(result)[0].verdict == stats.Outcome.SAME
+    assert bisect.JUDGES[("runtime", "time")](result)[0].verdict == stats.Outcome.SAME
+    assert bisect.JUDGES[("compile-time", "time")](result) == compile_time.judged(result)
     # no compiles (not a TVM workload, or compile_repetitions = 0): a step it cannot judge
     bare = replace(result, details=None)
     assert compile_time.judged(bare)[1] == "compile time not measured"

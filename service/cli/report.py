@@ -145,8 +145,9 @@ def verdict_table(outcome: CompareOutcome, width: int) -> Table:
 
 
 def print_instructions(out: Console, r: WorkloadResult) -> None:
-    """Which metric decided the row, and the instructions verdicts (of the run, and of a TVM
-    workload's compile) where instructions were counted."""
+    """Which metric decided the row, the instructions verdicts (of the run, and of a TVM
+    workload's compile) where instructions were counted, and the verdicts of the metrics of the
+    timed processes (CPU time, peak memory) where measured."""
     decided = "decided the row" if r.verdict.unit == "instructions" else "beside time, which decided the row"
     compiled = r.compile_instructions
     for label, counted, why in (("instructions", r.instructions, decided),
@@ -162,6 +163,15 @@ def print_instructions(out: Console, r: WorkloadResult) -> None:
                      f"{counted['n'][0]} counted processes a side")
         out.print(line + (f"; {counted['failure']}" if counted.get("failure") else f" — {counted['reason']}"),
                   markup=False)
+    for m in r.measured:  # the metrics of the timed processes (CPU time, peak memory)
+        v = m.verdict
+        line = (f"{r.workload}: {m.metric.replace('_', ' ')} of the {'compile' if m.phase == 'compile-time' else 'run'}"
+                f" {v.verdict.value}" + (f" {v.change_pct:+.2f}%" if v.change_pct is not None else "")
+                + (f" (CI {v.ci_pct[0]:+.2f}..{v.ci_pct[1]:+.2f}%)" if v.ci_pct else ""))
+        if v.control_median_ms is not None and v.treatment_median_ms is not None:
+            line += (f"; {v.control_median_ms:,.1f} -> {v.treatment_median_ms:,.1f} {v.unit}, "
+                     f"{len(m.control_values)} processes a side")
+        out.print(line + (f"; {m.failure}" if m.failure else f" — {v.reason}"), markup=False)
 
 
 def regression_cell(r) -> str:

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy.orm import Session
 
@@ -41,6 +41,8 @@ class CompileJudged:
     verdict: stats.Verdict
     samples: dict[str, list[float]]
     failure: str | None = None
+    # each side's compile processes with their interleaved positions (their peak memory too)
+    results: dict[str, list[tuple[int, InvocationResult]]] | None = None
 
 
 def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, seed: int,
@@ -61,8 +63,8 @@ def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, see
     if judged.verdict is None:
         verdict = replace(stats.compare([], []), reason=f"not judged: {judged.failure}",
                           stop_reason="compile failed", elapsed_s=judged.elapsed_s)
-        return CompileJudged(verdict, judged.samples, judged.failure)
-    return CompileJudged(judged.verdict, judged.samples)
+        return CompileJudged(verdict, judged.samples, judged.failure, judged.results)
+    return CompileJudged(judged.verdict, judged.samples, results=judged.results)
 
 
 def details(judged: CompileJudged) -> dict:
@@ -77,17 +79,18 @@ def details(judged: CompileJudged) -> dict:
 
 
 def open_if_slower(session: Session, run: Run, comparison: Comparison, judged: CompileJudged | None,
-                   attach=None, counted=None) -> tuple[int | None, Metric]:
+                   attach=None, beside: Sequence[tuple[Metric, stats.Verdict | None]] = ()
+                   ) -> tuple[int | None, Metric]:
     """Open a ``compile-time`` regression when a benchmark run found compiles slower (or note it
-    on the open one ``attach`` finds it the same as): by wall time, or else by the compile's
-    instructions (``counted``, an :class:`instructions.CountJudged`). The regression's id (None
-    when none) and the metric that opened it."""
-    opener = next(((metric, j.verdict) for metric, j in ((Metric.TIME, judged), (Metric.INSTRUCTIONS, counted))
-                   if j is not None and j.verdict.verdict == stats.Outcome.REGRESSION), None)
+    on the open one ``attach`` finds it the same as): by wall time, or else by another metric of
+    the compile (``beside``: its instructions, its peak memory), the first that regressed. The
+    regression's id (None when none) and the metric that opened it."""
+    opener = next(((metric, v) for metric, v in ((Metric.TIME, None if judged is None else judged.verdict), *beside)
+                   if v is not None and v.verdict == stats.Outcome.REGRESSION), None)
     if opener is None or run.run_type != RunType.BENCHMARK:
         return None, Metric.TIME
     metric, v = opener
-    what = "compile time" if metric is Metric.TIME else "compile instructions"
+    what = "compile time" if metric is Metric.TIME else f"compile {metric.value.replace('_', ' ')}"
     regression: Regression = lifecycle.open_or_attach(
         session, run, comparison, KIND, v, attach, reason=f"{what} {v.reason}", metric=metric)
     if regression.run_id != run.id:  # a re-run of the pair, or attached: the one opened earlier stays as it was

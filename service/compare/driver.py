@@ -31,12 +31,12 @@ from abwatch.runners import DeviceInfo, Runner, make_runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from abwatch.service import stats
 from abwatch.service.compare import attribution, compile_time, contended, infra, instructions, lifecycle, liveness
-from abwatch.service.compare import noise
+from abwatch.service.compare import metrics, noise
 from abwatch.service.notify import alerts
 from abwatch.service.store import locks
 from abwatch.service.compare.building import build_pair
 from abwatch.service.compare.outcome import (
-    AlreadyVerifying, CompareOutcome, DriverError, NothingToVerify, WorkloadResult, verdict_json,
+    AlreadyVerifying, CompareOutcome, DriverError, MetricResult, NothingToVerify, WorkloadResult, verdict_json,
 )
 from abwatch.service.config import CommandWorkloadConfig, Config, TvmWorkloadConfig
 from abwatch.service.store.models import (
@@ -183,15 +183,18 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
             failures = [f for f in (m.failure, *(x.failure for x in (judged, counted, counted_compile) if x)) if f]
             if failures:  # a full disk fails a workload's processes too; that is no verdict on the commit
                 infra.check_measuring(workload.name, failures[0], config.cache_dir, config.cache)
-            measured.append((workload, m, verdict, judged, (counted, counted_compile)))
+            # the metrics of the timed processes themselves (CPU time, peak memory): no process more
+            beside = [] if m.failure else metrics.measure(metrics.Context(workload, config, m, judged, run.seed))
+            measured.append((workload, m, verdict, judged, (counted, counted_compile), beside))
     # each metric is a family of its own for Benjamini-Hochberg
-    timed = iter(stats.adjust_fdr([verdict for _, _, verdict, _, _ in measured if verdict is not None]))
-    compiles = compile_time.adjust([judged for _, _, _, judged, _ in measured])
-    counts = instructions.adjust([c[0] for *_, c in measured])
-    compile_counts = instructions.adjust([c[1] for *_, c in measured])
+    timed = iter(stats.adjust_fdr([verdict for _, _, verdict, *_ in measured if verdict is not None]))
+    compiles = compile_time.adjust([judged for _, _, _, judged, *_ in measured])
+    counts = instructions.adjust([c[0] for *_, c, _ in measured])
+    compile_counts = instructions.adjust([c[1] for *_, c, _ in measured])
+    besides = metrics.adjust([beside for *_, beside in measured])
     results = []
-    for (workload, m, verdict, _, _), judged, counted, counted_compile in zip(measured, compiles, counts,
-                                                                             compile_counts, strict=True):
+    for (workload, m, verdict, *_), judged, counted, counted_compile, beside in zip(
+            measured, compiles, counts, compile_counts, besides, strict=True):
         if verdict is not None:
             verdict = next(timed)
         if instructions.primary(workload) is Metric.INSTRUCTIONS:
@@ -200,7 +203,7 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
             m = replace(m, failure=counted.failure)
         assert verdict is not None
         results.append(_store_result(session, config, run, workload, m, verdict, device_info, progress, judged,
-                                     attach, counted, counted_compile))
+                                     attach, counted, counted_compile, tuple(beside)))
     unjudged = [r.workload for r in results if r.failure]
     run.status = RunStatus.INCOMPLETE if unjudged else RunStatus.COMPLETED
     if unjudged:
@@ -239,6 +242,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
             status=InvocationStatus(result.status), wall_s=result.wall_s, message=result.message,
             cpu_s=result.cpu_s, involuntary_switches=result.involuntary_switches,
             usage_wall_s=None if result.cpu_s is None else (result.usage_wall_s or result.wall_s),
+            max_rss_kb=result.max_rss_kb,
         )
         session.add(invocation)
         session.flush()
@@ -283,8 +287,11 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
                   m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress,
                   judged: compile_time.CompileJudged | None = None, attach: Attach | None = None,
                   counted: instructions.CountJudged | None = None,
-                  counted_compile: instructions.CountJudged | None = None) -> WorkloadResult:
-    """Store the comparison, open regressions (speed, compile time, output) if found, write the records."""
+                  counted_compile: instructions.CountJudged | None = None,
+                  beside: tuple[MetricResult, ...] = ()) -> WorkloadResult:
+    """Store the comparison and a ``measurements`` row per metric, open regressions (speed,
+    compile time, output; by the first metric of ``measure`` that regressed) if found, write the
+    records."""
     row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
     extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
              if isinstance(workload, TvmWorkloadConfig) and m.failure is None else None)
@@ -314,11 +321,13 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     )
     session.add(comparison)
     session.flush()
+    session.add_all(metrics.rows(comparison.id, instructions.primary(workload), verdict, m.failure, judged,
+                                 counted, counted_compile, beside))
     regression_id = correctness_id = None
     # the first metric's verdict opens the regression; another metric's, where the first's did not
-    opener = next(((metric, v) for metric, v in ((instructions.primary(workload), verdict),
-                                                 (Metric.INSTRUCTIONS, counted and counted.verdict))
-                   if v and v.verdict == stats.Outcome.REGRESSION), None)
+    opener = metrics.opening(workload.measure, [
+        (instructions.primary(workload), verdict), (Metric.INSTRUCTIONS, counted.verdict if counted else None),
+        *((Metric(b.metric), b.verdict) for b in beside if b.phase == metrics.RUN.value)])
     if opener is not None and run.run_type == RunType.BENCHMARK:
         metric, opening = opener
         regression = lifecycle.open_or_attach(session, run, comparison, RegressionKind.RUNTIME, opening, attach,
@@ -329,8 +338,9 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
             progress.message(f"  {workload.name}: regression {regression.id} (run {regression.run_id}) "
                              "is open for this pair (or is this slowdown, seen again) already")
         regression_id = regression.id
-    compile_id, compile_metric = compile_time.open_if_slower(session, run, comparison, judged, attach,
-                                                             counted_compile)
+    compile_id, compile_metric = compile_time.open_if_slower(session, run, comparison, judged, attach, [
+        (Metric.INSTRUCTIONS, counted_compile.verdict if counted_compile else None),
+        *((Metric(b.metric), b.verdict) for b in beside if b.phase == metrics.COMPILE.value)])
     if compile_id is not None and compile_metric is Metric.TIME and extra is not None:
         extra["compile"] = {**extra["compile"], "regression_id": compile_id}
         comparison.details = {**comparison.details, **extra}  # a new dict, so the JSON column sees the change
@@ -339,6 +349,8 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         comparison.details = {**comparison.details, "compile_instructions": compile_counts}
     if judged is not None:
         progress.message(f"  {workload.name}: compile time {judged.verdict.verdict.value} — {judged.verdict.reason}")
+    for b in beside:
+        progress.message(f"  {workload.name}: {b.metric} ({b.phase}) {b.verdict.verdict.value} — {b.verdict.reason}")
     if isinstance(workload, TvmWorkloadConfig) and extra is not None and extra["error"]["mismatch"]:
         # A wrong answer is its own regression, whatever the speed verdict says.
         error = extra["error"]
@@ -356,7 +368,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
     return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,
                           correctness_id, extra, workload_id=row.id, instructions=counts,
-                          compile_instructions=compile_counts, contention=measured.get("contention"))
+                          compile_instructions=compile_counts, contention=measured.get("contention"), measured=beside)
 
 
 def run_verify(session: Session, run_id: int, *, progress: Progress | None = None) -> tuple[CompareOutcome, list]:
@@ -427,13 +439,8 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
                                  f"{first}; verify run {outcome.run_id} could not judge it ({why})",
                                  expect=RegressionState.VERIFY)
             continue
-        v = result.verdict
-        if regression.kind == compile_time.KIND and regression.metric is Metric.INSTRUCTIONS:
-            v = instructions.verdict_of({"compile_instructions": result.compile_instructions}, "compile")
-        elif regression.kind == compile_time.KIND:  # judged again on the verify run's compiles
-            v = compile_time.verdict_of(result.details)
-        elif regression.metric is Metric.INSTRUCTIONS:  # and on the instructions it was opened by
-            v = instructions.verdict_of({"instructions": result.instructions})
+        # judged again by the verdict of its kind, on the metric that opened it
+        v, _ = metrics.judged(result, regression.kind, regression.metric)
         regression.verify_verdict = verdict_json(v, outcome.run_id)
         second = f"verify run {outcome.run_id}: {v.verdict.value} {v.change_pct:+.2f}%" if v.change_pct is not None \
             else f"verify run {outcome.run_id}: {v.verdict.value}"

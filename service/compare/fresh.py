@@ -31,6 +31,9 @@ class Judged:
     samples: dict[str, list[float]]
     failure: str | None
     elapsed_s: float
+    # every invocation of each side with its interleaved position: what else it measured
+    # (its peak memory) is judged from these by the metric registry
+    results: dict[str, list[tuple[int, InvocationResult]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,14 +60,16 @@ def until_decided(invoke: Callable[[Slot], InvocationResult], rule: Rule, rng: r
     budget = stats.Budget(max_seconds=rule.max_seconds, max_pairs=rule.most, batch=BATCH)
     samples: dict[str, list[float]] = {CONTROL: [], TREATMENT: []}
     groups: dict[str, list[int]] = {CONTROL: [], TREATMENT: []}
+    results: dict[str, list[tuple[int, InvocationResult]]] = {CONTROL: [], TREATMENT: []}
     started, look = time.monotonic(), 0
     schedule = interleaved_schedule(min(rule.most, rule.first), 0, rng)
     while True:
         for slot, result in zip(schedule, each(invoke, schedule), strict=True):
             if result.status != "ok":
                 failure = f"{slot.side} {what} {slot.position} {result.status}: {result.message}"
-                return Judged(None, samples, failure, time.monotonic() - started)
+                return Judged(None, samples, failure, time.monotonic() - started, results)
             samples[slot.side].extend(result.samples)
+            results[slot.side].append((slot.position, result))
             groups[slot.side].extend([slot.position] * len(result.samples))
         look += 1
         step = stats.sequential_look(
@@ -75,7 +80,7 @@ def until_decided(invoke: Callable[[Slot], InvocationResult], rule: Rule, rng: r
             # one sample a process: the first look's samples may decide (the default asks 5)
             min_samples=min(rule.first, stats.MIN_SAMPLES))
         if step.stop:
-            return Judged(step.verdict, samples, None, time.monotonic() - started)
+            return Judged(step.verdict, samples, None, time.monotonic() - started, results)
         schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
 
 

@@ -35,6 +35,30 @@ class AlreadyVerifying(NothingToVerify):
 
 
 @dataclass(frozen=True)
+class MetricResult:
+    """One metric's verdict of one workload in one phase (the run, or the compile), as the
+    metric registry (``service.compare.metrics``) judged it and ``measurements`` stores it:
+    each side's values (one per process, in the interleaved order) and who measured them."""
+
+    metric: str  # a builders.metrics.Metric value
+    phase: str  # a RegressionKind value: runtime or compile-time
+    verdict: Verdict
+    control_values: tuple[float, ...]
+    treatment_values: tuple[float, ...]
+    source: str
+    failure: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The object ``--json`` and the API show (``results[].metrics``)."""
+        v = self.verdict
+        return {"metric": self.metric, "phase": self.phase, "unit": v.unit, "verdict": v.verdict.value,
+                "change_pct": v.change_pct, "ci_pct": list(v.ci_pct) if v.ci_pct else None,
+                "control": v.control_median_ms, "treatment": v.treatment_median_ms, "reason": v.reason,
+                "source": self.source, "failure": self.failure, "n": [len(self.control_values),
+                                                                      len(self.treatment_values)]}
+
+
+@dataclass(frozen=True)
 class WorkloadResult:
     """One workload's verdict in a run, with the rows it lives in (workload series, comparison,
     the regressions it opened), so a caller never looks them up again by name."""
@@ -53,6 +77,8 @@ class WorkloadResult:
     compile_instructions: dict[str, Any] | None = None
     # how contended the measured processes were (service.stats.contention), where measured
     contention: dict[str, Any] | None = None
+    # the metrics judged from the timed processes (CPU time, peak memory), where measured
+    measured: tuple[MetricResult, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,11 +119,13 @@ class CompareOutcome:
 
 def regressed(result: WorkloadResult) -> bool:
     """Whether any verdict of a workload's comparison is a regression: its speed (the first
-    metric), its instructions beside it, its output, its compile's time or instructions."""
+    metric), its instructions beside it, its output, its compile's time or instructions, or a
+    metric of its timed processes (CPU time, peak memory)."""
     compiled = result.details.get("compile") if result.details else None
     beside = (result.instructions, compiled, result.compile_instructions)
     return (result.verdict.verdict == Outcome.REGRESSION or result.correctness_regression_id is not None
-            or any((v or {}).get("verdict") == Outcome.REGRESSION.value for v in beside))
+            or any((v or {}).get("verdict") == Outcome.REGRESSION.value for v in beside)
+            or any(m.verdict.verdict == Outcome.REGRESSION for m in result.measured))
 
 
 def verdict_json(v: Verdict, run_id: int) -> dict:
@@ -138,6 +166,7 @@ def result_json(result: WorkloadResult) -> dict:
            if result.details is not None else {}),
         **({"instructions": result.instructions} if result.instructions is not None else {}),
         **({"compile_instructions": result.compile_instructions} if result.compile_instructions is not None else {}),
+        **({"metrics": [m.to_json() for m in result.measured]} if result.measured else {}),
         # how contended the measured processes were; with "heavy", the verdict was judged on CPU time ("unit")
         "contention": result.contention,
         "caveat": v.caveat or None,

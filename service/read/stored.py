@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session
 
 from abwatch.builders.redact import mask_secrets
 from abwatch.service.compare.building import BuildOutcome
-from abwatch.service.compare.outcome import CompareOutcome, DriverError, WorkloadResult
+from abwatch.builders.metrics import FROM_TIMED_PROCESSES
+from abwatch.service.compare.outcome import CompareOutcome, DriverError, MetricResult, WorkloadResult
 from abwatch.service.store.models import (
     Build, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType,
 )
@@ -77,11 +78,19 @@ def load_outcome(session: Session, run_id: int) -> StoredRun:
             correctness.get(c.workload_id), _tvm_details(c), workload_id=c.workload_id,
             instructions=(c.details or {}).get("instructions"),
             compile_instructions=(c.details or {}).get("compile_instructions"),
-            contention=(c.details or {}).get("contention"),
+            contention=(c.details or {}).get("contention"), measured=_measured(c),
         ))
     outcome = CompareOutcome(run.id, run.run_type.value, run.status.value, builds, results)
     return StoredRun(outcome, run.control_ref, run.treatment_ref, run.started_at, run.finished_at,
                      run.error, run.parent_run_id, logs, run.samples_pruned_at)
+
+
+def _measured(c: Comparison) -> tuple[MetricResult, ...]:
+    """The verdicts of the metrics judged from the timed processes, as the driver returned them."""
+    return tuple(MetricResult(row.metric.value, row.phase.value, Verdict.from_dict(row.judged),
+                              tuple(row.control_values or ()), tuple(row.treatment_values or ()), row.source or "",
+                              row.failure)
+                 for row in c.measurements if row.metric in FROM_TIMED_PROCESSES)
 
 
 def _tvm_details(c: Comparison) -> TvmDetails | None:

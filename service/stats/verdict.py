@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from abwatch.builders.metrics import Metric  # noqa: F401 - re-exported: the one definition
+
 # A false `same` costs a missed change smaller than about the threshold; a false
 # `regression` costs a verify run, a bisection and an alert, so it keeps the stricter alpha.
 DEFAULT_EQUIVALENCE_ALPHA = 0.05
@@ -122,14 +124,6 @@ class TriageStatus(str, enum.Enum):
 
 # A regression triaged as one of these is not a real problem: no more alerts, shown apart.
 SILENCED_TRIAGE = frozenset({TriageStatus.EXPECTED, TriageStatus.INVALID})
-
-
-class Metric(str, enum.Enum):
-    """What a verdict measured: wall time, or the instructions a process retired. A regression
-    says which metric opened it, and is verified and bisected on that one."""
-
-    TIME = "time"
-    INSTRUCTIONS = "instructions"
 
 
 class RegressionKind(str, enum.Enum):

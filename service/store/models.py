@@ -193,6 +193,7 @@ class Invocation(Base):
     cpu_s: Mapped[float | None] = mapped_column(Float)
     involuntary_switches: Mapped[int | None] = mapped_column(BigInteger)
     usage_wall_s: Mapped[float | None] = mapped_column(Float)
+    max_rss_kb: Mapped[int | None] = mapped_column(BigInteger)  # peak resident memory (or its timed region's)
 
 
 class Sample(Base):
@@ -249,6 +250,37 @@ class Comparison(Base):
     error: Mapped[str | None] = mapped_column(Text)
     details: Mapped[dict[str, Any]] = mapped_column(default=dict)
     workload: Mapped[Workload] = relationship()
+    measurements: Mapped[list[MetricMeasurement]] = relationship(
+        back_populates="comparison", order_by="MetricMeasurement.id", cascade="all, delete-orphan")
+
+
+class MetricMeasurement(Base):
+    """What one comparison measured by one metric in one phase (the run, or the compile): its
+    verdict, each side's figure and values. One row per judged metric (the service's metric
+    registry, ``service.compare.metrics``); the comparison's own columns repeat its first."""
+
+    __tablename__ = "measurements"
+    __table_args__ = (UniqueConstraint("comparison_id", "phase", "metric"),
+                      Index("ix_measurements_metric_phase", "metric", "phase"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    comparison_id: Mapped[int] = mapped_column(ForeignKey("comparisons.id", ondelete="CASCADE"))
+    phase: Mapped[RegressionKind] = mapped_column(_enum(RegressionKind, "phase", 16))  # runtime | compile-time
+    metric: Mapped[Metric] = mapped_column(_enum(Metric, "metric", 16))
+    unit: Mapped[str] = mapped_column(String(16))
+    verdict: Mapped[Outcome] = mapped_column(_enum(Outcome, "verdict"))
+    change_pct: Mapped[float | None] = mapped_column(Float)
+    ci_low_pct: Mapped[float | None] = mapped_column(Float)
+    ci_high_pct: Mapped[float | None] = mapped_column(Float)
+    p_value: Mapped[float | None] = mapped_column(Float)
+    control_value: Mapped[float | None] = mapped_column(Float)  # the figure each side is shown by
+    treatment_value: Mapped[float | None] = mapped_column(Float)
+    # each side's values, one per process in its interleaved order (NULL for run time: the samples)
+    control_values: Mapped[list[float] | None] = mapped_column(JSON)
+    treatment_values: Mapped[list[float] | None] = mapped_column(JSON)
+    source: Mapped[str | None] = mapped_column(String(32))  # who measured it (perf, valgrind, wait4, ...)
+    failure: Mapped[str | None] = mapped_column(Text)
+    judged: Mapped[dict[str, Any]] = mapped_column(JSON)  # the whole verdict (Verdict.to_dict)
+    comparison: Mapped[Comparison] = relationship(back_populates="measurements")
 
 
 # A regression is open in these states; one pair/workload/device/kind has at most one open.

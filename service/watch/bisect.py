@@ -16,14 +16,16 @@ half still needs. Every step is a :class:`~service.store.models.BisectionStep` o
 it judged; the culprit and the group (regressions with the same culprit on one device) are
 stored on each regression.
 
-What "slower" means is the regression's kind: each step is judged by the verdict :data:`JUDGES`
-names for it — the run-time verdict for ``runtime``, the compile-time verdict (the comparison's
-``compile`` details, :func:`service.compare.compile_time.judged`) for ``compile-time``. The engine is
-the same; only the verdict it reads differs.
+What "slower" means is the regression's kind and the metric that opened it: each step is judged
+by the verdict :data:`JUDGES` names for them, read through the metric registry
+(:func:`service.compare.metrics.judged`) — for ``runtime`` the run's verdict on that metric (time,
+instructions, CPU time, peak memory), for ``compile-time`` the compile's. The engine is the same;
+only the verdict it reads differs.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,7 +36,7 @@ from sqlalchemy.orm import Session
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.builders.spec import CommitInfo, storable
 from abwatch.service import stats
-from abwatch.service.compare import compile_time, driver, instructions, lifecycle, outcome
+from abwatch.service.compare import driver, lifecycle, metrics, outcome
 from abwatch.service.notify import alerts, github
 from abwatch.service.config import Config
 from abwatch.service.stats.verdict import Metric, RegressionKind
@@ -49,20 +51,16 @@ BAD, GOOD, SKIP = StepSide.BAD.value, StepSide.GOOD.value, StepSide.SKIP.value
 Judge = Callable[[outcome.WorkloadResult], tuple[stats.Verdict, str | None]]
 
 
-def run_time(result: outcome.WorkloadResult) -> tuple[stats.Verdict, str | None]:
-    """The run-time verdict (``speed`` regressions)."""
-    return result.verdict, result.failure
+def _reading(kind: RegressionKind, metric: Metric) -> Judge:
+    """The verdict of ``metric`` in phase ``kind`` of each step's result."""
+    return functools.partial(metrics.judged, phase=kind, metric=metric)
 
 
 # What bisection (and a fix's check) judges a regression by: its kind's verdict on the metric that
-# opened it. A correctness regression is not bisected.
+# opened it, for every metric of the registry. A correctness regression is not bisected.
+BISECTED_KINDS = sorted((RegressionKind.RUNTIME, RegressionKind.COMPILE_TIME))
 JUDGES: dict[tuple[RegressionKind, Metric], Judge] = {
-    (RegressionKind.RUNTIME, Metric.TIME): run_time,
-    (RegressionKind.RUNTIME, Metric.INSTRUCTIONS): instructions.judged,
-    (RegressionKind.COMPILE_TIME, Metric.TIME): compile_time.judged,
-    (RegressionKind.COMPILE_TIME, Metric.INSTRUCTIONS): instructions.judged_compile,
-}
-BISECTED_KINDS = sorted({kind for kind, _ in JUDGES})
+    (kind, metric): _reading(kind, metric) for kind in BISECTED_KINDS for metric in metrics.METRICS}
 
 
 def judge_of(regression: Regression) -> Judge:
@@ -89,7 +87,7 @@ class _Part:
 
 
 def _sides(outcome: outcome.CompareOutcome, names: set[str], good_is_control: bool,
-           judge: Judge = run_time) -> dict[str, tuple]:
+           judge: Judge = JUDGES[(RegressionKind.RUNTIME, Metric.TIME)]) -> dict[str, tuple]:
     """Per workload: good, bad or None (undecided), with its verdict (as ``judge`` reads it) and change."""
     found: dict[str, tuple] = {}
     for r in outcome.results:

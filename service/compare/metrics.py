@@ -1,0 +1,268 @@
+"""The metric registry: ``METRICS``, one class per metric (named by ``builders.metrics.Metric``).
+
+A metric class knows its unit, its default threshold, how it is measured for a workload (or
+that it is measured elsewhere), and how verify and bisection read its verdict from a workload's
+result. The driver, verify and bisection go through this dictionary instead of naming metrics:
+
+- ``time``: wall time. The timed invocations (``driver``) and the fresh-process compiles
+  (``compile_time``) are the measurement every other metric of the run rests on; its verdict is
+  the comparison's own (or the compile's).
+- ``instructions``: counted processes of their own (``instructions``), judged like time.
+- ``cpu_time`` and ``max_rss``: judged from the timed processes themselves, one value per
+  process, paired by the interleaved order (:class:`FromProcesses`): no process is added, and
+  their verdicts rest on the confidence sequence (anytime-valid) at the point the timing stopped.
+
+A new metric is one class here (its measuring, if the runners do not report it yet, goes to
+``runners``) and its name in ``builders.metrics.Metric``. Every verdict is stored as a row of
+``measurements`` (:func:`rows`).
+"""
+
+from __future__ import annotations
+
+import abc
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from abwatch.builders.metrics import FROM_TIMED_PROCESSES, Metric
+from abwatch.runners.harness import CONTROL, TREATMENT, Measurement
+from abwatch.runners.workloads import WORKLOAD_KINDS
+from abwatch.service import stats
+from abwatch.service.compare import compile_time, instructions
+from abwatch.service.compare.outcome import MetricResult, WorkloadResult
+from abwatch.service.config import Config
+from abwatch.service.stats.verdict import RegressionKind
+from abwatch.service.store.models import MetricMeasurement
+
+RUN, COMPILE = RegressionKind.RUNTIME, RegressionKind.COMPILE_TIME
+SIDES = (CONTROL, TREATMENT)
+Judgement = tuple[stats.Verdict, str | None]  # a verdict, and why it was not judged (None when it was)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What one workload's measuring produced, for the metrics judged from it."""
+
+    workload: Any  # a builders.spec workload config
+    config: Config
+    timed: Measurement  # the timed invocations (warm-up excluded)
+    compiled: compile_time.CompileJudged | None  # the fresh-process compiles, where measured
+    seed: int
+
+
+class MetricKind(abc.ABC):
+    """One metric: its unit and default threshold, its measuring, and its verdict in a result."""
+
+    metric: ClassVar[Metric]
+    unit: ClassVar[str]
+    default_threshold_pct: ClassVar[float]
+
+    def threshold_pct(self, config: Config) -> float:
+        """The smallest change worth reporting (%): ``[stats] thresholds``, else the default."""
+        return config.stats.thresholds.get(self.metric, self.default_threshold_pct)
+
+    def measure(self, ctx: Context) -> list[MetricResult]:
+        """Its verdicts (one per phase it applies to) from what was measured; none where it is
+        measured elsewhere (time, instructions) or not asked for."""
+        return []
+
+    @abc.abstractmethod
+    def judged(self, result: WorkloadResult, phase: RegressionKind) -> Judgement:
+        """Its verdict of ``phase`` in a workload's result (what verify and bisection judge a
+        regression it opened by), and why it was not judged (None when it was)."""
+
+
+class Time(MetricKind):
+    """Wall time: the timed calls' samples, and the compile's own time in fresh processes."""
+
+    metric, unit, default_threshold_pct = Metric.TIME, "ms", 1.0
+
+    def threshold_pct(self, config: Config) -> float:
+        return config.stats.threshold_pct
+
+    def judged(self, result: WorkloadResult, phase: RegressionKind) -> Judgement:
+        if phase is COMPILE:
+            return compile_time.judged(result)
+        return result.verdict, result.failure
+
+
+class Instructions(MetricKind):
+    """Instructions retired by counted processes of their own (``service.compare.instructions``)."""
+
+    metric, unit, default_threshold_pct = Metric.INSTRUCTIONS, "instructions", 0.5
+
+    def threshold_pct(self, config: Config) -> float:
+        return config.stats.instructions_threshold_pct
+
+    def judged(self, result: WorkloadResult, phase: RegressionKind) -> Judgement:
+        return instructions.judged_compile(result) if phase is COMPILE else instructions.judged(result)
+
+
+class FromProcesses(MetricKind):
+    """A metric each measured process reports beside its samples: judged per process, the
+    control's i-th process paired with the treatment's i-th (they ran next to each other)."""
+
+    source: ClassVar[str]
+    phases: ClassVar[tuple[RegressionKind, ...]] = (RUN,)
+
+    @abc.abstractmethod
+    def values(self, ctx: Context, phase: RegressionKind) -> dict[str, list[tuple[int, float | None]]]:
+        """Each side's (position, value) per process of ``phase``; None where one was not measured."""
+
+    def estimator(self, ctx: Context, phase: RegressionKind) -> str:
+        """What one value is, in words (shown with the verdict)."""
+        return f"{self.metric.value} per process"
+
+    def measure(self, ctx: Context) -> list[MetricResult]:
+        if self.metric not in ctx.workload.measure:
+            return []
+        return [self._judge(ctx, phase, self.values(ctx, phase)) for phase in self.phases
+                if phase is RUN or ctx.compiled is not None]
+
+    def _judge(self, ctx: Context, phase: RegressionKind, found: dict[str, list[tuple[int, float | None]]]
+               ) -> MetricResult:
+        values = {side: [v for _, v in found[side]] for side in SIDES}
+        kept = {side: tuple(v for v in values[side] if v is not None) for side in SIDES}
+        s = ctx.config.stats
+        if any(v is None for side in SIDES for v in values[side]) or not all(kept.values()):
+            why = f"{self.metric.value} was not measured for every process of this runner and workload"
+            verdict = replace(stats.compare([], [], threshold_pct=self.threshold_pct(ctx.config)),
+                              reason=f"not judged: {why}", unit=self.unit)
+            return MetricResult(self.metric.value, phase.value, verdict, kept[CONTROL], kept[TREATMENT],
+                                self.source, why)
+        verdict = stats.compare(
+            kept[CONTROL], kept[TREATMENT], threshold_pct=self.threshold_pct(ctx.config), alpha=s.alpha,
+            confidence=s.confidence, resamples=s.bootstrap_resamples, seed=ctx.seed,
+            control_groups=[p for p, _ in found[CONTROL]], treatment_groups=[p for p, _ in found[TREATMENT]],
+            paired=True, equivalence_alpha=s.equivalence_alpha, min_samples=3)
+        verdict = replace(verdict, unit=self.unit, estimator=f"{self.estimator(ctx, phase)}, paired by the "
+                          "interleaved order", stop_reason="judged where the timing stopped")
+        return MetricResult(self.metric.value, phase.value, verdict, kept[CONTROL], kept[TREATMENT], self.source)
+
+    def judged(self, result: WorkloadResult, phase: RegressionKind) -> Judgement:
+        if result.failure:
+            return result.verdict, result.failure
+        found = next((m for m in result.measured if m.metric == self.metric.value and m.phase == phase.value), None)
+        if found is None:
+            why = f"{self.metric.value} not measured"
+            return replace(stats.compare([], []), reason=f"not judged: {why}", unit=self.unit), why
+        return found.verdict, found.failure
+
+
+class CpuTime(FromProcesses):
+    """User + system CPU time: of each command process (wait4), of a TVM worker's timing batch
+    per call (its CPU share over the batch times the process's median sample, all threads). On a
+    contended host it moves far less than wall time (docs/statistics.md)."""
+
+    metric, unit, default_threshold_pct, source = Metric.CPU_TIME, "cpu ms", 1.0, "rusage"
+
+    def values(self, ctx: Context, phase: RegressionKind) -> dict[str, list[tuple[int, float | None]]]:
+        per_call = WORKLOAD_KINDS[ctx.workload.kind].times_compiles  # a TVM worker: its timing batch
+        found: dict[str, list[tuple[int, float | None]]] = {}
+        for side in SIDES:
+            medians = _process_medians(ctx.timed.samples[side], ctx.timed.groups[side])
+            found[side] = [(f.position, None if f.cpu_s is None else
+                            (f.cpu_s / f.wall_s * medians[f.position] if per_call and f.wall_s > 0
+                             else 1000.0 * f.cpu_s)) for f in ctx.timed.processes[side]]
+        return found
+
+    def estimator(self, ctx: Context, phase: RegressionKind) -> str:
+        if WORKLOAD_KINDS[ctx.workload.kind].times_compiles:
+            return "CPU ms per call (the timing batch's CPU share x the process's median sample)"
+        return "CPU ms (user + system) per process"
+
+
+class MaxRss(FromProcesses):
+    """Peak resident memory: of each command process (wait4), of a TVM worker's timing batch
+    (its high-water mark reset before the batch) and of each fresh-process compile."""
+
+    metric, unit, default_threshold_pct, source = Metric.MAX_RSS, "KiB", 2.0, "rusage"
+    phases = (RUN, COMPILE)
+
+    def values(self, ctx: Context, phase: RegressionKind) -> dict[str, list[tuple[int, float | None]]]:
+        if phase is COMPILE:
+            results = (ctx.compiled.results if ctx.compiled else None) or {CONTROL: [], TREATMENT: []}
+            return {side: [(p, None if r.max_rss_kb is None else float(r.max_rss_kb)) for p, r in results[side]]
+                    for side in SIDES}
+        return {side: [(f.position, None if f.max_rss_kb is None else float(f.max_rss_kb))
+                       for f in ctx.timed.processes[side]] for side in SIDES}
+
+    def estimator(self, ctx: Context, phase: RegressionKind) -> str:
+        return "peak resident KiB of each compile process" if phase is COMPILE else "peak resident KiB per process"
+
+
+# name -> metric, as BUILDERS and RUNNERS: the one place a metric is registered
+METRICS: dict[Metric, MetricKind] = {m.metric: m for m in (Time(), Instructions(), CpuTime(), MaxRss())}
+assert set(METRICS) == set(Metric), "every metric named in builders.metrics has its class here"
+
+
+def measure(ctx: Context) -> list[MetricResult]:
+    """Every verdict of the metrics judged from ``ctx``'s timed processes, in registry order."""
+    return [r for name in FROM_TIMED_PROCESSES for r in METRICS[name].measure(ctx)]
+
+
+def adjust(per_workload: Sequence[Sequence[MetricResult]]) -> list[list[MetricResult]]:
+    """Benjamini-Hochberg across one run's workloads, each (metric, phase) a family of its own."""
+    out = [list(results) for results in per_workload]
+    families = sorted({(r.metric, r.phase) for results in out for r in results})
+    for family in families:
+        where = [(i, j) for i, results in enumerate(out) for j, r in enumerate(results)
+                 if (r.metric, r.phase) == family and r.failure is None]
+        adjusted = stats.adjust_fdr([out[i][j].verdict for i, j in where])
+        for (i, j), verdict in zip(where, adjusted, strict=True):
+            out[i][j] = replace(out[i][j], verdict=verdict)
+    return out
+
+
+def judged(result: WorkloadResult, phase: RegressionKind, metric: Metric) -> Judgement:
+    """The verdict of ``metric`` in ``phase`` of a workload's result: what verify and bisection
+    judge a regression by (the one that opened it)."""
+    return METRICS[Metric(metric)].judged(result, RegressionKind(phase))
+
+
+def opening(measure_order: Sequence[Metric], verdicts: Sequence[tuple[Metric, stats.Verdict | None]]
+            ) -> tuple[Metric, stats.Verdict] | None:
+    """The verdict that opens a regression: the first regression among ``verdicts``, in the
+    workload's ``measure`` order."""
+    rank = {Metric(m): i for i, m in enumerate(measure_order)}
+    found = [(metric, v) for metric, v in verdicts if v is not None and v.verdict == stats.Outcome.REGRESSION]
+    return min(found, key=lambda mv: rank.get(mv[0], len(rank)), default=None)
+
+
+def rows(comparison_id: int, first: Metric, verdict: stats.Verdict, failure: str | None,
+         compiled: compile_time.CompileJudged | None, counted: instructions.CountJudged | None,
+         counted_compile: instructions.CountJudged | None, beside: Sequence[MetricResult]) -> list[MetricMeasurement]:
+    """The ``measurements`` rows of one comparison: its own verdict (``first``, the first metric
+    of ``measure``: time, whose values are the samples, or instructions), the compile's time,
+    the instructions of the run (where not the first) and of the compile, and ``beside``."""
+    listed: list[tuple[RegressionKind, Metric, stats.Verdict, Sequence[float] | None, Sequence[float] | None,
+                       str | None, str | None]] = []
+    on_counts = first is Metric.INSTRUCTIONS and counted is not None
+    listed.append((RUN, first, verdict, counted.samples[CONTROL] if on_counts and counted else None,
+                   counted.samples[TREATMENT] if on_counts and counted else None,
+                   counted.source if on_counts and counted else None, failure))
+    if compiled is not None:
+        listed.append((COMPILE, Metric.TIME, compiled.verdict, compiled.samples[CONTROL], compiled.samples[TREATMENT],
+                       "fresh process", compiled.failure))
+    for phase, c in ((RUN, None if on_counts else counted), (COMPILE, counted_compile)):
+        if c is not None:
+            listed.append((phase, Metric.INSTRUCTIONS, c.verdict, c.samples[CONTROL], c.samples[TREATMENT], c.source,
+                           c.failure))
+    listed += [(RegressionKind(b.phase), Metric(b.metric), b.verdict, b.control_values, b.treatment_values,
+                b.source, b.failure) for b in beside]
+    return [MetricMeasurement(
+        comparison_id=comparison_id, phase=phase, metric=metric, unit=v.unit, verdict=v.verdict,
+        change_pct=v.change_pct, ci_low_pct=v.ci_pct[0] if v.ci_pct else None,
+        ci_high_pct=v.ci_pct[1] if v.ci_pct else None, p_value=v.p_value, control_value=v.control_median_ms,
+        treatment_value=v.treatment_median_ms, control_values=list(control) if control is not None else None,
+        treatment_values=list(treatment) if treatment is not None else None, source=source, failure=failed,
+        judged=v.to_dict()) for phase, metric, v, control, treatment, source, failed in listed]
+
+
+def _process_medians(samples: Sequence[float], groups: Sequence[int]) -> dict[int, float]:
+    """Each process's median sample, by its position."""
+    by: dict[int, list[float]] = {}
+    for value, group in zip(samples, groups, strict=True):
+        by.setdefault(group, []).append(value)
+    return {group: statistics.median(values) for group, values in by.items()}

@@ -1,0 +1,171 @@
+"""Metrics as plug-ins (``service.compare.metrics.METRICS``): CPU time and peak memory judged from
+the timed processes of real C programs built from a real git history, stored as typed rows of
+``measurements``, shown by ``compare --json`` and ``show``, and a regression they open verified
+and bisected on them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import git
+import pytest
+from sqlalchemy import create_engine, text
+
+from abwatch.builders.metrics import Metric
+from abwatch.service.cli.main import main
+from abwatch.service.compare import metrics
+from abwatch.service.config import ConfigError, load_config
+
+# Allocates and touches MB mebibytes, burns SPIN iterations outside the timed region, then
+# prints five samples of a fixed loop: the same timed work on every commit (most of the
+# process's CPU time, so that 4 MiB more to touch is well within 5 % of it).
+MEM_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "params.h"
+static double now_ms(void) {
+    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+int main(void) {
+    /* volatile: a block written and never read is otherwise no allocation at all */
+    volatile char *block = malloc((size_t)MB << 20);
+    if (!block) return 1;
+    for (size_t i = 0; i < ((size_t)MB << 20); i += 4096) block[i] = 7;
+    volatile unsigned long x = 1;
+    for (long i = 0; i < SPIN; i++) x = x * 6364136223846793005UL + 1;
+    for (int s = 0; s < 5; s++) {
+        double t0 = now_ms();
+        for (long i = 0; i < 3000000; i++) x = x * 6364136223846793005UL + 1;
+        printf("{\"runtime_ms\": %.6f}\n", now_ms() - t0);
+    }
+    return block[4096] == 7 ? 0 : 2;
+}
+"""
+
+
+def _history(path: Path, steps: list[tuple[str, int, int]]) -> dict[str, str]:
+    """A repository with one tagged commit per (tag, MB, SPIN)."""
+    repo = git.Repo.init(path, initial_branch="main")
+    with repo.config_writer() as cfg:
+        cfg.set_value("user", "name", "abwatch test")
+        cfg.set_value("user", "email", "test@abwatch.invalid")
+    (path / "mem.c").write_text(MEM_C)
+    (path / "build.sh").write_text("mkdir -p out && cc -O1 -o out/mem mem.c\n")
+    for tag, mb, spin in steps:
+        (path / "params.h").write_text(f"#define MB {mb}\n#define SPIN {spin}L\n")
+        repo.index.add(["mem.c", "build.sh", "params.h"])
+        repo.index.commit(f"{mb} MB, {spin} spins")
+        repo.create_tag(tag)
+    return {t.name: t.commit.hexsha for t in repo.tags}
+
+
+def _config(tmp_path: Path, repo: Path, measure: list[str], extra: str = "") -> str:
+    path = tmp_path / "metrics.toml"
+    path.write_text(f"""
+cache_dir = {json.dumps(str(tmp_path / 'cache'))}
+[repo]
+url = {json.dumps(str(repo))}
+[build]
+command = ["sh", "build.sh"]
+artifacts = "out"
+[[workloads]]
+name = "mem"
+command = ["./mem"]
+measure = {json.dumps(measure)}
+[run]
+repetitions = 10
+max_repetitions = 12
+timeout_s = 30
+noise_aware = false
+[stats]
+threshold_pct = 5.0
+{extra}
+[runner]
+device = "metrics-box"
+""")
+    return str(path)
+
+
+def _compare(config: str, url: str, control: str, treatment: str, capsys) -> tuple[int, dict]:
+    capsys.readouterr()
+    code = main(["compare", "--config", config, "--control", control, "--treatment", treatment, "--json",
+                 "--db", url])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _metric(result: dict, name: str, phase: str = "runtime") -> dict:
+    return next(m for m in result["metrics"] if m["metric"] == name and m["phase"] == phase)
+
+
+def test_allocating_ten_percent_more_is_a_max_rss_regression_not_a_run_time_one(tmp_path, fresh_pg_url, capsys):
+    tags = _history(tmp_path / "repo", [("base", 40, 0), ("more", 44, 0)])
+    config = _config(tmp_path, tmp_path / "repo", ["time", "max_rss", "cpu_time"])
+    code, out = _compare(config, fresh_pg_url, tags["base"], tags["more"], capsys)
+    (result,) = out["results"]
+    assert code == 1  # a regression: of memory
+    assert result["verdict"] != "regression"  # the timed loop did not change (nor, much, the CPU time)
+    rss = _metric(result, "max_rss")
+    assert rss["verdict"] == "regression" and rss["unit"] == "KiB"
+    assert 7 < rss["change_pct"] < 12, rss  # 40 -> 44 MiB touched, beside the process's own pages
+    assert rss["control"] > 40 * 1024 and rss["n"][0] >= 8
+    assert _metric(result, "cpu_time")["verdict"] in ("same", "unknown", "regression")  # measured, judged
+    # a typed row per metric, the regression opened on memory
+    engine = create_engine(fresh_pg_url)
+    with engine.connect() as conn:
+        rows = {(r.phase, r.metric): r for r in conn.execute(text(
+            "SELECT phase, metric, unit, verdict, change_pct, control_values, treatment_values, source "
+            "FROM measurements"))}
+        regression = conn.execute(text("SELECT kind, metric, state FROM regressions")).one()
+    engine.dispose()
+    assert set(rows) == {("runtime", "time"), ("runtime", "max_rss"), ("runtime", "cpu_time")}
+    assert rows[("runtime", "max_rss")].verdict == "regression" and rows[("runtime", "max_rss")].source == "rusage"
+    assert min(rows[("runtime", "max_rss")].treatment_values) > max(rows[("runtime", "max_rss")].control_values)
+    assert rows[("runtime", "time")].control_values is None  # its values are the samples
+    assert tuple(regression) == ("runtime", "max_rss", "benchmark")
+    # `show` prints what compare printed, from the stored rows
+    capsys.readouterr()
+    assert main(["show", str(out["run_id"]), "--json", "--db", fresh_pg_url]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["results"][0]["metrics"] == result["metrics"]
+    # verify judges the regression again on peak memory, and confirms it
+    capsys.readouterr()
+    main(["verify", str(out["run_id"]), "--json", "--db", fresh_pg_url])
+    verified = json.loads(capsys.readouterr().out)
+    assert [r["state"] for r in verified["regressions"]] == ["regress"], verified["regressions"]
+
+
+def test_cpu_time_counts_the_whole_process_where_wall_time_counts_the_timed_region(tmp_path, sqlite_url, capsys):
+    tags = _history(tmp_path / "repo", [("base", 1, 20_000_000), ("busier", 1, 30_000_000)])
+    config = _config(tmp_path, tmp_path / "repo", ["time", "cpu_time"])
+    code, out = _compare(config, sqlite_url, tags["base"], tags["busier"], capsys)
+    (result,) = out["results"]
+    cpu = _metric(result, "cpu_time")
+    assert cpu["verdict"] == "regression" and cpu["unit"] == "cpu ms", cpu
+    assert cpu["change_pct"] > 15  # half again the spin, beside the same timed loop
+    assert code == 1
+    if not result["contention"]["heavy"]:  # judged on the timed region's samples (else on CPU time, like this)
+        assert result["verdict"] != "regression"
+    else:
+        assert result["verdict"] == "regression" and result["unit"] == "cpu ms"
+    assert [m["metric"] for m in result["metrics"]] == ["cpu_time"]  # only what measure asks for
+
+
+def test_a_metric_of_the_timed_processes_needs_time_and_cannot_decide_the_row(tmp_path):
+    repo = tmp_path / "repo"
+    with pytest.raises(ConfigError, match=r"max_rss is judged from the timed processes"):
+        load_config(_config(tmp_path, repo, ["max_rss"]))
+    with pytest.raises(ConfigError, match=r'cpu_time is judged from the timed processes: add "time"'):
+        load_config(_config(tmp_path, repo, ["instructions", "cpu_time"]))
+    with pytest.raises(ConfigError, match=r"measure\[1\]: input should be 'time', 'instructions', 'cpu_time' or 'max_rss'"):
+        load_config(_config(tmp_path, repo, ["time", "wall_clock"]))
+    config = load_config(_config(tmp_path, repo, ["time", "max_rss"], "[stats.thresholds]\nmax_rss = 10"))
+    assert metrics.METRICS[Metric.MAX_RSS].threshold_pct(config) == 10
+    assert metrics.METRICS[Metric.CPU_TIME].threshold_pct(config) == metrics.CpuTime.default_threshold_pct
+
+
+def test_every_metric_has_one_class_in_the_registry():
+    assert set(metrics.METRICS) == set(Metric)
+    for metric, kind in metrics.METRICS.items():
+        assert kind.metric is metric and kind.unit and kind.default_threshold_pct > 0
