@@ -19,8 +19,20 @@ class Metric(str, enum.Enum):
     INSTRUCTIONS = "instructions"  # instructions a process retired (perf or Valgrind)
     CPU_TIME = "cpu_time"  # user + system CPU time of each measured process (or timed region)
     MAX_RSS = "max_rss"  # peak resident memory of each measured process (or timed region)
+    CODE_SIZE = "code_size"  # the size of what the compile produced (a TVM workload's library)
 
 
-# Metrics judged from the timed processes themselves (no processes of their own): a workload
-# measured by one of them is timed too.
-FROM_TIMED_PROCESSES = (Metric.CPU_TIME, Metric.MAX_RSS)
+# Metrics judged from the timed processes themselves (no processes of their own; the code size
+# is of the library the first timed process compiled): a workload measured by one of them is
+# timed too.
+FROM_TIMED_PROCESSES = (Metric.CPU_TIME, Metric.MAX_RSS, Metric.CODE_SIZE)
+
+
+def series_name(metric: Metric, phase: str) -> str:
+    """A metric's series as ``abwatch history --metric`` names it: ``max-rss`` for the run's,
+    ``compile-max-rss`` for the compile's (phase ``compile-time``)."""
+    return ("compile-" if phase == "compile-time" else "") + metric.value.replace("_", "-")
+
+
+# every series name, for the command line's choices
+SERIES = [series_name(metric, phase) for phase in ("runtime", "compile-time") for metric in Metric]

@@ -41,14 +41,15 @@ class OutputTensor(TypedDict):
 
 class TvmMetrics(TypedDict, total=False):
     """What one TVM invocation reports beside its samples: per-operator times (µs) and their
-    features; the invocation that compiled also its compile time, its worker's self-description
-    and its output."""
+    features; the invocation that compiled also its compile time, its worker's self-description,
+    its output and the size of the library it exported."""
 
     ops: dict[str, float]
     op_features: dict[str, OpFeatures]
     compile_ms: float
     ready: WorkerReady
     outputs: OutputTensor
+    code: dict[str, int | None]  # the compiling invocation's library: runners.code_size.CodeSize
 
 
 @dataclass(frozen=True)

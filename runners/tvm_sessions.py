@@ -30,7 +30,7 @@ from abwatch.builders.redact import mask_secrets
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig, TvmWorkloadConfig
 from abwatch.runners.results import InvocationResult, OutputTensor, TvmMetrics, WorkerReady
-from abwatch.runners import counters
+from abwatch.runners import code_size, counters
 from abwatch.runners.counters import CountError, InstructionCounter
 
 # A counted worker also runs one thread: the count is then one thread's work, not the pool's
@@ -316,6 +316,9 @@ class TvmSessions:
                 worker.send({"cmd": "outputs"})
                 metrics["compile_ms"], metrics["ready"] = ready["compile_ms"], cast(WorkerReady, ready)
                 metrics["outputs"] = cast(OutputTensor, worker.receive(timeout_s))
+                size = code_size.measure(lib)  # exported by this worker before it said it was ready
+                if size is not None:
+                    metrics["code"] = {"text_bytes": size["text_bytes"], "file_bytes": size["file_bytes"]}
                 self.compiled.add(key)
             worker.send({"cmd": "run"})
             reply = worker.receive(timeout_s)

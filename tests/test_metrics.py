@@ -6,16 +6,24 @@ and bisected on them."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from pathlib import Path
 
 import git
 import pytest
+import requests
 from sqlalchemy import create_engine, text
+
+from conftest import live_server
 
 from abwatch.builders.metrics import Metric
 from abwatch.service.cli.main import main
 from abwatch.service.compare import metrics
 from abwatch.service.config import ConfigError, load_config
+
+from tests import tvm_repo
+from tests.test_watch import regressions_json
 
 # Allocates and touches MB mebibytes, burns SPIN iterations outside the timed region, then
 # prints five samples of a fixed loop: the same timed work on every commit (most of the
@@ -118,12 +126,27 @@ def test_allocating_ten_percent_more_is_a_max_rss_regression_not_a_run_time_one(
             "SELECT phase, metric, unit, verdict, change_pct, control_values, treatment_values, source "
             "FROM measurements"))}
         regression = conn.execute(text("SELECT kind, metric, state FROM regressions")).one()
+        recorded = {r.side: r.fields["metrics"] for r in conn.execute(text("SELECT side, fields FROM records"))}
     engine.dispose()
     assert set(rows) == {("runtime", "time"), ("runtime", "max_rss"), ("runtime", "cpu_time")}
     assert rows[("runtime", "max_rss")].verdict == "regression" and rows[("runtime", "max_rss")].source == "rusage"
     assert min(rows[("runtime", "max_rss")].treatment_values) > max(rows[("runtime", "max_rss")].control_values)
     assert rows[("runtime", "time")].control_values is None  # its values are the samples
     assert tuple(regression) == ("runtime", "max_rss", "benchmark")
+    # each side's v0.1 record carries the medians, and the history follows them per commit
+    assert recorded["treatment"]["max_rss_kib_median"] > recorded["control"]["max_rss_kib_median"] > 40 * 1024
+    assert recorded["control"]["cpu_ms_median"] > 0
+    capsys.readouterr()
+    assert main(["history", "mem", "--metric", "max-rss", "--json", "--all-branches", "--db", fresh_pg_url]) == 0
+    history = json.loads(capsys.readouterr().out)
+    assert history["unit"] == "KiB" and [p["sha"] for p in history["series"]] == [tags["base"], tags["more"]]
+    assert history["series"][1]["median_ms"] > history["series"][0]["median_ms"]
+    # the API and the run's page show them
+    with live_server(fresh_pg_url, tmp_path / "serve") as base:
+        api = requests.get(f"{base}/api/runs/{out['run_id']}", timeout=30).json()
+        page = requests.get(f"{base}/runs/{out['run_id']}", timeout=30).text
+    assert api["results"][0]["metrics"] == result["metrics"]
+    assert 'id="metrics"' in page and "max_rss" in page and "KiB" in page
     # `show` prints what compare printed, from the stored rows
     capsys.readouterr()
     assert main(["show", str(out["run_id"]), "--json", "--db", fresh_pg_url]) == 0
@@ -169,3 +192,55 @@ def test_every_metric_has_one_class_in_the_registry():
     assert set(metrics.METRICS) == set(Metric)
     for metric, kind in metrics.METRICS.items():
         assert kind.metric is metric and kind.unit and kind.default_threshold_pct > 0
+
+
+GROW_SH = """set -e
+mkdir -p out
+printf '{"python": "%s", "env": {"ABWATCH_TEST_LAYERS": "%s"}}' "$TVM_PYTHON" "$(cat layers)" > out/abwatch-artifact.json
+"""
+
+
+def _grow_commit(repo: Path, tag: str, layers: int, message: str) -> None:
+    """A commit of a repository whose build is the cached TVM release, with ``layers`` for the script."""
+    made = git.Repo(repo) if (repo / ".git").exists() else git.Repo.init(repo, initial_branch="main")
+    with made.config_writer() as cfg:
+        cfg.set_value("user", "name", "abwatch test")
+        cfg.set_value("user", "email", "test@abwatch.invalid")
+    (repo / "build.sh").write_text(GROW_SH)
+    (repo / "layers").write_text(f"{layers}\n")
+    (repo / "NOTES.md").write_text(f"{tag}\n")
+    made.index.add(["build.sh", "layers", "NOTES.md"])
+    count = int(made.git.rev_list("--count", "HEAD")) if made.head.is_valid() else 0
+    date = format_datetime(datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=count))  # history in commit order
+    made.index.commit(message, author_date=date, commit_date=date)
+    made.create_tag(tag)
+
+
+@pytest.mark.slow
+def test_a_tvm_module_that_grows_is_a_code_size_regression_bisected_to_its_commit(tmp_path, tvm_python,
+                                                                                   fresh_pg_url, capsys):
+    repo = tmp_path / "repo"
+    _grow_commit(repo, "base", 2, "Baseline")
+    script = Path(__file__).resolve().parent / "data" / "grow_nn.py"
+    config = tmp_path / "watch.toml"
+    config.write_text(tvm_repo.config_text(
+        tmp_path, repo, tvm_python, runner='kind = "cpu"\nthreads = 1',
+        workloads=f'[[workloads]]\nname = "grow"\nkind = "tvm"\nmodel = "script:{script}"\n'
+                  'measure = ["time", "code_size"]\n',
+        run="repetitions = 3\nmax_repetitions = 3\nwarmup = 0\ncompile_repetitions = 0\ntimeout_s = 300",
+        watch='control = "previous"\nstep = 3'))
+    assert main(["watch", "--config", str(config), "--once", "--db", fresh_pg_url]) == 0  # the baseline
+    _grow_commit(repo, "doc", 2, "Reword")
+    _grow_commit(repo, "grow", 4, "Generate two more layers")
+    _grow_commit(repo, "doc2", 4, "Reword again")
+    main(["watch", "--config", str(config), "--once", "--db", fresh_pg_url])
+    found = [r for r in regressions_json(fresh_pg_url, capsys) if r["metric"] == "code_size"]
+    assert len(found) == 1, found
+    (regression,) = found
+    tags = {t.name: t.commit.hexsha for t in git.Repo(repo).tags}
+    assert regression["kind"] == "compile-time" and regression["state"] == "regress"
+    assert regression["culprit"]["sha"] == tags["grow"]
+    assert regression["change_pct"] > 20  # twice the layers: far more code than the threshold
+    # each step judged on the code's size: the reworded commit the same size (good), the culprit larger
+    assert [(s["summary"], s["side"]) for s in regression["bisection"]] == [("Reword", "good"),
+                                                                          ("Generate two more layers", "bad")]

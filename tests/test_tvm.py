@@ -138,6 +138,29 @@ def test_compile_time_is_judged_on_fresh_process_compiles(capsys, tmp_path, tvm_
     assert no_workers_left(tvm_cache)
 
 
+def test_peak_memory_and_cpu_time_of_the_run_and_the_compile(capsys, tmp_path, tvm_cache, sqlite_url):
+    """A TVM workload measured by its timed processes' peak memory and CPU time too: the timing
+    batch's own peak (reset before it), each fresh compile process's peak, and the batch's CPU
+    time per call, each judged and stored as a row of ``measurements``."""
+    workloads = MLP.replace('model = "builtin:mlp"', 'model = "builtin:mlp"\nmeasure = ["time", "max_rss", "cpu_time"]')
+    config = write(tmp_path, tvm_cache, workloads, run="repetitions = 4\nmax_repetitions = 4\ncompile_repetitions = 8")
+    code, payload, err = compare(capsys, config, sqlite_url)
+    found = {(m["metric"], m["phase"]): m for m in payload["results"][0]["metrics"]}
+    assert set(found) == {("max_rss", "runtime"), ("max_rss", "compile-time"), ("cpu_time", "runtime")}, found
+    for m in found.values():
+        assert m["failure"] is None and m["verdict"] in ("same", "improvement", "regression", "unknown"), m
+    run, compile_ = found[("max_rss", "runtime")], found[("max_rss", "compile-time")]
+    assert run["unit"] == "KiB" and run["n"] == [4, 4] and compile_["n"] == [8, 8]
+    # a worker holds TVM (well over 50 MiB); a compile process peaks at least as high as its import
+    assert run["control"] > 50 * 1024 and compile_["control"] > 50 * 1024
+    cpu = found[("cpu_time", "runtime")]
+    assert cpu["unit"] == "cpu ms" and 0 < cpu["control"] < 1000  # per call: an MLP call is well under a second
+    with db.session_scope(db.make_engine(sqlite_url)) as session:
+        kept = session.scalars(select(Invocation.max_rss_kb).where(Invocation.warmup.is_(False))).all()
+    assert kept and all(k is not None and k > 50 * 1024 for k in kept)
+    assert "mlp: max_rss (compile-time)" in err and no_workers_left(tvm_cache)
+
+
 def main_text(capsys, *argv) -> tuple[int, str, str]:
     code = main([str(a) for a in argv])
     captured = capsys.readouterr()

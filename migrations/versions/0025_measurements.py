@@ -6,6 +6,10 @@ compile-instructions verdicts kept in ``details`` (with their compile times and 
 Invocations keep their peak resident memory (``max_rss_kb``), and a regression may be opened
 by ``cpu_time`` or ``max_rss`` as well as ``time`` and ``instructions``.
 
+Metric names are the metric registry's (``service.compare.metrics.METRICS``), a plug-in
+vocabulary: neither ``measurements.metric`` nor ``regressions.metric`` has a CHECK any more
+(the application validates them), so a new metric needs no migration.
+
 Revision ID: 0025
 Revises: 0024
 Create Date: 2026-11-25 21:10:00
@@ -28,16 +32,14 @@ DOWNGRADE_LOSES = (
      "SELECT COUNT(*) FROM measurements"),
     ("invocations.max_rss_kb: each invocation's peak resident memory",
      "SELECT COUNT(*) FROM invocations WHERE max_rss_kb IS NOT NULL"),
-    ("regressions.metric: regressions opened on CPU time or peak memory become time ones",
-     "SELECT COUNT(*) FROM regressions WHERE metric IN ('cpu_time', 'max_rss')"),
+    ("regressions.metric: regressions opened on another metric (CPU time, peak memory) become time ones",
+     "SELECT COUNT(*) FROM regressions WHERE metric NOT IN ('time', 'instructions')"),
 )
 
 _0010 = importlib.import_module("abwatch.migrations.versions.0010_workload_identity")
 _0018 = importlib.import_module("abwatch.migrations.versions.0018_fastest_series")
 _0019 = importlib.import_module("abwatch.migrations.versions.0019_regression_metric")
 
-# the metric names as of this revision (builders/metrics.py may grow; this revision may not)
-METRICS = ('time', 'instructions', 'cpu_time', 'max_rss')
 OUTCOMES = ('regression', 'improvement', 'same', 'unknown')
 PHASES = ('runtime', 'compile-time')
 
@@ -54,13 +56,16 @@ def _views() -> None:
 
 
 def _metric_check(values) -> None:
+    """Drop ``regressions.metric``'s CHECK (``values`` None), or put one back."""
     if op.get_bind().dialect.name == "sqlite":
         op.execute("PRAGMA legacy_alter_table=ON")
     for name in _0010.VIEWS:  # SQLite rebuilds `regressions` underneath them
         op.execute(f'DROP VIEW {name}')
     with op.batch_alter_table('regressions') as batch:
-        batch.drop_constraint(op.f('ck_regressions_metric'), type_='check')
-        batch.create_check_constraint('metric', _in('metric', values))
+        if values is None:
+            batch.drop_constraint(op.f('ck_regressions_metric'), type_='check')
+        else:
+            batch.create_check_constraint('metric', _in('metric', values))
     _views()
 
 
@@ -86,7 +91,6 @@ def upgrade() -> None:
         sa.Column('failure', sa.Text(), nullable=True),
         sa.Column('judged', sa.JSON(), nullable=False),
         sa.CheckConstraint(_in('phase', PHASES), name=op.f('ck_measurements_phase')),
-        sa.CheckConstraint(_in('metric', METRICS), name=op.f('ck_measurements_metric')),
         sa.CheckConstraint(_in('verdict', OUTCOMES), name=op.f('ck_measurements_verdict')),
         sa.ForeignKeyConstraint(['comparison_id'], ['comparisons.id'],
                                 name=op.f('fk_measurements_comparison_id_comparisons'), ondelete='CASCADE'),
@@ -94,7 +98,7 @@ def upgrade() -> None:
         sa.UniqueConstraint('comparison_id', 'phase', 'metric', name=op.f('uq_measurements_comparison_id')),
     )
     op.create_index('ix_measurements_metric_phase', 'measurements', ['metric', 'phase'])
-    _metric_check(METRICS)
+    _metric_check(None)
     _move_details()
 
 
@@ -145,7 +149,7 @@ def _move_details() -> None:
 
 
 def downgrade() -> None:
-    op.execute("UPDATE regressions SET metric = 'time' WHERE metric IN ('cpu_time', 'max_rss')")
+    op.execute("UPDATE regressions SET metric = 'time' WHERE metric NOT IN ('time', 'instructions')")
     _metric_check(('time', 'instructions'))
     op.drop_index('ix_measurements_metric_phase', table_name='measurements')
     op.drop_table('measurements')

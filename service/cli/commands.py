@@ -248,13 +248,13 @@ def _watch_command(args: argparse.Namespace, config, engine, err: Console) -> in
 
 
 def _verify_command(args: argparse.Namespace, session, err: Console, out: Console) -> int:
-    from abwatch.service.compare import driver
+    from abwatch.service.compare import driver, verify
     from abwatch.service.notify import alerts
 
     live = load_config(args.config).alerts if args.config else None  # a bad file fails before the work
     try:
         with report.RichProgress(err) as progress:
-            outcome, regressions = driver.run_verify(session, args.run_id, progress=progress)
+            outcome, regressions = verify.run_verify(session, args.run_id, progress=progress)
     except NothingToVerify as exc:
         # not a usage error: the run exists and simply has nothing left to check
         if args.json:
@@ -437,10 +437,10 @@ def _history_command(args: argparse.Namespace, session, out: Console, err: Conso
         err.print(f"abwatch: no step changes: {note}", markup=False)
     if args.json:
         print(json.dumps({**report.history_json(args.workload, points, steps), "left_out": skipped, "note": note,
-                          "metric": args.metric, "unit": history.METRICS[args.metric][1],
+                          "metric": args.metric, "unit": history.UNITS[args.metric],
                           "series_id": series_id, "repository": chosen.repository.url if chosen else None,
                           "spec_hash": chosen.spec_hash if chosen else None}))
         return 0
-    report.print_history(out, args.workload, points, steps, skipped, history.METRICS[args.metric][1])
+    report.print_history(out, args.workload, points, steps, skipped, history.UNITS[args.metric])
     return 0
 

@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from collections.abc import Sequence
 
+from abwatch.builders.metrics import SERIES
 from abwatch.service.exits import MEANINGS
 from abwatch.service.stats.verdict import RegressionState, TriageStatus
 
@@ -101,8 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     p = with_db(sub.add_parser("history", help="a workload's per-commit series and its step changes"))
     p.add_argument("workload", help="workload name, as in the config")
     p.add_argument("--device", help="device (record 'hardware') to restrict to")
-    p.add_argument("--metric", choices=["time", "instructions", "compile-time", "compile-instructions"],
-                   default="time", help="what the series follows (default: time; instructions where counted)")
+    p.add_argument("--metric", choices=SERIES,
+                   default="time", help="what the series follows: a metric of the run, or compile- of the compile "
+                        "(default: time; instructions, cpu-time, max-rss where measured)")
     p.add_argument("--max-pvalue", type=float, default=0.001,
                    help="largest p-value at which a step change is reported (default: 0.001)")
     p.add_argument("--series", type=int, metavar="ID",

@@ -4,8 +4,8 @@
 bisection all call it): it resolves the refs, stores the run, builds the pair
 (:func:`service.compare.building.build_pair`) and measures it (:func:`measure_pair`). The builder
 and runner are the config's unless the caller passes its own (a watch worker keeps one
-runner for many runs). :func:`run_verify` re-runs the pair of a benchmark run's suspected
-regressions and moves them to ``regress`` or ``cleared``.
+runner for many runs). :func:`service.compare.verify.run_verify` re-runs the pair of a benchmark run's
+suspected regressions through it.
 
 Transactions are short and the driver commits them itself, at the points where a reader
 (or the next command, after a kill) must see progress: run started, each build, each
@@ -36,13 +36,13 @@ from abwatch.service.notify import alerts
 from abwatch.service.store import locks
 from abwatch.service.compare.building import build_pair
 from abwatch.service.compare.outcome import (
-    AlreadyVerifying, CompareOutcome, DriverError, MetricResult, NothingToVerify, WorkloadResult, verdict_json,
+    CompareOutcome, DriverError, MetricResult, WorkloadResult, verdict_json,
 )
 from abwatch.service.config import CommandWorkloadConfig, Config, TvmWorkloadConfig
 from abwatch.service.store.models import (
     Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, Side, utcnow,
 )
-from abwatch.service.stats.verdict import Metric, RegressionState, RegressionKind
+from abwatch.service.stats.verdict import Metric, RegressionKind
 from abwatch.service.compare.progress import NullProgress, Progress
 from abwatch.service.compare.run_records import write_records
 from abwatch.service.store.rows import (
@@ -344,7 +344,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     if compile_id is not None and compile_metric is Metric.TIME and extra is not None:
         extra["compile"] = {**extra["compile"], "regression_id": compile_id}
         comparison.details = {**comparison.details, **extra}  # a new dict, so the JSON column sees the change
-    elif compile_id is not None and compile_counts is not None:
+    elif compile_id is not None and compile_metric is Metric.INSTRUCTIONS and compile_counts is not None:
         compile_counts = {**compile_counts, "regression_id": compile_id}
         comparison.details = {**comparison.details, "compile_instructions": compile_counts}
     if judged is not None:
@@ -363,94 +363,9 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
                                                        reason=why).id
     if verdict.verdict == stats.Outcome.SAME:
         noise.learn(session, row.id, run.device_id, m.samples, m.groups)
-    write_records(session, config, run, workload, m, device_info, extra, counts, compile_counts)
+    write_records(session, config, run, workload, m, device_info, extra, counts, compile_counts, beside)
     session.commit()
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
     return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,
                           correctness_id, extra, workload_id=row.id, instructions=counts,
                           compile_instructions=compile_counts, contention=measured.get("contention"), measured=beside)
-
-
-def run_verify(session: Session, run_id: int, *, progress: Progress | None = None) -> tuple[CompareOutcome, list]:
-    """Re-run the pair of ``run_id`` with more repetitions; confirm or clear its regressions."""
-    progress = progress or NullProgress()
-    original = session.get(Run, run_id)
-    if original is None:
-        raise DriverError(f"run {run_id} does not exist")
-    pending = lifecycle.pending_for_run(session, run_id)
-    if not pending:
-        raise NothingToVerify(f"nothing to verify: run {run_id} has no suspected regressions (state 'benchmark')")
-    config = Config.model_validate(original.config)
-    names = {r.workload.name for r in pending}
-    repetitions = max(config.run.repetitions + 1, round(config.run.repetitions * config.run.verify_factor))
-    config = config.model_copy(update={
-        "workloads": [w for w in config.workloads if w.name in names],
-        "run": config.run.model_copy(update={
-            "repetitions": repetitions,
-            # the cap grows with them: the stored config must validate again (bisection reads it)
-            "max_repetitions": None if config.run.max_repetitions is None
-            else max(config.run.max_repetitions, repetitions),
-            "seed": None,
-        }),
-    })
-
-    claimed: list = []
-
-    def started(verify_run: Run) -> None:
-        # The event names the verify run: if its process dies, the next command that opens
-        # the database sees the run is not running and returns these to `benchmark`.
-        # Each regression is locked and must still be suspected: of two verifies started at
-        # once, the second finds them in `verify` and stops before building anything.
-        for regression in sorted(pending, key=lambda r: r.id):
-            try:
-                lifecycle.transition(session, regression, RegressionState.VERIFY, verify_run,
-                                     f"verification of run {run_id} started (verify run {verify_run.id})",
-                                     expect=RegressionState.BENCHMARK)
-            except lifecycle.TransitionError as exc:
-                session.rollback()
-                raise AlreadyVerifying(f"nothing to verify: {exc}; another verify took it first") from None
-        session.commit()
-        claimed.extend(pending)
-
-    # The exact commits of the original run, even if its refs have moved since.
-    try:
-        outcome = run_compare(session, config, original.control_commit.sha, original.treatment_commit.sha,
-                              run_type=RunType.VERIFY, parent_run_id=run_id, progress=progress,
-                              on_started=started)
-    except BaseException:
-        session.rollback()
-        for regression in claimed:  # only what this verify took: another verify's stay its own
-            try:
-                lifecycle.transition(session, regression, RegressionState.BENCHMARK, None,
-                                     "verification could not finish; back to suspected",
-                                     expect=RegressionState.VERIFY)
-            except lifecycle.TransitionError:
-                continue
-        session.commit()
-        raise
-    verify_run = session.get(Run, outcome.run_id)
-    by_name = {r.workload: r for r in outcome.results}
-    for regression in pending:
-        result = by_name.get(regression.workload.name)
-        first = f"benchmark run {run_id}: {regression.change_pct:+.2f}%"
-        if result is None or result.failure:
-            why = "verify run's build failed" if result is None else result.failure
-            lifecycle.transition(session, regression, RegressionState.BENCHMARK, verify_run,
-                                 f"{first}; verify run {outcome.run_id} could not judge it ({why})",
-                                 expect=RegressionState.VERIFY)
-            continue
-        # judged again by the verdict of its kind, on the metric that opened it
-        v, _ = metrics.judged(result, regression.kind, regression.metric)
-        regression.verify_verdict = verdict_json(v, outcome.run_id)
-        second = f"verify run {outcome.run_id}: {v.verdict.value} {v.change_pct:+.2f}%" if v.change_pct is not None \
-            else f"verify run {outcome.run_id}: {v.verdict.value}"
-        state = RegressionState.REGRESS if v.verdict == stats.Outcome.REGRESSION else RegressionState.CLEARED
-        word = "reproduced" if state is RegressionState.REGRESS else "not reproduced"
-        lifecycle.transition(session, regression, state, verify_run, f"{word}; {first}; {second}",
-                             expect=RegressionState.VERIFY)
-    confirmed = [r.id for r in pending if r.state == RegressionState.REGRESS]
-    # recorded with the transitions (the outbox); the caller sends them after its work
-    if alerts.enqueue(session, confirmed, "regress", config.alerts):
-        progress.message(f"{len(confirmed)} regression(s) to alert {len(config.alerts.webhooks)} webhook(s) of")
-    session.commit()
-    return outcome, pending

@@ -11,6 +11,8 @@ result. The driver, verify and bisection go through this dictionary instead of n
 - ``cpu_time`` and ``max_rss``: judged from the timed processes themselves, one value per
   process, paired by the interleaved order (:class:`FromProcesses`): no process is added, and
   their verdicts rest on the confidence sequence (anytime-valid) at the point the timing stopped.
+- ``code_size``: the library the first timed process of each side compiled, judged exactly
+  (a deterministic quantity: one value a side, no repetitions).
 
 A new metric is one class here (its measuring, if the runners do not report it yet, goes to
 ``runners``) and its name in ``builders.metrics.Metric``. Every verdict is stored as a row of
@@ -57,6 +59,8 @@ class MetricKind(abc.ABC):
     metric: ClassVar[Metric]
     unit: ClassVar[str]
     default_threshold_pct: ClassVar[float]
+    # the v0.1 record's field of each side's median (``compilation_`` before it for the compile's)
+    record_field: ClassVar[str | None] = None
 
     def threshold_pct(self, config: Config) -> float:
         """The smallest change worth reporting (%): ``[stats] thresholds``, else the default."""
@@ -99,7 +103,21 @@ class Instructions(MetricKind):
         return instructions.judged_compile(result) if phase is COMPILE else instructions.judged(result)
 
 
-class FromProcesses(MetricKind):
+class Beside(MetricKind):
+    """A metric judged beside the timing, from what the timed invocations produced: its
+    verdicts are a workload result's ``measured``."""
+
+    def judged(self, result: WorkloadResult, phase: RegressionKind) -> Judgement:
+        if result.failure:
+            return result.verdict, result.failure
+        found = next((m for m in result.measured if m.metric == self.metric.value and m.phase == phase.value), None)
+        if found is None:
+            why = f"{self.metric.value} not measured"
+            return replace(stats.compare([], []), reason=f"not judged: {why}", unit=self.unit), why
+        return found.verdict, found.failure
+
+
+class FromProcesses(Beside):
     """A metric each measured process reports beside its samples: judged per process, the
     control's i-th process paired with the treatment's i-th (they ran next to each other)."""
 
@@ -140,15 +158,6 @@ class FromProcesses(MetricKind):
                           "interleaved order", stop_reason="judged where the timing stopped")
         return MetricResult(self.metric.value, phase.value, verdict, kept[CONTROL], kept[TREATMENT], self.source)
 
-    def judged(self, result: WorkloadResult, phase: RegressionKind) -> Judgement:
-        if result.failure:
-            return result.verdict, result.failure
-        found = next((m for m in result.measured if m.metric == self.metric.value and m.phase == phase.value), None)
-        if found is None:
-            why = f"{self.metric.value} not measured"
-            return replace(stats.compare([], []), reason=f"not judged: {why}", unit=self.unit), why
-        return found.verdict, found.failure
-
 
 class CpuTime(FromProcesses):
     """User + system CPU time: of each command process (wait4), of a TVM worker's timing batch
@@ -156,6 +165,7 @@ class CpuTime(FromProcesses):
     contended host it moves far less than wall time (docs/statistics.md)."""
 
     metric, unit, default_threshold_pct, source = Metric.CPU_TIME, "cpu ms", 1.0, "rusage"
+    record_field = "cpu_ms_median"
 
     def values(self, ctx: Context, phase: RegressionKind) -> dict[str, list[tuple[int, float | None]]]:
         per_call = WORKLOAD_KINDS[ctx.workload.kind].times_compiles  # a TVM worker: its timing batch
@@ -178,6 +188,7 @@ class MaxRss(FromProcesses):
     (its high-water mark reset before the batch) and of each fresh-process compile."""
 
     metric, unit, default_threshold_pct, source = Metric.MAX_RSS, "KiB", 2.0, "rusage"
+    record_field = "max_rss_kib_median"
     phases = (RUN, COMPILE)
 
     def values(self, ctx: Context, phase: RegressionKind) -> dict[str, list[tuple[int, float | None]]]:
@@ -192,14 +203,51 @@ class MaxRss(FromProcesses):
         return "peak resident KiB of each compile process" if phase is COMPILE else "peak resident KiB per process"
 
 
+class CodeSize(Beside):
+    """The size of what the compile produced: the ``.text`` bytes of the library a TVM
+    workload's first timed process compiled and exported (``runners.code_size``). Deterministic:
+    one library a side, judged exactly (:func:`stats.compare_exact`), no repetitions. A
+    regression of it is a ``compile-time`` one."""
+
+    metric, unit, default_threshold_pct = Metric.CODE_SIZE, "bytes", 1.0
+    record_field = "code_text_bytes"
+
+    def measure(self, ctx: Context) -> list[MetricResult]:
+        if self.metric not in ctx.workload.measure:
+            return []
+        found = {side: next((m["code"] for m in ctx.timed.metrics[side] if m.get("code")), None) for side in SIDES}
+        sizes = {side: (found[side] or {}).get("text_bytes") for side in SIDES}
+        control, treatment = sizes[CONTROL], sizes[TREATMENT]
+        if control is None or treatment is None:
+            why = "no compiled library's code size was read (a tvm workload's ELF library only)"
+            verdict = replace(stats.compare([], []), reason=f"not judged: {why}", unit=self.unit)
+            return [MetricResult(self.metric.value, COMPILE.value, verdict, (), (), "elf .text", why)]
+        verdict = stats.compare_exact(float(control), float(treatment), threshold_pct=self.threshold_pct(ctx.config),
+                                      unit=self.unit)
+        return [MetricResult(self.metric.value, COMPILE.value, verdict, (float(control),), (float(treatment),),
+                             "elf .text")]
+
+
 # name -> metric, as BUILDERS and RUNNERS: the one place a metric is registered
-METRICS: dict[Metric, MetricKind] = {m.metric: m for m in (Time(), Instructions(), CpuTime(), MaxRss())}
+METRICS: dict[Metric, MetricKind] = {m.metric: m for m in (Time(), Instructions(), CpuTime(), MaxRss(), CodeSize())}
 assert set(METRICS) == set(Metric), "every metric named in builders.metrics has its class here"
 
 
 def measure(ctx: Context) -> list[MetricResult]:
     """Every verdict of the metrics judged from ``ctx``'s timed processes, in registry order."""
     return [r for name in FROM_TIMED_PROCESSES for r in METRICS[name].measure(ctx)]
+
+
+def record_fields(side: str, measured: Sequence[MetricResult]) -> dict[str, float]:
+    """The v0.1 record's metrics of one side from ``measured``: each metric's median value under
+    its ``record_field`` (``compilation_`` before it for the compile's)."""
+    fields = {}
+    for m in measured:
+        values = m.control_values if side == CONTROL else m.treatment_values
+        name = METRICS[Metric(m.metric)].record_field
+        if values and name:
+            fields[("compilation_" if m.phase == COMPILE.value else "") + name] = statistics.median(values)
+    return fields
 
 
 def adjust(per_workload: Sequence[Sequence[MetricResult]]) -> list[list[MetricResult]]:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 
 from abwatch.runners.results import DeviceInfo
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service.compare.attribution import TvmDetails
+from abwatch.service.compare.metrics import record_fields
+from abwatch.service.compare.outcome import MetricResult
 from abwatch.service.config import Config
 from abwatch.service.store.models import Build, Run, Side
 from abwatch.service.records.v01 import BenchmarkRecord, to_row
@@ -24,10 +27,12 @@ def engine_name(config: Config) -> str:
 
 def run_record(config: Config, run: Run, build: Build, side: str, workload, samples: list[float],
                raw: list[dict], given: list[dict], device_info: DeviceInfo, tvm: TvmDetails | None,
-               counted: dict | None = None, compile_counted: dict | None = None) -> BenchmarkRecord:
+               counted: dict | None = None, compile_counted: dict | None = None,
+               measured: Sequence[MetricResult] = ()) -> BenchmarkRecord:
     """Build the record; ``given`` are records the workload printed itself (their dict fields
     fill in what abwatch does not know), ``tvm`` the TVM details of the comparison, ``counted``
-    its instruction counts (:func:`service.compare.instructions.details`) where it has them."""
+    its instruction counts (:func:`service.compare.instructions.details`) where it has them,
+    ``measured`` the metrics of its timed processes (CPU time, peak memory)."""
     commit = run.control_commit if side == "control" else run.treatment_commit
     extra: dict = {}
     for record in given:
@@ -45,6 +50,7 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
     if counted and counted.get(f"{side}_counts"):  # the side's counted processes: their median and counter
         metrics.update(instructions_median=statistics.median(counted[f"{side}_counts"]),
                        instructions_source=counted["source"])
+    metrics.update(record_fields(side, measured))  # e.g. max_rss_kib_median, compilation_max_rss_kib_median
     runtime_config = {**extra.get("runtime_config", {}), **device_info.runtime_config}
     engine_config = {**extra.get("engine_config", {}), "builder": build.builder, "build_config_hash": build.config_hash}
     runtime_config.update(runtime_extra)
@@ -90,7 +96,7 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
 
 
 def write_records(session, config: Config, run: Run, workload, m, device_info: DeviceInfo, tvm: TvmDetails | None,
-                  counted: dict | None, compile_counted: dict | None) -> None:
+                  counted: dict | None, compile_counted: dict | None, measured: Sequence[MetricResult] = ()) -> None:
     """Add one record per side that has timed samples (``m``: the workload's measurement);
     the v0.1 schema requires a run time, so a side counted alone has none."""
     for side in (Side.CONTROL, Side.TREATMENT):
@@ -102,5 +108,5 @@ def write_records(session, config: Config, run: Run, workload, m, device_info: D
         if build is None:  # measured sides were built; the run row names their builds
             raise RuntimeError(f"run {run.id}: no build row for its {side.value} side")
         record = run_record(config, run, build, side.value, workload, samples, raw, m.records[side.value],
-                            device_info, tvm, counted, compile_counted)
+                            device_info, tvm, counted, compile_counted, measured)
         session.add(to_row(record, run.id, side))

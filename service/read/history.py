@@ -19,7 +19,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from abwatch.service import stats
-from abwatch.service.store.models import Commit, Comparison, Record, Run, Workload
+from abwatch.builders.metrics import Metric, series_name
+from abwatch.service.compare.metrics import METRICS as REGISTRY
+from abwatch.service.stats.verdict import RegressionKind
+from abwatch.service.store.models import Commit, Comparison, MetricMeasurement, Record, Run, Workload
 from abwatch.builders.repo import RepoError, RepoMirror
 
 
@@ -54,47 +57,49 @@ def series_of(session: Session, workload: str) -> list[Workload]:
     return [row for row, _ in rows]
 
 
-# What a series may follow: the record metrics it reads (the first present wins), and its unit.
-METRICS: dict[str, tuple[tuple[str, ...], str]] = {
-    "time": (("runtime_ms_fastest", "runtime_ms_median"), "ms"),
-    "compile-time": (("compilation_ms",), "ms"),
-    "instructions": ((), "instructions"),  # a command's process; TVM: per timed call
-    "compile-instructions": ((), "instructions"),
-}
-# Counts are read from the comparisons (a workload measured on instructions alone writes no
-# v0.1 record, whose schema requires a run time): the details key of each.
-COUNTED = {"instructions": "instructions", "compile-instructions": "compile_instructions"}
+# What a series may follow (``abwatch history --metric``): every metric of the registry, of the
+# run or (``compile-``) of the compile. Time is read from the v0.1 records (the first field
+# present wins); the others from the rows of ``measurements`` (each side's values, one per
+# process; a workload measured on instructions alone writes no record, whose schema requires a
+# run time).
+RECORDED = {"time": ("runtime_ms_fastest", "runtime_ms_median"), "compile-time": ("compilation_ms",)}
+MEASURED = {series_name(metric, phase.value): (metric, phase)
+            for phase in (RegressionKind.RUNTIME, RegressionKind.COMPILE_TIME) for metric in Metric
+            if metric is not Metric.TIME}
+UNITS = {series_name(metric, phase): kind.unit for metric, kind in REGISTRY.items()
+         for phase in ("runtime", "compile-time")}
+assert set(UNITS) == set(RECORDED) | set(MEASURED)
 
 
-def _counts(session: Session, workload: str, hardware: str | None, series_id: int | None,
-            metric: str) -> dict[tuple[int, str], list[float]]:
-    """Each side's median count per (repository, sha), from the comparisons that counted them."""
-    query = (select(Comparison.details, Run).join(Run, Run.id == Comparison.run_id)
-             .join(Workload, Workload.id == Comparison.workload_id).where(Workload.name == workload))
+def _measured(session: Session, workload: str, hardware: str | None, series_id: int | None,
+              metric: str) -> dict[tuple[int, str], list[float]]:
+    """Each side's median value per (repository, sha), from the ``measurements`` rows of ``metric``."""
+    name, phase = MEASURED[metric]
+    query = (select(MetricMeasurement, Run).join(Comparison, Comparison.id == MetricMeasurement.comparison_id)
+             .join(Run, Run.id == Comparison.run_id).join(Workload, Workload.id == Comparison.workload_id)
+             .where(Workload.name == workload, MetricMeasurement.metric == name, MetricMeasurement.phase == phase))
     if series_id is not None:
         query = query.where(Comparison.workload_id == series_id)
     by_sha: dict[tuple[int, str], list[float]] = {}
-    for details, run in session.execute(query):
+    for row, run in session.execute(query):
         if hardware is not None and (run.device is None or run.device.name != hardware):
             continue
-        found = (details or {}).get(COUNTED[metric]) or {}
-        for side, commit in (("control", run.control_commit), ("treatment", run.treatment_commit)):
-            counts = found.get(f"{side}_counts")
-            if counts:
-                by_sha.setdefault((run.repository_id, commit.sha), []).append(float(pystats.median(counts)))
+        for values, commit in ((row.control_values, run.control_commit), (row.treatment_values, run.treatment_commit)):
+            if values:
+                by_sha.setdefault((run.repository_id, commit.sha), []).append(float(pystats.median(values)))
     return by_sha
 
 
 def series(session: Session, workload: str, hardware: str | None = None,
            series_id: int | None = None, metric: str = "time") -> list[Point]:
     """The per-commit medians of ``workload`` (optionally on one device), oldest commit first,
-    on ``metric`` (a key of :data:`METRICS`; its values are in ``Point.median_ms`` whatever the unit).
+    on ``metric`` (a key of :data:`UNITS`; its values are in ``Point.median_ms`` whatever the unit).
 
     ``series_id`` (a workload row, see :func:`series_of`) keeps only the runs that measured
     that series: one repository, one spec. Commits are looked up in the repository of the
     run that measured them, never by sha alone.
     """
-    by_sha = (_counts(session, workload, hardware, series_id, metric) if metric in COUNTED
+    by_sha = (_measured(session, workload, hardware, series_id, metric) if metric in MEASURED
               else _recorded(session, workload, hardware, series_id, metric))
     if not by_sha:
         return []
@@ -124,7 +129,7 @@ def _recorded(session: Session, workload: str, hardware: str | None, series_id: 
     for record, repository_id in session.execute(query):
         metrics = record.fields.get("metrics", {})
         # time: the verdict's scale (each process's fastest sample, their median) where the run kept it
-        median = next((metrics[k] for k in METRICS[metric][0] if metrics.get(k) is not None), None)
+        median = next((metrics[k] for k in RECORDED[metric] if metrics.get(k) is not None), None)
         if record.engine_version and isinstance(median, (int, float)):
             by_sha.setdefault((repository_id, record.engine_version), []).append(float(median))
     return by_sha

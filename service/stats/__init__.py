@@ -8,6 +8,7 @@ The package's public API is re-exported here, so callers write ``stats.compare(.
 - :mod:`.contention`: how contended the measured processes were (:func:`assess`), and a verdict
   taken under heavy contention judged on CPU time (:func:`on_cpu_time`) or refused (:func:`refused`);
 - :mod:`.pooled`: estimators for samples without process groups;
+- :mod:`.exact`: a deterministic quantity (a size) judged from one value a side (:func:`compare_exact`);
 - :mod:`.verdict`: the result types (:class:`Verdict`, :class:`Outcome`, regression states).
 """
 
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "changepoints": ("OTAVA_MISSING", "StepChange", "change_points"),
     "contention": ("CPU_UNIT", "Contention", "assess", "on_cpu_time", "refused"),
+    "exact": ("compare_exact",),
     "core": ("DEFAULT_ALPHA", "DEFAULT_CONFIDENCE", "DEFAULT_PLAN_PAIRS", "DEFAULT_RESAMPLES",
              "DEFAULT_THRESHOLD_PCT", "MIN_PAIRS", "MIN_SAMPLES", "TRIM", "_decide", "_small_sample", "adjust_fdr",
              "compare", "fastest_median", "cs_multiplier", "cs_p_value", "planned_repetitions", "process_cv", "trimmed_mean_se"),
@@ -53,6 +55,7 @@ __all__ = [
     "assess",
     "change_points",
     "compare",
+    "compare_exact",
     "fastest_median",
     "cs_multiplier",
     "cs_p_value",
@@ -67,6 +70,7 @@ __all__ = [
 if TYPE_CHECKING:
     from abwatch.service.stats.changepoints import OTAVA_MISSING, StepChange, change_points
     from abwatch.service.stats.contention import CPU_UNIT, Contention, assess, on_cpu_time, refused
+    from abwatch.service.stats.exact import compare_exact
     from abwatch.service.stats.core import (
         DEFAULT_ALPHA, DEFAULT_CONFIDENCE, DEFAULT_PLAN_PAIRS, DEFAULT_RESAMPLES, DEFAULT_THRESHOLD_PCT, MIN_PAIRS,
         MIN_SAMPLES, TRIM, _decide, _small_sample, adjust_fdr, compare, cs_multiplier, cs_p_value, fastest_median,

@@ -30,12 +30,15 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
 
 
-def _enum(cls: type[enum.Enum], name: str, length: int = 32) -> Enum:
+def _enum(cls: type[enum.Enum], name: str, length: int = 32, *, checked: bool = True) -> Enum:
+    """An enum stored by value as a string; with a CHECK of its values unless ``checked`` is
+    False (a plug-in vocabulary such as the metric registry's, which grows without a migration:
+    the application validates it on every read and write)."""
     return Enum(
         cls,
         name=name,
         native_enum=False,
-        create_constraint=True,
+        create_constraint=checked,
         length=length,
         values_callable=lambda members: [m.value for m in members],
         validate_strings=True,

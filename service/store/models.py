@@ -265,7 +265,7 @@ class MetricMeasurement(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     comparison_id: Mapped[int] = mapped_column(ForeignKey("comparisons.id", ondelete="CASCADE"))
     phase: Mapped[RegressionKind] = mapped_column(_enum(RegressionKind, "phase", 16))  # runtime | compile-time
-    metric: Mapped[Metric] = mapped_column(_enum(Metric, "metric", 16))
+    metric: Mapped[Metric] = mapped_column(_enum(Metric, "metric", 16, checked=False))  # the registry's names
     unit: Mapped[str] = mapped_column(String(16))
     verdict: Mapped[Outcome] = mapped_column(_enum(Outcome, "verdict"))
     change_pct: Mapped[float | None] = mapped_column(Float)
@@ -314,8 +314,9 @@ class Regression(Base):
     triage: Mapped[TriageStatus | None] = mapped_column(_enum(TriageStatus, "triage_status"))
     kind: Mapped[RegressionKind] = mapped_column(_enum(RegressionKind, "regression_kind", 16),
                                                  default=RegressionKind.RUNTIME, server_default="runtime")
-    # the metric whose verdict opened it (and verifies and bisects it): time, or instructions
-    metric: Mapped[Metric] = mapped_column(_enum(Metric, "metric", 16), default=Metric.TIME, server_default="time")
+    # the metric whose verdict opened it (and verifies and bisects it): a name of the metric registry
+    metric: Mapped[Metric] = mapped_column(_enum(Metric, "metric", 16, checked=False), default=Metric.TIME,
+                                           server_default="time")
     change_pct: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -4,7 +4,7 @@ A *pass* (:func:`poll`) fetches the repository and queues one ``test`` job per n
 and device (every ``step``-th commit, or the head once per tick in nightly mode). A job
 (:func:`test_commit`) picks the control by the ``[watch] control`` rule at the time it runs,
 compares through :func:`~service.compare.driver.run_compare` (the one way a comparison happens),
-verifies a suspected regression with :func:`~service.compare.driver.run_verify`, bisects a confirmed
+verifies a suspected regression with :func:`~service.compare.verify.run_verify`, bisects a confirmed
 one (:mod:`service.watch.bisect`), and marks earlier regressions ``fixed`` when the commit brings
 the workload back. Progress lives in ``watch_progress`` and ``watched_commits``.
 
@@ -23,7 +23,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from abwatch.service.compare import driver, lifecycle, outcome
+from abwatch.service.compare import driver, lifecycle, outcome, verify
 from abwatch.service.notify import alerts, github
 from abwatch.service.watch import bisect, queue, retry, upkeep
 from abwatch.service.config import Config
@@ -290,7 +290,7 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
     """
     confirmed: list[int] = []
     if config.watch.verify and lifecycle.pending_for_run(session, run_id):
-        _, checked = driver.run_verify(session, run_id, progress=progress)
+        _, checked = verify.run_verify(session, run_id, progress=progress)
         confirmed = [r.id for r in checked if r.state == RegressionState.REGRESS]
     if config.watch.bisect:
         unbisected = list(session.scalars(

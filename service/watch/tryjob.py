@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.builders import make_builder
 from abwatch.builders.spec import UsageError
-from abwatch.service.compare import driver
+from abwatch.service.compare import driver, verify
 from abwatch.service.compare.outcome import NothingToVerify
 from abwatch.service.config import Config
 from abwatch.service.store.models import Job
@@ -80,7 +80,7 @@ def run_try(session: Session, config: Config, job: Job, progress: driver.Progres
               "verdicts": {r.workload: r.verdict.verdict.value for r in outcome.results}, "verify_run_id": None}
     if p["verify"] and any(r.regression_id for r in outcome.results):
         try:
-            verified, _ = driver.run_verify(session, outcome.run_id, progress=progress)
+            verified, _ = verify.run_verify(session, outcome.run_id, progress=progress)
             result["verify_run_id"] = verified.run_id
         except NothingToVerify as exc:  # another verify took them first
             result["verify_note"] = str(exc)

@@ -1,0 +1,109 @@
+"""Verify: re-run a benchmark run's pair with more repetitions and confirm or clear its suspected
+regressions, each judged again by the verdict of its kind on the metric that opened it (read
+through the metric registry, :func:`service.compare.metrics.judged`).
+
+The regressions move ``benchmark`` -> ``verify`` when the verify run starts (locked, so two
+verifies started at once cannot both take them), then to ``regress`` or ``cleared``; a verify
+that cannot finish returns them to ``benchmark``. Confirmed ones are alerted through the outbox.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from abwatch.service import stats
+from abwatch.service.compare import lifecycle, metrics
+from abwatch.service.compare.driver import run_compare
+from abwatch.service.compare.outcome import (
+    AlreadyVerifying, CompareOutcome, DriverError, NothingToVerify, verdict_json,
+)
+from abwatch.service.compare.progress import NullProgress, Progress
+from abwatch.service.config import Config
+from abwatch.service.notify import alerts
+from abwatch.service.stats.verdict import RegressionState
+from abwatch.service.store.models import Run, RunType
+
+
+def run_verify(session: Session, run_id: int, *, progress: Progress | None = None) -> tuple[CompareOutcome, list]:
+    """Re-run the pair of ``run_id`` with more repetitions; confirm or clear its regressions."""
+    progress = progress or NullProgress()
+    original = session.get(Run, run_id)
+    if original is None:
+        raise DriverError(f"run {run_id} does not exist")
+    pending = lifecycle.pending_for_run(session, run_id)
+    if not pending:
+        raise NothingToVerify(f"nothing to verify: run {run_id} has no suspected regressions (state 'benchmark')")
+    config = Config.model_validate(original.config)
+    names = {r.workload.name for r in pending}
+    repetitions = max(config.run.repetitions + 1, round(config.run.repetitions * config.run.verify_factor))
+    config = config.model_copy(update={
+        "workloads": [w for w in config.workloads if w.name in names],
+        "run": config.run.model_copy(update={
+            "repetitions": repetitions,
+            # the cap grows with them: the stored config must validate again (bisection reads it)
+            "max_repetitions": None if config.run.max_repetitions is None
+            else max(config.run.max_repetitions, repetitions),
+            "seed": None,
+        }),
+    })
+
+    claimed: list = []
+
+    def started(verify_run: Run) -> None:
+        # The event names the verify run: if its process dies, the next command that opens
+        # the database sees the run is not running and returns these to `benchmark`.
+        # Each regression is locked and must still be suspected: of two verifies started at
+        # once, the second finds them in `verify` and stops before building anything.
+        for regression in sorted(pending, key=lambda r: r.id):
+            try:
+                lifecycle.transition(session, regression, RegressionState.VERIFY, verify_run,
+                                     f"verification of run {run_id} started (verify run {verify_run.id})",
+                                     expect=RegressionState.BENCHMARK)
+            except lifecycle.TransitionError as exc:
+                session.rollback()
+                raise AlreadyVerifying(f"nothing to verify: {exc}; another verify took it first") from None
+        session.commit()
+        claimed.extend(pending)
+
+    # The exact commits of the original run, even if its refs have moved since.
+    try:
+        outcome = run_compare(session, config, original.control_commit.sha, original.treatment_commit.sha,
+                              run_type=RunType.VERIFY, parent_run_id=run_id, progress=progress,
+                              on_started=started)
+    except BaseException:
+        session.rollback()
+        for regression in claimed:  # only what this verify took: another verify's stay its own
+            try:
+                lifecycle.transition(session, regression, RegressionState.BENCHMARK, None,
+                                     "verification could not finish; back to suspected",
+                                     expect=RegressionState.VERIFY)
+            except lifecycle.TransitionError:
+                continue
+        session.commit()
+        raise
+    verify_run = session.get(Run, outcome.run_id)
+    by_name = {r.workload: r for r in outcome.results}
+    for regression in pending:
+        result = by_name.get(regression.workload.name)
+        first = f"benchmark run {run_id}: {regression.change_pct:+.2f}%"
+        if result is None or result.failure:
+            why = "verify run's build failed" if result is None else result.failure
+            lifecycle.transition(session, regression, RegressionState.BENCHMARK, verify_run,
+                                 f"{first}; verify run {outcome.run_id} could not judge it ({why})",
+                                 expect=RegressionState.VERIFY)
+            continue
+        # judged again by the verdict of its kind, on the metric that opened it
+        v, _ = metrics.judged(result, regression.kind, regression.metric)
+        regression.verify_verdict = verdict_json(v, outcome.run_id)
+        second = f"verify run {outcome.run_id}: {v.verdict.value} {v.change_pct:+.2f}%" if v.change_pct is not None \
+            else f"verify run {outcome.run_id}: {v.verdict.value}"
+        state = RegressionState.REGRESS if v.verdict == stats.Outcome.REGRESSION else RegressionState.CLEARED
+        word = "reproduced" if state is RegressionState.REGRESS else "not reproduced"
+        lifecycle.transition(session, regression, state, verify_run, f"{word}; {first}; {second}",
+                             expect=RegressionState.VERIFY)
+    confirmed = [r.id for r in pending if r.state == RegressionState.REGRESS]
+    # recorded with the transitions (the outbox); the caller sends them after its work
+    if alerts.enqueue(session, confirmed, "regress", config.alerts):
+        progress.message(f"{len(confirmed)} regression(s) to alert {len(config.alerts.webhooks)} webhook(s) of")
+    session.commit()
+    return outcome, pending
