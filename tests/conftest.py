@@ -302,7 +302,7 @@ rate_limit = {json.dumps(rate_limit)}
             try:
                 if requests.get(base + "/openapi.json", timeout=2).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or slow to answer (a busy host)
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"abwatch serve did not start: {(work / 'server.log').read_text()}")
