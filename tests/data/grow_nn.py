@@ -2,6 +2,7 @@
 build's ``abwatch-artifact.json``, as a commit of a real TVM change would change what TVM
 generates) Linear + ReLU layers of distinct widths, each its own kernels."""
 
+import itertools
 import os
 
 import numpy as np
@@ -12,7 +13,7 @@ class Chain(nn.Module):
     """Linear layers of the given widths, each followed by a ReLU."""
 
     def __init__(self, widths):
-        self.layers = nn.ModuleList([nn.Linear(a, b) for a, b in zip(widths, widths[1:])])
+        self.layers = nn.ModuleList([nn.Linear(a, b) for a, b in itertools.pairwise(widths)])
 
     def forward(self, x):
         for layer in self.layers:
