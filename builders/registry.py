@@ -1,0 +1,20 @@
+"""The builders by kind (:data:`BUILDERS`), as the config's ``[build] kind`` names them."""
+
+from __future__ import annotations
+
+from abwatch.builders.base import Builder
+from abwatch.builders.command import CommandBuilder
+from abwatch.builders.spec import BuildSettings
+from abwatch.builders.tvm_source import TvmSourceBuilder
+from abwatch.builders.tvm_wheel import TvmWheelBuilder
+
+BUILDERS: dict[str, type[Builder]] = {
+    CommandBuilder.kind: CommandBuilder,
+    TvmWheelBuilder.kind: TvmWheelBuilder,
+    TvmSourceBuilder.kind: TvmSourceBuilder,
+}
+
+
+def make_builder(config: BuildSettings) -> Builder:
+    """The builder the config's ``build.kind`` names (``config``: the whole ``Config`` will do)."""
+    return BUILDERS[config.build.kind](config)
