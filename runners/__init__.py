@@ -6,7 +6,8 @@ from abwatch.runners.cpu import CpuRunner
 from abwatch.runners.gpu import GpuRunner
 from abwatch.runners.results import DeviceInfo, InvocationResult, TvmMetrics
 from abwatch.runners.rpc import RpcRunner
-from abwatch.runners.workloads import WORKLOAD_KINDS, WorkloadKind
+from abwatch.runners.workload_kind import WorkloadKind
+from abwatch.runners.workloads import WORKLOAD_KINDS
 
 RUNNERS: dict[str, type[Runner]] = {
     CpuRunner.kind: CpuRunner,

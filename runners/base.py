@@ -12,10 +12,12 @@ import socket
 from pathlib import Path
 from typing import ClassVar
 
-from abwatch.builders.spec import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig, UsageError
+from abwatch.builders.spec import RunnerConfig, UsageError
+from abwatch.builders.workload_spec import WorkloadSpec
 from abwatch.runners.counters import InstructionCounter
 from abwatch.runners.results import DeviceInfo, InvocationResult
 from abwatch.runners.tvm_sessions import TvmSessions
+from abwatch.runners.workload_kind import WorkloadKind
 from abwatch.runners.workloads import WORKLOAD_KINDS
 
 
@@ -46,7 +48,7 @@ class Runner(abc.ABC):
     # Every runner can run TVM workloads; its TVM sessions know its device and target.
     tvm: TvmSessions
 
-    def run(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
+    def run(self, artifact_dir: Path, workload: WorkloadSpec,
             timeout_s: float, side: str = "control") -> InvocationResult:
         """Run one invocation of ``workload`` with the build in ``artifact_dir``, as its kind
         (:data:`~abwatch.runners.workloads.WORKLOAD_KINDS`) says.
@@ -54,22 +56,32 @@ class Runner(abc.ABC):
         For TVM workloads an invocation is one fresh worker's timing batch; ``side`` selects
         the workload's ``treatment_options`` for the treatment build.
         """
-        return WORKLOAD_KINDS[workload.kind].run(self.tvm, artifact_dir, workload, timeout_s, side)
+        return self.kind_of(workload).run(self.tvm, artifact_dir, workload, timeout_s, side)
 
-    def compile_time(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
+    def compile_time(self, artifact_dir: Path, workload: WorkloadSpec,
                      timeout_s: float, side: str = "control") -> InvocationResult:
         """One fresh process that only compiles ``workload`` with the build in ``artifact_dir``;
         its one sample is the compile time in ms (kinds without a compile step refuse)."""
-        return WORKLOAD_KINDS[workload.kind].compile_time(self.tvm, artifact_dir, workload, timeout_s, side)
+        return self.kind_of(workload).compile_time(self.tvm, artifact_dir, workload, timeout_s, side)
 
-    def count_instructions(self, artifact_dir: Path, workload: CommandWorkloadConfig | TvmWorkloadConfig,
+    def count_instructions(self, artifact_dir: Path, workload: WorkloadSpec,
                            timeout_s: float, counter: InstructionCounter, side: str = "control",
                            what: str = "run") -> InvocationResult:
         """One fresh process of ``workload`` under ``counter``; its one sample is the number of
         instructions ``what`` ("run" or "compile") retired (what each kind counts:
         :data:`~abwatch.runners.workloads.WORKLOAD_KINDS`)."""
-        return WORKLOAD_KINDS[workload.kind].count_instructions(self.tvm, artifact_dir, workload, timeout_s, side, counter,
-                                                                what)
+        return self.kind_of(workload).count_instructions(self.tvm, artifact_dir, workload, timeout_s, side, counter,
+                                                         what)
+
+    def kind_of(self, workload: WorkloadSpec) -> WorkloadKind:
+        """The kind of ``workload`` (:data:`~abwatch.runners.workloads.WORKLOAD_KINDS`), which
+        this runner must be able to run: the config refuses the pair when it is read, this
+        refuses a runner handed to a comparison of another config."""
+        kind = WORKLOAD_KINDS[workload.kind]
+        refusal = kind.check_runner(workload, self.kind)
+        if refusal is not None:
+            raise UsageError(refusal)
+        return kind
 
     @abc.abstractmethod
     def teardown(self) -> None:

@@ -28,7 +28,8 @@ from abwatch.builders.environment import ArtifactInfoError, build_environment, b
 from abwatch.builders.procs import child_env, kill_tree
 from abwatch.builders.redact import mask_secrets
 from abwatch.builders.sandbox import Sandbox
-from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig, TvmWorkloadConfig
+from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig
+from abwatch.builders.workload_spec import TvmWorkloadConfig
 from abwatch.runners.results import InvocationResult, OutputTensor, TvmMetrics, WorkerReady
 from abwatch.runners import code_size, counters
 from abwatch.runners.counters import CountError, InstructionCounter

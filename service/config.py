@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-import hashlib
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -20,11 +19,14 @@ from abwatch.builders.metrics import Metric
 # The models builders and runners share live in builders.spec (the bottom layer); the
 # config re-uses them, and service code may import them from here or from there.
 from abwatch.builders.spec import (  # noqa: F401  (re-exported)
-    BUILD_KINDS, MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, WORKLOAD_KINDS, BuildConfig, CacheConfig,
-    CommandBuildConfig, CommandWorkloadConfig, RepoConfig, RunnerConfig, SandboxConfig, TvmSourceBuildConfig,
-    TvmWheelBuildConfig,
-    TvmWorkloadConfig, UsageError, WorkloadConfig, StrictModel,
+    BUILD_KINDS, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig, SandboxConfig,
+    TvmSourceBuildConfig, TvmWheelBuildConfig, UsageError, StrictModel,
 )
+from abwatch.builders.workload_spec import (  # noqa: F401  (re-exported)
+    MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, CommandWorkloadConfig, TvmWorkloadConfig, WorkloadSpec,
+)
+# Each [[workloads]] entry is validated, resolved and checked by its kind (runners.workloads)
+from abwatch.runners.workloads import WORKLOAD_KINDS, WorkloadConfig
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abwatch"
 
@@ -304,18 +306,11 @@ class Config(StrictModel):
             seen.add(workload.name)
         if self.build.kind in ("command", "tvm-source") and self.repo is None:
             raise ValueError(f"a {self.build.kind} build needs [repo]")
-        for workload in self.workloads:
-            if workload.kind == "tvm" and workload.model.startswith(SCRIPT_REPO):
-                kept = self.build.keep if isinstance(self.build, TvmSourceBuildConfig) else None
-                path = PurePosixPath(workload.model.removeprefix(SCRIPT_REPO))
-                if kept is None:
-                    raise ValueError(f"workload {workload.name!r}: script:repo: reads the build's source tree, "
-                                     "which only a tvm-source build keeps (use script:<path> for a file here)")
-                if not any(path == PurePosixPath(k) or PurePosixPath(k) in path.parents for k in kept):
-                    raise ValueError(f"workload {workload.name!r}: {path} is not under build.keep "
-                                     f"({', '.join(kept) or 'empty'}): add it there so the build keeps it")
-        if self.runner.kind != "cpu" and any(w.kind == "command" for w in self.workloads):
-            raise ValueError(f"the {self.runner.kind} runner runs tvm workloads only")
+        for workload in self.workloads:  # what its kind needs of the runner and the build
+            kind = WORKLOAD_KINDS[workload.kind]
+            refusal = kind.check_runner(workload, self.runner.kind) or kind.check_build(workload, self.build)
+            if refusal is not None:
+                raise ValueError(refusal)
         return self
 
     def secret_variables(self) -> list[str]:
@@ -326,7 +321,7 @@ class Config(StrictModel):
         names += [hook.removeprefix("env:") for hook in self.alerts.webhooks if hook.startswith("env:")]
         return names
 
-    def workload(self, name: str) -> CommandWorkloadConfig | TvmWorkloadConfig:
+    def workload(self, name: str) -> WorkloadSpec:
         """The workload called ``name`` (KeyError if absent)."""
         for workload in self.workloads:
             if workload.name == name:
@@ -343,8 +338,6 @@ def _format_loc(where: tuple) -> str:
     # pydantic puts the union member's tag into the path: build.<kind>.command -> build.command
     if len(loc) >= 2 and loc[0] == "build" and loc[1] in BUILD_KINDS:
         del loc[1]
-    if len(loc) >= 3 and loc[0] == "workloads" and isinstance(loc[1], int) and loc[2] in WORKLOAD_KINDS:
-        del loc[2]
     text = ""
     for part in loc:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
@@ -386,35 +379,14 @@ def parse_config(data: dict, source: str, base_dir: Path) -> Config:
     return config
 
 
-def _resolved(workload: CommandWorkloadConfig | TvmWorkloadConfig, index: int, source: str,
-              base_dir: Path) -> CommandWorkloadConfig | TvmWorkloadConfig:
+def _resolved(workload: WorkloadSpec, index: int, source: str, base_dir: Path) -> WorkloadSpec:
     """``workload`` with its local paths made absolute against ``base_dir`` (the config's
-    directory) and a ``script:`` file's SHA-256 read, so the file's content is part of the
-    workload's identity."""
-    if workload.kind == "command":
-        if workload.cwd is None or Path(workload.cwd).is_absolute():
-            return workload
-        return workload.model_copy(update={"cwd": str((base_dir / workload.cwd).resolve())})
-    source_kind, _, path = workload.model.partition(":")
-    if source_kind == "onnx" and not Path(path).is_absolute():
-        return workload.model_copy(update={"model": "onnx:" + str((base_dir / path).resolve())})
-    if source_kind != "script" or workload.model.startswith(SCRIPT_REPO):
-        return workload
-    script = (base_dir / path).resolve()
-    key = f"{source}: workloads[{index}] ({workload.name}): model"
+    directory), as its kind resolves them (a ``script:`` file's SHA-256 read, so the file's
+    content is part of the workload's identity)."""
     try:
-        content = script.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{key}: cannot read {script}: {exc.strerror}") from None
-    try:  # a syntax error is found here, before anything is built
-        compile(content, str(script), "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as exc:
-        line = f":{exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
-        raise ConfigError(f"{key}: {script}{line}: {type(exc).__name__}: {getattr(exc, 'msg', exc)}") from None
-    digest = hashlib.sha256(content).hexdigest()
-    if workload.script_sha256 not in (None, digest):
-        raise ConfigError(f"{key}: {script} has SHA-256 {digest}, the config says {workload.script_sha256}")
-    return workload.model_copy(update={"model": f"script:{script}", "script_sha256": digest})
+        return WORKLOAD_KINDS[workload.kind].resolve(workload, base_dir)
+    except UsageError as exc:
+        raise ConfigError(f"{source}: workloads[{index}] ({workload.name}): {exc}") from None
 
 
 def _fallback_dirs(fallbacks: dict[str, Path], source: str, base_dir: Path) -> dict[str, Path]:

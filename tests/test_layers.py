@@ -313,6 +313,84 @@ def test_the_checkers_see_hidden_imports_and_cycles(tmp_path):
     assert find_cycle({**graph, "abwatch.service.b": set()}) is None
 
 
+# --- A workload's kind is asked of its kind, not tested for ---------------------------------
+# Everything that differs between workload kinds (config model, paths, runners, running,
+# output check) is a method of the kind's class (runners/workload_kind.py), found through
+# WORKLOAD_KINDS. Code that tests a workload's model or kind itself is a second registry that
+# a new kind would have to find and extend; only a kind's own module may (it names its model).
+
+def _is_kind_module(tree: ast.Module) -> bool:
+    """Whether the module defines a workload kind (a class whose base is ``WorkloadKind``)."""
+    return any(isinstance(node, ast.ClassDef) and any(
+        (b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "") == "WorkloadKind"
+        for b in node.bases) for node in ast.walk(tree))
+
+
+def _names_in(node: ast.expr) -> list[str]:
+    """The class names an isinstance's second argument gives (a name, a tuple, ``A | B``)."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    if isinstance(node, ast.Tuple):
+        return [n for element in node.elts for n in _names_in(element)]
+    if isinstance(node, ast.BinOp):
+        return _names_in(node.left) + _names_in(node.right)
+    return []
+
+
+def _is_workload(node: ast.expr) -> bool:
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name == "w" or "workload" in name.lower()
+
+
+def _is_text(node: ast.expr) -> bool:
+    elements = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return bool(elements) and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elements)
+
+
+def kind_tests(root: Path = ROOT) -> list[str]:
+    """``isinstance(x, ...WorkloadConfig)`` and ``workload.kind == "..."`` outside a kind's module."""
+    wrong = []
+    for path in code_files(root).values():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        if _is_kind_module(tree):
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+                    and len(node.args) == 2
+                    and any(n.endswith("WorkloadConfig") for n in _names_in(node.args[1]))):
+                wrong.append(f"{path.relative_to(root)}:{node.lineno}: isinstance on a workload model")
+            elif (isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "kind"
+                  and _is_workload(node.left.value) and any(_is_text(c) for c in node.comparators)):
+                wrong.append(f"{path.relative_to(root)}:{node.lineno}: compares a workload's kind")
+    return sorted(wrong)
+
+
+def test_only_a_kinds_module_asks_which_kind_a_workload_is():
+    wrong = kind_tests()
+    assert not wrong, "ask WORKLOAD_KINDS[workload.kind] (a method of the kind) instead:\n" + "\n".join(wrong)
+
+
+def test_the_kind_checker_sees_isinstance_and_kind_comparisons(tmp_path):
+    _plant(tmp_path, {
+        "service/__init__.py": "",
+        "service/a.py": "def f(workload, config):\n"
+                        "    if isinstance(workload, TvmWorkloadConfig):\n        return 1\n"
+                        "    if isinstance(workload, (spec.CommandWorkloadConfig, int)):\n        return 2\n"
+                        "    if any(w.kind == 'command' for w in config.workloads):\n        return 3\n"
+                        "    if config.build.kind in ('command', 'tvm-source'):\n        return 4\n"  # a build's: fine
+                        "    return workload.kind in ('tvm',) or isinstance(config.build, TvmSourceBuildConfig)\n",
+        "runners/mine.py": "class MineKind(WorkloadKind):\n"
+                           "    def resolve(self, workload, base_dir):\n"
+                           "        return isinstance(workload, MineWorkloadConfig) and workload.kind == 'mine'\n",
+    })
+    # the build's kind (line 8) and the kind module's own tests (runners/mine.py) are not refused
+    assert kind_tests(tmp_path) == sorted([
+        "service/a.py:2: isinstance on a workload model", "service/a.py:4: isinstance on a workload model",
+        "service/a.py:6: compares a workload's kind", "service/a.py:10: compares a workload's kind"])
+
+
 # --- Migrations are self-contained ---------------------------------------------------------
 # A migration runs, years later, under whatever abwatch is installed: if it imported today's
 # code (a hash, a URL mask), an old revision would do something else than it did. What it

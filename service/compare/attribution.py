@@ -1,19 +1,18 @@
-"""Per-operator attribution and output comparison for TVM workloads (pure functions).
+"""Per-operator attribution for TVM workloads (pure functions).
 
 The report has the shape of a tuning report: per operator the control and treatment time,
-the change in percent, and its share of the whole change, largest contributors first.
+the change in percent, and its share of the whole change, largest contributors first. The
+output check it carries is the workload kind's (:mod:`abwatch.runners.outputs`).
 """
 
 from __future__ import annotations
 
-import base64
 import re
 import statistics
 from typing import Any, NotRequired, TypedDict
 
-import numpy as np
-
-from abwatch.runners.results import OpFeatures, OutputTensor, TvmMetrics, WorkerReady
+from abwatch.runners.outputs import OutputDiff, first_compiled
+from abwatch.runners.results import OpFeatures, TvmMetrics, WorkerReady
 
 
 class OpRow(TypedDict):
@@ -30,17 +29,6 @@ class OpRow(TypedDict):
     dtypes: list[str] | None
     threads: Any
     target: Any
-
-
-class OutputDiff(TypedDict):
-    """The treatment's first output against the control's."""
-
-    max_abs: float | None
-    max_rel: float | None
-    mismatch: bool  # beyond rtol/atol, non-finite, or another shape: a correctness regression
-    reason: str
-    rtol: NotRequired[float]
-    atol: NotRequired[float]
 
 
 class TvmDetails(TypedDict):
@@ -117,31 +105,12 @@ def op_table(control: list[TvmMetrics], treatment: list[TvmMetrics], limit: int 
     return rows[:limit]
 
 
-def _array(outputs: OutputTensor) -> np.ndarray:
-    data = np.frombuffer(base64.b64decode(outputs["data"]), dtype=outputs.get("dtype", "float32"))
-    return data.reshape(outputs["shape"]).astype(np.float64)
-
-
-def output_error(control: OutputTensor, treatment: OutputTensor, rtol: float, atol: float) -> OutputDiff:
-    """Max absolute and relative error of the treatment's output against the control's."""
-    a, b = _array(control), _array(treatment)
-    if a.shape != b.shape:
-        return OutputDiff(max_abs=None, max_rel=None, mismatch=True,
-                           reason=f"output shape {list(b.shape)} != {list(a.shape)}")
-    diff = np.abs(a - b)
-    finite = np.isfinite(a).all() and np.isfinite(b).all()
-    rel = diff / np.maximum(np.abs(a), np.finfo(np.float32).tiny)
-    mismatch = (not finite) or not np.allclose(b, a, rtol=rtol, atol=atol)
-    return OutputDiff(max_abs=float(diff.max()) if diff.size else 0.0, max_rel=float(rel.max()) if rel.size else 0.0,
-                       rtol=rtol, atol=atol, mismatch=bool(mismatch),
-                       reason="non-finite output" if not finite else "")
-
-
-def tvm_details(metrics: dict[str, list[TvmMetrics]], rtol: float, atol: float) -> TvmDetails | None:
-    """What a TVM comparison adds: compile times, the operator table, the output error,
+def tvm_details(metrics: dict[str, list[TvmMetrics]], error: OutputDiff) -> TvmDetails | None:
+    """What a TVM comparison adds: compile times, the operator table, the output check's
+    result (``error``: the workload kind's, :meth:`~abwatch.runners.workload_kind.WorkloadKind.check_outputs`),
     and what each worker reported about itself (TVM version, target, threads); None when a
     side has no compiling invocation (nothing to compare)."""
-    first = {side: next((m for m in batches if "outputs" in m), None) for side, batches in metrics.items()}
+    first = first_compiled(metrics)
     control, treatment = first.get("control"), first.get("treatment")
     if control is None or treatment is None:
         return None
@@ -149,6 +118,6 @@ def tvm_details(metrics: dict[str, list[TvmMetrics]], rtol: float, atol: float) 
         compile_ms={"control": control["compile_ms"], "treatment": treatment["compile_ms"]},
         ops=op_table(metrics["control"], metrics["treatment"], context=treatment.get("ready")),
         op_features={side: _features(batches) for side, batches in metrics.items()},
-        error=output_error(control["outputs"], treatment["outputs"], rtol, atol),
+        error=error,
         workers={"control": control["ready"], "treatment": treatment["ready"]},
     )

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.builders import Builder, make_builder
 from abwatch.builders.redact import mask_url
-from abwatch.runners import DeviceInfo, Runner, make_runner
+from abwatch.runners import WORKLOAD_KINDS, DeviceInfo, Runner, make_runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from abwatch.service import stats
 from abwatch.service.compare import attribution, compile_time, contended, infra, instructions, lifecycle, liveness
@@ -38,7 +38,7 @@ from abwatch.service.compare.building import build_pair
 from abwatch.service.compare.outcome import (
     CompareOutcome, DriverError, MetricResult, WorkloadResult, verdict_json,
 )
-from abwatch.service.config import CommandWorkloadConfig, Config, TvmWorkloadConfig
+from abwatch.service.config import Config, WorkloadSpec
 from abwatch.service.store.models import (
     Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, Side, utcnow,
 )
@@ -214,7 +214,7 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
 
 
 def _measure_workload(session: Session, config: Config, run: Run, runner: Runner,
-                      workload: CommandWorkloadConfig | TvmWorkloadConfig, artifacts: Mapping[Side, Path],
+                      workload: WorkloadSpec, artifacts: Mapping[Side, Path],
                       rng: random.Random,
                       progress: Progress) -> tuple[Measurement, stats.Verdict]:
     """Run interleaved batches until the verdict is decided or the budget is spent.
@@ -283,7 +283,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
         schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
 
 
-def _store_result(session: Session, config: Config, run: Run, workload: CommandWorkloadConfig | TvmWorkloadConfig,
+def _store_result(session: Session, config: Config, run: Run, workload: WorkloadSpec,
                   m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress,
                   judged: compile_time.CompileJudged | None = None, attach: Attach | None = None,
                   counted: instructions.CountJudged | None = None,
@@ -293,8 +293,8 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
     compile time, output; by the first metric of ``measure`` that regressed) if found, write the
     records."""
     row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
-    extra = (attribution.tvm_details(m.metrics, workload.rtol, workload.atol)
-             if isinstance(workload, TvmWorkloadConfig) and m.failure is None else None)
+    error = WORKLOAD_KINDS[workload.kind].check_outputs(workload, m.metrics) if m.failure is None else None
+    extra = attribution.tvm_details(m.metrics, error) if error is not None else None
     if extra is not None and judged is not None:
         extra["compile"] = compile_time.details(judged)
     for label, c in (("compile instructions", counted_compile), ("instructions", counted)):
@@ -351,14 +351,14 @@ def _store_result(session: Session, config: Config, run: Run, workload: CommandW
         progress.message(f"  {workload.name}: compile time {judged.verdict.verdict.value} — {judged.verdict.reason}")
     for b in beside:
         progress.message(f"  {workload.name}: {b.metric} ({b.phase}) {b.verdict.verdict.value} — {b.verdict.reason}")
-    if isinstance(workload, TvmWorkloadConfig) and extra is not None and extra["error"]["mismatch"]:
+    if extra is not None and extra["error"]["mismatch"]:
         # A wrong answer is its own regression, whatever the speed verdict says.
         error = extra["error"]
         progress.message(f"  {workload.name}: OUTPUT MISMATCH max_abs={error['max_abs']} max_rel={error['max_rel']}")
         if run.run_type == RunType.BENCHMARK:
             why = (f"outputs differ: {error['reason']}" if error["max_abs"] is None or error["max_rel"] is None
                    else f"outputs differ: max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g} "
-                   f"(rtol {workload.rtol:g}, atol {workload.atol:g})")
+                   f"(rtol {error['rtol']:g}, atol {error['atol']:g})")
             correctness_id = lifecycle.open_regression(session, run, comparison, kind=RegressionKind.CORRECTNESS,
                                                        reason=why).id
     if verdict.verdict == stats.Outcome.SAME:
