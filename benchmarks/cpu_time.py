@@ -61,6 +61,10 @@ def trial(bench: RealBench, tag: str, pairs: int, seed: int) -> dict:
 
     share = statistics.median(c / 1000.0 / w for side in cpu for c, w in zip(cpu[side], walls[side], strict=True))
     return {"tag": tag, "pairs": pairs, "load": round(os.getloadavg()[0], 1), "cpu_share": round(share, 2),
+            # what each figure of the control's processes was: how far load moves each
+            "control_process_wall_ms": round(1000 * statistics.median(walls["control"]), 2),
+            "control_process_cpu_ms": round(statistics.median(cpu["control"]), 2),
+            "control_sample_ms": round(statistics.median(samples["control"]), 3),
             "wall": {"verdict": wall_v.verdict.value, "change_pct": round(wall_v.change_pct or 0, 2),
                      "ci_width_pct": width(wall_v)},
             "cpu_time": {"verdict": cpu_v.verdict.value, "change_pct": round(cpu_v.change_pct or 0, 2),
@@ -78,7 +82,7 @@ def main() -> None:
     spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.spinners)]
     for p in spinners:
         p.start()
-    time.sleep(5)  # let the load average see them
+    time.sleep(45)  # let the (one-minute) load average see them
     rows = []
     try:
         for seed in range(args.trials):
@@ -90,12 +94,13 @@ def main() -> None:
         for p in spinners:
             p.terminate()
         bench.close()
-    print("\n| spinners | load | CPU share | change | wall: verdict, change, CI width | cpu_time: verdict, change, "
-          "CI width, CV |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n| spinners | load | CPU share | change | process wall ms | process CPU ms | sample ms | wall: verdict, "
+          "change, CI width | cpu_time: verdict, change, CI width, CV |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         w, c = r["wall"], r["cpu_time"]
-        print(f"| {args.spinners} | {r['load']} | {r['cpu_share']} | {r['tag']} | {w['verdict']} {w['change_pct']:+.2f} %, "
+        print(f"| {args.spinners} | {r['load']} | {r['cpu_share']} | {r['tag']} | {r['control_process_wall_ms']} | "
+              f"{r['control_process_cpu_ms']} | {r['control_sample_ms']} | {w['verdict']} {w['change_pct']:+.2f} %, "
               f"{w['ci_width_pct']} | {c['verdict']} {c['change_pct']:+.2f} %, {c['ci_width_pct']}, {c['cv_pct']} % |")
 
 
