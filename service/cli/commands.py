@@ -319,11 +319,12 @@ def _triage_command(args: argparse.Namespace, session, out: Console) -> int:
 
     try:
         changed = triage.triage(session, args.regression_id, args.status, who=args.who or getpass.getuser(),
-                                issue_url=args.issue, note=args.note)
+                                issue_url=args.issue, note=args.note, fixed_by=args.fixed_by)
     except triage.TriageError as exc:
         raise DriverError(str(exc)) from None
     for r in changed:
-        out.print(f"regression {r.id} ({r.workload.name}): triaged as {args.status}", markup=False)
+        fix = f" by {args.fixed_by}" if args.fixed_by else ""
+        out.print(f"regression {r.id} ({r.workload.name}): triaged as {args.status}{fix}", markup=False)
     return 0
 
 

@@ -110,7 +110,7 @@ def regression_summary(r: Regression) -> dict[str, Any]:
     return {
         "id": r.id, "workload": r.workload.name, "workload_id": r.workload_id, "kind": RegressionKind(r.kind).value,
         "metric": Metric(r.metric or Metric.TIME).value, "state": r.state.value,
-        "triage": r.triage.value if r.triage else None,
+        "triage": r.triage.value if r.triage else None, "fixed_by": r.fixed_by,
         "silenced": r.triage in SILENCED_TRIAGE,
         "change_pct": r.change_pct, "run_id": r.run_id,
         "device": r.device.name if r.device else None,
@@ -159,7 +159,8 @@ def regression_detail(session: Session, regression_id: int) -> dict[str, Any]:
 
 def triage_json(t: TriageEvent) -> dict[str, Any]:
     """A triage decision."""
-    return {"status": t.status.value, "who": t.who, "issue_url": t.issue_url, "note": t.note, "at": _iso(t.at)}
+    return {"status": t.status.value, "who": t.who, "issue_url": t.issue_url, "note": t.note, "at": _iso(t.at),
+            "fixed_by": t.fixed_by}
 
 
 def workloads(session: Session) -> list[dict[str, Any]]:
