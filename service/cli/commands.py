@@ -164,7 +164,7 @@ def _regressions_command(call: Call) -> int:
         query = query.where(Regression.state == RegressionState(call.args.state))
     regressions = list(call.session.scalars(query))
     if call.args.json:
-        print(json.dumps([report.regression_json(r) for r in regressions]))
+        print(json.dumps([report.regression_json(call.session, r) for r in regressions]))
     else:
         report.print_regressions(call.out, regressions)
     return 0
@@ -269,7 +269,7 @@ def _verify_command(args: argparse.Namespace, session, err: Console, out: Consol
     shown = stored.load_outcome(session, outcome.run_id)
     if args.json:
         print(json.dumps({**report.outcome_json(shown),
-                          "regressions": [report.regression_json(r) for r in regressions]}))
+                          "regressions": [report.regression_json(session, r) for r in regressions]}))
     else:
         report.print_outcome(out, shown, False, args.ops)
         report.print_regressions(out, regressions)
