@@ -224,6 +224,13 @@ def test_invalid_bodies_get_a_small_422_that_never_echoes_them(filled_server):
     assert nan.status_code == 422 and "NaN" not in nan.text
     broken = requests.post(url, data="{not json", headers=auth, timeout=10)
     assert broken.status_code == 422 and "not json" not in broken.text
+    # a fixing commit goes with `fixed`, and is hex
+    before = get(base, "/api/regressions/1")["triage_events"]
+    for body in ({"as": "wontfix", "who": "ana", "fixed_by": "abc1234"},
+                 {"as": "fixed", "who": "ana", "fixed_by": "$(reboot)"}):
+        refused = requests.post(url, json=body, headers=auth, timeout=10)
+        assert refused.status_code == 422 and "reboot" not in refused.text, body
+    assert get(base, "/api/regressions/1")["triage_events"] == before  # nothing was recorded
 
 
 def test_nul_in_a_path_or_query_is_a_client_error_everywhere(filled_server):

@@ -97,6 +97,56 @@ def test_regression_kinds_are_one_vocabulary_the_schema_checks(db_url):
     engine.dispose()
 
 
+def test_triage_statuses_are_the_ones_the_schema_checks_and_fixed_goes_back_to_acknowledged(db_url):
+    """Both triage columns take every TriageStatus (``fixed`` since 0026, with the fixing commit
+    in ``triage_events.fixed_by``) and refuse any other word; a downgrade makes a fix an
+    acknowledged regression again, as it was recorded before."""
+    from abwatch.service.stats.verdict import TriageStatus
+
+    db.upgrade(db_url, "0025")
+    engine = db.make_engine(db_url)
+    columns = ("workload_id, control_commit_id, treatment_commit_id, run_id, comparison_id, state, change_pct, "
+               "created_at, updated_at, kind")
+    values = "1, 1, 2, 1, 1, 'regress', 5.0, '2026-01-01', '2026-01-01', 'runtime'"
+    event = "INSERT INTO triage_events (regression_id, status, who, note, at) VALUES (1, '{}', 'ana', '', '2026-01-02')"
+
+    def insert(connection, triage: str) -> None:
+        connection.execute(text(f"INSERT INTO regressions ({columns}, triage) VALUES ({values}, '{triage}')"))
+        connection.execute(text(event.format(triage)))
+
+    def rows_elsewhere_not_needed(connection) -> None:  # foreign keys are not checked for these rows
+        connection.execute(text("PRAGMA foreign_keys=OFF" if engine.dialect.name == "sqlite"
+                                else "SET session_replication_role = replica"))
+
+    with engine.begin() as connection:  # before: `fixed` is no triage word
+        rows_elsewhere_not_needed(connection)
+        with pytest.raises(IntegrityError, match="triage_status"), connection.begin_nested():
+            insert(connection, "fixed")
+        insert(connection, "acknowledged")
+    db.upgrade(db_url)
+    with engine.connect() as connection:
+        for table in ("regressions", "triage_events"):
+            check = " ".join(str(c["sqltext"]) for c in inspect(connection).get_check_constraints(table))
+            assert all(f"'{status.value}'" in check for status in TriageStatus), (table, check)
+    with engine.begin() as connection:
+        rows_elsewhere_not_needed(connection)
+        connection.execute(text("UPDATE regressions SET triage = 'fixed'"))
+        connection.execute(text("UPDATE triage_events SET status = 'fixed', fixed_by = 'abc1234'"))
+        with pytest.raises(IntegrityError, match="triage_event_status"), connection.begin_nested():
+            connection.execute(text(event.format("mended")))
+        assert connection.execute(text("SELECT regression_id, status, fixed_by FROM triage_events")).one() == (
+            1, "fixed", "abc1234")  # the row from before the upgrade kept
+    assert [loss.what.split(":")[0] for loss in db.downgrade_losses(db_url, "0025")] == [
+        "triage 'fixed' and triage_events.fixed_by"]
+    db.downgrade(db_url, "0025")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT triage FROM regressions")).scalar_one() == "acknowledged"
+        assert connection.execute(text("SELECT status FROM triage_events")).scalar_one() == "acknowledged"
+        assert "fixed_by" not in {c["name"] for c in inspect(connection).get_columns("triage_events")}
+        assert connection.execute(text("SELECT COUNT(*) FROM latest_status")).scalar_one() == 0  # the view is back
+    engine.dispose()
+
+
 def test_unique_device_names(session):
     session.add(Device(name="board-1", kind="rpc", hardware_config={}))
     session.flush()

@@ -197,7 +197,7 @@ def test_regressions_name_device_culprit_and_a_masked_repository():
     text = " ".join(out.file.getvalue().split())
     assert "rk3399-board" in text and "+6.25%" in text
     assert "regression 7: aaaaaaaaaaaa..bbbbbbbbbbbb, culprit cccccccccccc Slow down the matmul schedule (Ada)" in text
-    data = report.regression_json(regression)
+    data = regression.to_dict()  # the shape of `regressions --json` (beside its explanation)
     assert data["device"] == "rk3399-board" and data["culprit"]["sha"] == "c" * 40
     assert "s3cret" not in data["repository"] and data["repository"].endswith("example.org/tvm.git")
 

@@ -201,6 +201,11 @@ def test_a_two_percent_change_is_found_on_instructions_where_time_cannot_say(tmp
     (regression,) = regressions_json(db_url, capsys)
     assert (regression["kind"], regression["metric"]) == ("runtime", "instructions")
     assert regression["benchmark_verdict"]["metric"] == "instructions"
+    # what explains it: the functions of the benchmark's process whose instructions grew
+    explained = regression["explanation"]
+    assert (explained["what"], explained["region"], explained["source"]) == ("functions", "run", "valgrind")
+    assert explained["rows"] and all(row["change"] > 0 for row in explained["rows"])
+    assert explained["totals"]["treatment"] > explained["totals"]["control"]
     # verify judges it again on instructions, in fresh counted processes
     capsys.readouterr()
     assert main(["verify", str(out["run_id"]), "--json", "--db", db_url]) == 1
@@ -213,6 +218,8 @@ def test_a_two_percent_change_is_found_on_instructions_where_time_cannot_say(tmp
     assert "instructions (valgrind, beside time, which decided the row) regression" in shown
     # the API and the run page show the same verdict, its counter and its counts
     with live_server(db_url, tmp_path / "serve") as base:
+        detail = requests.get(f"{base}/api/regressions/{regression['id']}", timeout=30).json()
+        assert detail["explanation"] == explained  # one shape: `regressions --json`'s is the API's
         api = requests.get(f"{base}/api/runs/{out['run_id']}", timeout=30).json()
         assert api["results"][0]["instructions"]["verdict"] == "regression"
         assert api["results"][0]["instructions"]["source"] == "valgrind"

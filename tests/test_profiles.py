@@ -246,6 +246,7 @@ def test_a_real_tvm_compile_regression_names_the_tvm_functions_that_grew(capsys,
         page = requests.get(f"{base}/regressions/{regression['id']}", timeout=30).text
     explained = api["explanation"]
     assert explained["what"] == "functions" and explained["region"] == "compile"
+    assert regression["explanation"] == explained  # `regressions --json` shows the same
     assert [row["name"] for row in explained["rows"]] == [row["name"] for row in profile["grew"]]  # as stored
     section = page[page.index("What explains it"):page.index("</table>", page.index("What explains it"))]
     first_tvm = next(row for row in explained["rows"] if "tvm::" in row["name"])

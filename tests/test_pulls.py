@@ -11,13 +11,15 @@ import threading
 
 import git
 import pytest
+import requests
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from abwatch.service.config import load_config
+from abwatch.service.config import AlertsConfig, load_config
 from abwatch.service.notify import alerts
+from abwatch.service.stats.verdict import RegressionState, TriageStatus
 from abwatch.service.store import db
-from abwatch.service.store.models import Job, TriageEvent
+from abwatch.service.store.models import Job, Regression, TriageEvent
 from abwatch.service.watch import daemon, pulls, queue
 from tests.github_standin import TOKEN, GitHub, comment_event, deliver
 from tests.test_try import serving
@@ -144,20 +146,38 @@ def test_a_comment_command_is_answered_in_the_pull_request(tmp_path, bench_repo,
         assert "loop" in check["output"]["title"] and "| loop |" in check["output"]["summary"]
         assert github.labels[42] == {"perf-regression"}
 
-        # a triage comment records the decision and takes the label off
+        # a triage comment records the decision (fixed, by the commit it names) and takes the label off
         triaged = deliver(base, SECRET, "issue_comment",
-                          comment_event(REPO, 42, "alice", "@abwatch triage fixed-by abc1234"))
+                          comment_event(REPO, 42, "alice", "@abwatch triage fixed-by ABC1234"))
         assert triaged.status_code == 200, triaged.text
+        assert (triaged.json()["as"], triaged.json()["fixed_by"]) == ("fixed", "abc1234")
         deliver_round(engine, config)
         assert github.labels[42] == set() and list(github.comments) == [comment_id]
+        assert github.requests_to("DELETE", r"/issues/42/labels/perf-regression")
         (check,) = github.checks.values()
         assert check["conclusion"] == "neutral"
-        assert "triaged acknowledged" in github.comments[comment_id]["body"]
+        row = next(line for line in github.comments[comment_id]["body"].splitlines() if line.startswith("| loop |"))
+        assert "triaged fixed by abc1234" in row
         with Session(engine) as session:
             (event,) = session.scalars(select(TriageEvent)).all()
+            assert (event.status, event.fixed_by) == (TriageStatus.FIXED, "abc1234")
             assert event.who == "github:alice" and event.note == "fixed by abc1234"
             assert event.issue_url == f"https://github.com/{REPO}/commit/abc1234"
+            (regression,) = session.scalars(select(Regression)).all()
+            assert (regression.state, regression.triage) == (RegressionState.REGRESS, TriageStatus.FIXED)
+            regression_id = regression.id
+            # fixed: no live problem, so no more alerts for it
+            assert alerts.enqueue(session, [regression_id], "regress",
+                                  AlertsConfig(webhooks=["http://127.0.0.1:9/hook"])) == 0
         engine.dispose()
+        # the weekly report lists it as fixed, naming the fixing commit; nothing waits for a person
+        report = requests.get(f"{base}/api/report", params={"since": "7d"}, timeout=30).json()
+        assert report["counts"]["fixed"] == 1 and report["counts"]["untriaged"] == 0
+        (fixed,) = report["devices"][0]["fixed"]
+        assert (fixed["id"], fixed["triage"], fixed["fixed_by"]) == (regression_id, "fixed", "abc1234")
+        markdown = requests.get(f"{base}/api/report", params={"since": "7d", "format": "markdown"}, timeout=30).text
+        fixed_list = markdown[markdown.index("**Fixed**"):]
+        assert f"| [{regression_id}](" in fixed_list and "| regress | fixed by abc1234 |" in fixed_list
     for call in github.calls:  # the token went only where it belongs, never into a body
         assert TOKEN not in json.dumps(call["body"])
     assert SECRET not in (tmp_path / "serve.log").read_text()
@@ -169,7 +189,7 @@ def test_parse_command_takes_words_never_a_shell():
     triage = pulls.parse_command("@ABWATCH triage not-a-bug", "@abwatch")
     assert triage is not None and triage.triage and triage.triage.value == "invalid"
     fixed = pulls.parse_command("@abwatch triage fixed-by 0123abcd", "@abwatch")
-    assert fixed is not None and fixed.fixed_by == "0123abcd"
+    assert fixed is not None and fixed.fixed_by == "0123abcd" and fixed.triage is TriageStatus.FIXED
     for bad in ("@abwatch try --rm", "@abwatch triage fixed-by $(reboot)", "@abwatch triage maybe", "@abwatch"):
         with pytest.raises(pulls.CommandError):
             pulls.parse_command(bad, "@abwatch")

@@ -37,6 +37,27 @@ def test_triage_command_stores_who_when_why_and_sets_invalid_apart(write_config,
         assert overview["open_regressions"] == []
         assert [r["id"] for r in overview["silenced_regressions"]] == [regression_id]
         assert session.execute(text("SELECT triage FROM regression_history")).scalar_one() == "invalid"
+        assert session.execute(text("SELECT open_regressions FROM latest_status")).scalar_one() == 0
+    engine.dispose()
+
+    # fixed by a later commit: the commit is kept, and the regression stays apart from the open ones
+    assert main(["triage", str(regression_id), "--as", "wontfix", "--fixed-by", "abc1234", "--db", url]) == 2
+    assert "goes with `fixed`" in capsys.readouterr().err
+    assert main(["triage", str(regression_id), "--as", "fixed", "--fixed-by", "no-sha", "--db", url]) == 2
+    assert main(["triage", str(regression_id), "--as", "acknowledged", "--db", url]) == 0
+    with db.session_scope(engine) as session:  # acknowledged: open again, counted by the view
+        assert session.execute(text("SELECT open_regressions FROM latest_status")).scalar_one() == 1
+    assert main(["triage", str(regression_id), "--as", "fixed", "--fixed-by", "abc1234def", "--db", url]) == 0
+    assert f"regression {regression_id} (loop): triaged as fixed by abc1234def" in capsys.readouterr().out
+    with db.session_scope(engine) as session:
+        detail = queries.regression_detail(session, regression_id)
+        assert (detail["triage"], detail["fixed_by"]) == ("fixed", "abc1234def")
+        assert [(t["status"], t["fixed_by"]) for t in detail["triage_events"]][-2:] == [
+            ("acknowledged", None), ("fixed", "abc1234def")]
+        overview = queries.overview(session)
+        assert overview["open_regressions"] == [] and overview["silenced_regressions"][0]["fixed_by"] == "abc1234def"
+        assert session.execute(text("SELECT open_regressions FROM latest_status")).scalar_one() == 0
+        assert session.execute(text("SELECT fixed_by FROM triage_events WHERE status = 'fixed'")).scalar_one() == "abc1234def"
     engine.dispose()
 
     assert main(["triage", "9999", "--as", "expected", "--db", url]) == 2

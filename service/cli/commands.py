@@ -164,7 +164,7 @@ def _regressions_command(call: Call) -> int:
         query = query.where(Regression.state == RegressionState(call.args.state))
     regressions = list(call.session.scalars(query))
     if call.args.json:
-        print(json.dumps([report.regression_json(r) for r in regressions]))
+        print(json.dumps([report.regression_json(call.session, r) for r in regressions]))
     else:
         report.print_regressions(call.out, regressions)
     return 0
@@ -269,7 +269,7 @@ def _verify_command(args: argparse.Namespace, session, err: Console, out: Consol
     shown = stored.load_outcome(session, outcome.run_id)
     if args.json:
         print(json.dumps({**report.outcome_json(shown),
-                          "regressions": [report.regression_json(r) for r in regressions]}))
+                          "regressions": [report.regression_json(session, r) for r in regressions]}))
     else:
         report.print_outcome(out, shown, False, args.ops)
         report.print_regressions(out, regressions)
@@ -319,11 +319,12 @@ def _triage_command(args: argparse.Namespace, session, out: Console) -> int:
 
     try:
         changed = triage.triage(session, args.regression_id, args.status, who=args.who or getpass.getuser(),
-                                issue_url=args.issue, note=args.note)
+                                issue_url=args.issue, note=args.note, fixed_by=args.fixed_by)
     except triage.TriageError as exc:
         raise DriverError(str(exc)) from None
     for r in changed:
-        out.print(f"regression {r.id} ({r.workload.name}): triaged as {args.status}", markup=False)
+        fix = f" by {args.fixed_by}" if args.fixed_by else ""
+        out.print(f"regression {r.id} ({r.workload.name}): triaged as {args.status}{fix}", markup=False)
     return 0
 
 

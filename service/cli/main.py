@@ -120,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--issue", help="URL of the issue that tracks it")
     p.add_argument("--note", default="", help="why")
     p.add_argument("--who", default=None, help="who decided (default: the login name)")
+    p.add_argument("--fixed-by", metavar="SHA", help="with --as fixed: the commit that fixed it (7 to 40 hex digits)")
 
     p = with_db(sub.add_parser("report", help="the triage report: new, confirmed, fixed and untriaged regressions"))
     p.add_argument("--since", default="7d", help="the window: 7d, 36h, 2w, or an ISO date (default: 7d)")

@@ -143,7 +143,7 @@ def enqueue(session: Session, regression_ids: Iterable[int], event: str, config:
     """Record a ``pending`` delivery of ``event`` for each regression and webhook, in the
     caller's transaction (committed with the state change it tells of). A delivery already
     recorded (the same regression, event and webhook) is not recorded again: a job taken up
-    again after a crash alerts once. Regressions triaged as expected or invalid are not
+    again after a crash alerts once. Regressions triaged as expected, invalid or fixed are not
     alerted. Returns how many were recorded."""
     if event not in EVENTS:
         raise ValueError(f"alert event {event!r}: expected one of {EVENTS}")

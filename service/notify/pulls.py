@@ -223,7 +223,7 @@ def _device_section(session: Session, job: Job, status: JobStatus, result: dict 
             verdict += {RegressionState.REGRESS: " (confirmed)", RegressionState.CLEARED: " (cleared by verify)",
                         RegressionState.FIXED: " (fixed)"}.get(r.state, " (suspected)")
             if r.triage is not None:
-                verdict += f", triaged {r.triage.value}"
+                verdict += f", triaged {r.triage.value}" + (f" by {r.fixed_by[:12]}" if r.fixed_by else "")
         ci = f"[{c.ci_low_pct:+.2f}%, {c.ci_high_pct:+.2f}%]" if c.ci_low_pct is not None and c.ci_high_pct is not None else "–"
         control = v.control_ms if v and v.control_ms is not None else c.control_median_ms
         treatment = v.treatment_ms if v and v.treatment_ms is not None else c.treatment_median_ms

@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session, joinedload
 # stats resolves its functions on first use: NumPy and SciPy load only for the pages that draw a series
 from abwatch.service import stats
 from abwatch.service.read import serialize, stored
-from abwatch.service.store import explain
 from abwatch.service.store.models import (
     AlertDelivery, Build, Commit, Comparison, Device, Job, Regression, Run, Sample, TriageEvent, WatchedCommit, WatchProgress,
     Workload,
@@ -110,7 +109,7 @@ def regression_summary(r: Regression) -> dict[str, Any]:
     return {
         "id": r.id, "workload": r.workload.name, "workload_id": r.workload_id, "kind": RegressionKind(r.kind).value,
         "metric": Metric(r.metric or Metric.TIME).value, "state": r.state.value,
-        "triage": r.triage.value if r.triage else None,
+        "triage": r.triage.value if r.triage else None, "fixed_by": r.fixed_by,
         "silenced": r.triage in SILENCED_TRIAGE,
         "change_pct": r.change_pct, "run_id": r.run_id,
         "device": r.device.name if r.device else None,
@@ -138,7 +137,7 @@ def list_regressions(session: Session, *, state: str | None = None, workload: st
 
 def regression_detail(session: Session, regression_id: int) -> dict[str, Any]:
     """One regression as ``abwatch regressions --json`` shows it (:func:`serialize.regression_json`:
-    range, bisected culprit, bisection steps, state timeline), with its list fields, triage
+    range, bisected culprit, bisection steps, state timeline, explanation), with its list fields, triage
     decisions and alert deliveries."""
     r = session.get(Regression, regression_id)
     if r is None:
@@ -146,10 +145,11 @@ def regression_detail(session: Session, regression_id: int) -> dict[str, Any]:
     deliveries = session.scalars(select(AlertDelivery).where(AlertDelivery.regression_id == r.id)
                                  .order_by(AlertDelivery.id))
     return {
-        **serialize.regression_json(r),  # the CLI's shape: range, culprit (once bisected), steps, events
+        # the CLI's shape: range, culprit (once bisected), steps, events, and the profile or operator
+        # table that explains it
+        **serialize.regression_json(session, r),
         **regression_summary(r),
         "control_summary": r.control_commit.summary,
-        "explanation": explain.of_regression(session, r),  # the profile or operator table behind it
         "triage_events": [triage_json(t) for t in r.triage_events],
         "alerts": [{"event": d.event, "webhook": d.webhook, "status": d.status.value, "attempts": d.attempts,
                     "status_code": d.status_code, "error": d.error, "at": _iso(d.at),
@@ -159,7 +159,8 @@ def regression_detail(session: Session, regression_id: int) -> dict[str, Any]:
 
 def triage_json(t: TriageEvent) -> dict[str, Any]:
     """A triage decision."""
-    return {"status": t.status.value, "who": t.who, "issue_url": t.issue_url, "note": t.note, "at": _iso(t.at)}
+    return {"status": t.status.value, "who": t.who, "issue_url": t.issue_url, "note": t.note, "at": _iso(t.at),
+            "fixed_by": t.fixed_by}
 
 
 def workloads(session: Session) -> list[dict[str, Any]]:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from sqlalchemy.orm import Session
+
 from abwatch.builders.redact import mask_secrets
 from abwatch.service.compare.building import build_failure
 from abwatch.service.read.stored import StoredRun
+from abwatch.service.store import explain
 from abwatch.service.store.models import Job, Regression
 
 LOG_TAIL_LINES = 25
@@ -50,10 +53,11 @@ def log_tail(log: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(log.rstrip().splitlines()[-lines:])
 
 
-def regression_json(r: Regression) -> dict:
+def regression_json(session: Session, r: Regression) -> dict:
     """The ``--json`` shape of a regression with its state history (:meth:`Regression.to_dict`,
-    which alerts send too)."""
-    return r.to_dict()
+    which alerts send too) and what explains it (:func:`service.store.explain.of_regression`):
+    ``abwatch regressions --json`` and ``GET /api/regressions/{id}`` both give this."""
+    return {**r.to_dict(), "explanation": explain.of_regression(session, r)}
 
 
 def short_sha(sha: str) -> str:

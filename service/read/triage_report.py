@@ -5,7 +5,8 @@ Four lists per device:
 
 - **new**: opened in the window (suspected, being verified or confirmed; not those cleared);
 - **confirmed**: moved to ``regress`` in the window (verified, the culprit where bisection named it);
-- **fixed**: moved to ``fixed`` in the window (a later commit measured back);
+- **fixed**: moved to ``fixed`` in the window (a later commit measured back), or triaged
+  ``fixed`` in the window (a person named the fixing commit: ``fixed_by``);
 - **untriaged**: every confirmed regression no person has triaged yet, whenever it was opened.
 
 Each list is ranked by the size of the change, largest first. :func:`to_markdown` is what a
@@ -21,8 +22,8 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from abwatch.service.stats.verdict import Metric, RegressionKind, RegressionState
-from abwatch.service.store.models import Regression, RegressionEvent
+from abwatch.service.stats.verdict import Metric, RegressionKind, RegressionState, TriageStatus
+from abwatch.service.store.models import Regression, RegressionEvent, TriageEvent
 
 SECTIONS = ("new", "confirmed", "fixed", "untriaged")
 _SPAN = re.compile(r"^(\d{1,4})([hdw])$")
@@ -54,7 +55,7 @@ def _entry(r: Regression, dashboard_url: str | None) -> dict[str, Any]:
     return {
         "id": r.id, "workload": r.workload.name, "kind": RegressionKind(r.kind).value,
         "metric": Metric(r.metric or Metric.TIME).value, "state": r.state.value, "change_pct": r.change_pct,
-        "triage": r.triage.value if r.triage else None,
+        "triage": r.triage.value if r.triage else None, "fixed_by": r.fixed_by,
         "culprit": {"sha": culprit.sha, "summary": culprit.summary, "author": culprit.author} if culprit else None,
         "range": {"good": r.control_commit.sha, "bad": r.treatment_commit.sha},
         "run_id": r.run_id, "opened_at": _aware(r.created_at).isoformat(),
@@ -74,6 +75,8 @@ def build(session: Session, since: datetime, until: datetime | None = None,
     """The report of the window ``[since, until]`` (until: now)."""
     until = until or datetime.now(UTC)
     confirmed, fixed = _moved_to(session, RegressionState.REGRESS, since), _moved_to(session, RegressionState.FIXED, since)
+    triaged_fixed = set(session.scalars(select(TriageEvent.regression_id).where(
+        TriageEvent.status == TriageStatus.FIXED, TriageEvent.at >= since)))
     devices: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for r in session.scalars(select(Regression).order_by(Regression.id)):
         lists = []
@@ -81,7 +84,8 @@ def build(session: Session, since: datetime, until: datetime | None = None,
             lists.append("new")
         if r.id in confirmed:
             lists.append("confirmed")
-        if r.id in fixed and r.state == RegressionState.FIXED:
+        if (r.id in fixed and r.state == RegressionState.FIXED) or (
+                r.id in triaged_fixed and r.triage == TriageStatus.FIXED):
             lists.append("fixed")
         if r.state == RegressionState.REGRESS and r.triage is None:
             lists.append("untriaged")
@@ -103,6 +107,13 @@ def _who(entry: dict[str, Any]) -> str:
         return f"{entry['range']['good'][:12]}..{entry['range']['bad'][:12]} (not bisected)"
     author = c["author"].split(" <")[0]
     return f"{c['sha'][:12]} \"{c['summary']}\" ({author})"
+
+
+def _triage(entry: dict[str, Any]) -> str:
+    """The decision as a person reads it: ``fixed by <sha>`` names the fixing commit."""
+    if entry["fixed_by"]:
+        return f"{entry['triage']} by {entry['fixed_by'][:12]}"
+    return entry["triage"] or ""
 
 
 def _cell(text: str) -> str:
@@ -131,7 +142,7 @@ def to_markdown(report: dict[str, Any]) -> str:
             for e in entries:
                 ref = f"[{e['id']}]({e['url']})" if e["url"] else str(e["id"])
                 lines.append(f"| {ref} | {_cell(e['workload'])} | {e['change_pct']:+.2f}% | {e['kind']} ({e['metric']}) "
-                             f"| {_cell(_who(e))} | {e['state']} | {e['triage'] or '–'} |")
+                             f"| {_cell(_who(e))} | {e['state']} | {_triage(e) or '–'} |")
             lines.append("")
     return "\n".join(lines)
 
@@ -146,5 +157,5 @@ def to_text(report: dict[str, Any]) -> str:
         for name in SECTIONS:
             for e in device[name]:
                 lines.append(f"  {name:<10} #{e['id']:<5} {e['workload']:<24} {e['change_pct']:+8.2f}%  "
-                             f"{e['kind']:<12} {_who(e)}  [{e['state']}{', ' + e['triage'] if e['triage'] else ''}]")
+                             f"{e['kind']:<12} {_who(e)}  [{e['state']}{', ' + _triage(e) if e['triage'] else ''}]")
     return "\n".join(lines)

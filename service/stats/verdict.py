@@ -120,10 +120,12 @@ class TriageStatus(str, enum.Enum):
     EXPECTED = "expected"
     INVALID = "invalid"
     WONTFIX = "wontfix"
+    FIXED = "fixed"  # a later commit fixed it (the triage event names the commit)
 
 
-# A regression triaged as one of these is not a real problem: no more alerts, shown apart.
-SILENCED_TRIAGE = frozenset({TriageStatus.EXPECTED, TriageStatus.INVALID})
+# A regression triaged as one of these is no live problem: not a real one, or one a later commit
+# fixed. No more alerts, shown apart.
+SILENCED_TRIAGE = frozenset({TriageStatus.EXPECTED, TriageStatus.INVALID, TriageStatus.FIXED})
 
 
 class RegressionKind(str, enum.Enum):

@@ -340,6 +340,13 @@ class Regression(Base):
     triage_events: Mapped[list[TriageEvent]] = relationship(order_by="TriageEvent.id")
     __mapper_args__ = {"version_id_col": version}
 
+    @property
+    def fixed_by(self) -> str | None:
+        """The fixing commit of a regression triaged ``fixed`` (its latest such decision's), else None."""
+        if self.triage is not TriageStatus.FIXED:
+            return None
+        return next((t.fixed_by for t in reversed(self.triage_events) if t.status is TriageStatus.FIXED), None)
+
     def to_dict(self) -> dict[str, Any]:
         """The one shape of a regression that every reader shows: ``abwatch regressions --json``,
         ``GET /api/regressions/{id}``, the regression page and alerts (range, bisected culprit,
@@ -389,6 +396,8 @@ class TriageEvent(Base):
     issue_url: Mapped[str | None] = mapped_column(String(1024))
     note: Mapped[str] = mapped_column(Text, default="")
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # a `fixed` decision's fixing commit, as the person named it (7 to 40 hex digits); else null
+    fixed_by: Mapped[str | None] = mapped_column(String(40))
 
 
 class NoiseProfile(Base):

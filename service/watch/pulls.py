@@ -41,7 +41,7 @@ KIND = pulls.KIND
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 WRITERS = frozenset({"admin", "maintain", "write"})
 TRIAGE_WORDS = {"acknowledged": TriageStatus.ACKNOWLEDGED, "not-a-bug": TriageStatus.INVALID,
-                "fixed-by": TriageStatus.ACKNOWLEDGED}
+                "fixed-by": TriageStatus.FIXED}
 SHA = re.compile(r"^[0-9a-f]{7,40}$")
 LOGIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
 WORDS_MAX = 64  # words of one command

@@ -12,7 +12,7 @@ import hmac
 import json
 import os
 from datetime import datetime, UTC
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 from collections.abc import Iterator
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -57,8 +57,16 @@ class TriageRequest(BaseModel):
     who: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00]+$")
     issue_url: str | None = Field(default=None, max_length=1024, pattern=r"^https?://[^\x00\s]+$")
     note: str = Field(default="", max_length=10_000, pattern=r"^[^\x00]*$")
+    fixed_by: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,40}$",
+                                 description="with `fixed`: the commit that fixed it")
 
     model_config = {"populate_by_name": True}
+
+    @model_validator(mode="after")
+    def _fixed_by_goes_with_fixed(self) -> Self:
+        if self.fixed_by is not None and self.status is not TriageStatus.FIXED:
+            raise ValueError("fixed_by goes with `as: fixed`")
+        return self
 
 
 class TryBody(BaseModel):
@@ -336,10 +344,10 @@ def _write_routes(app: FastAPI) -> None:
     @app.post("/api/regressions/{regression_id}/triage", tags=["regressions"],
               responses={**ERRORS, 401: {"model": ErrorBody}, 413: {"model": ErrorBody}})
     def triage(regression_id: Id, decision: TriageRequest, session: SessionDep) -> dict[str, Any]:
-        """Record a person's decision (acknowledged, expected, invalid, wontfix) about a regression."""
+        """Record a person's decision (acknowledged, expected, invalid, wontfix, fixed) about a regression."""
         try:
             triage_mod.triage(session, regression_id, decision.status, who=decision.who,
-                              issue_url=decision.issue_url, note=decision.note)
+                              issue_url=decision.issue_url, note=decision.note, fixed_by=decision.fixed_by)
         except triage_mod.TriageError as exc:
             raise queries.NotFound(str(exc)) from None
         session.commit()

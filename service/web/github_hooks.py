@@ -169,7 +169,7 @@ def _triage(session: Session, config: Config, payload: dict, number: int, comman
         issue_url = f"{html.rstrip('/')}/commit/{command.fixed_by}" if html.startswith("https://") else None
     for regression in found:
         triage_mod.triage(session, regression.id, command.triage, who=f"github:{login}", issue_url=issue_url,
-                          note=command.note())
+                          note=command.note(), fixed_by=command.fixed_by)
     pulls.announce(session, config, number)
     session.commit()
-    return 200, {"triaged": [r.id for r in found], "as": command.triage.value}
+    return 200, {"triaged": [r.id for r in found], "as": command.triage.value, "fixed_by": command.fixed_by}

@@ -82,6 +82,7 @@
       const f = new FormData(form);
       const body = { as: f.get("as"), who: f.get("who"), note: f.get("note") || "" };
       if (f.get("issue_url")) body.issue_url = f.get("issue_url");
+      if (f.get("fixed_by")) body.fixed_by = f.get("fixed_by");
       const status = document.getElementById("triage-status");
       const resp = await fetch("/api/regressions/" + data.id + "/triage", {
         method: "POST", headers: { "Content-Type": "application/json",
