@@ -144,7 +144,7 @@ def measure(runner, artifacts: Mapping[str, Path], workload, schedule: list[Slot
             result_of.groups[slot.side].extend([slot.position] * len(result.samples))
             result_of.records[slot.side].extend(result.records)
             result_of.processes[slot.side].append(ProcessFigures(
-                slot.position, result.usage_wall_s or result.wall_s, result.cpu_s, result.involuntary_switches,
+                slot.position, result.usage_span_s, result.cpu_s, result.involuntary_switches,
                 result.threads, result.max_rss_kb))
         if result.metrics:
             result_of.metrics[slot.side].append(result.metrics)

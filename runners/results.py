@@ -77,6 +77,12 @@ class InvocationResult:
     # per call where its sample is), None where the counter counts no functions
     profile: dict[str, Any] | None = None
 
+    @property
+    def usage_span_s(self) -> float:
+        """The wall time the CPU figures cover: the timing batch's where reported, else the
+        whole invocation's."""
+        return self.usage_wall_s or self.wall_s
+
 
 @dataclass(frozen=True)
 class DeviceInfo:

@@ -6,8 +6,6 @@ and bisected on them."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
-from email.utils import format_datetime
 from pathlib import Path
 
 import git
@@ -204,18 +202,7 @@ printf '{"python": "%s", "env": {"ABWATCH_TEST_LAYERS": "%s"}}' "$TVM_PYTHON" "$
 
 def _grow_commit(repo: Path, tag: str, layers: int, message: str) -> None:
     """A commit of a repository whose build is the cached TVM release, with ``layers`` for the script."""
-    made = git.Repo(repo) if (repo / ".git").exists() else git.Repo.init(repo, initial_branch="main")
-    with made.config_writer() as cfg:
-        cfg.set_value("user", "name", "abwatch test")
-        cfg.set_value("user", "email", "test@abwatch.invalid")
-    (repo / "build.sh").write_text(GROW_SH)
-    (repo / "layers").write_text(f"{layers}\n")
-    (repo / "NOTES.md").write_text(f"{tag}\n")
-    made.index.add(["build.sh", "layers", "NOTES.md"])
-    count = int(made.git.rev_list("--count", "HEAD")) if made.head.is_valid() else 0
-    date = format_datetime(datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=count))  # history in commit order
-    made.index.commit(message, author_date=date, commit_date=date)
-    made.create_tag(tag)
+    tvm_repo.commit(repo, tag, message, files={"build.sh": GROW_SH, "layers": f"{layers}\n"})
 
 
 @pytest.mark.slow

@@ -21,8 +21,9 @@ printf '{"python": "%s"}' "$TVM_PYTHON" > out/abwatch-artifact.json
 """
 
 
-def commit(path: Path, tag: str, message: str) -> str:
-    """Add one tagged commit to the repository at ``path`` (created if needed); its sha."""
+def commit(path: Path, tag: str, message: str, files: dict[str, str] | None = None) -> str:
+    """Add one tagged commit to the repository at ``path`` (created if needed); its sha.
+    ``files`` (name -> text) are written too, and may replace ``build.sh``."""
     path.mkdir(parents=True, exist_ok=True)
     repo = git.Repo(path) if (path / ".git").exists() else git.Repo.init(path, initial_branch="main")
     with repo.config_writer() as cfg:
@@ -30,7 +31,9 @@ def commit(path: Path, tag: str, message: str) -> str:
         cfg.set_value("user", "email", "test@abwatch.invalid")
     (path / "build.sh").write_text(BUILD_SH)
     (path / "NOTES.md").write_text(f"{tag}\n")
-    repo.index.add(["build.sh", "NOTES.md"])
+    for name, text in (files or {}).items():
+        (path / name).write_text(text)
+    repo.index.add(["build.sh", "NOTES.md", *(files or {})])
     count = int(repo.git.rev_list("--count", "HEAD")) if repo.head.is_valid() else 0
     date = format_datetime(datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=count))
     made = repo.index.commit(message, author_date=date, commit_date=date)

@@ -241,7 +241,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
             run_id=run.id, workload_id=row.id, side=side, position=slot.position, warmup=slot.warmup,
             status=InvocationStatus(result.status), wall_s=result.wall_s, message=result.message,
             cpu_s=result.cpu_s, involuntary_switches=result.involuntary_switches,
-            usage_wall_s=None if result.cpu_s is None else (result.usage_wall_s or result.wall_s),
+            usage_wall_s=None if result.cpu_s is None else result.usage_span_s,
             max_rss_kb=result.max_rss_kb,
         )
         session.add(invocation)
