@@ -29,6 +29,6 @@ def measure(path: Path) -> CodeSize | None:
         with path.open("rb") as f:
             section = ELFFile(f).get_section_by_name(".text")
             text = None if section is None else int(section.header["sh_size"])
-    except (OSError, ELFError):
+    except (OSError, ELFError, ValueError, KeyError, EOFError):  # the build wrote it: a damaged file is no size
         text = None
     return CodeSize(text_bytes=text, file_bytes=size)

@@ -6,6 +6,7 @@ and bisected on them."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import git
@@ -16,6 +17,7 @@ from sqlalchemy import create_engine, text
 from conftest import live_server
 
 from abwatch.builders.metrics import Metric
+from abwatch.runners import code_size
 from abwatch.service.cli.main import main
 from abwatch.service.compare import metrics
 from abwatch.service.config import ConfigError, load_config
@@ -233,3 +235,12 @@ def test_a_tvm_module_that_grows_is_a_code_size_regression_bisected_to_its_commi
     # each step judged on the code's size: the reworded commit the same size (good), the culprit larger
     assert [(s["summary"], s["side"]) for s in regression["bisection"]] == [("Reword", "good"),
                                                                           ("Generate two more layers", "bad")]
+
+
+def test_a_damaged_library_has_no_code_size_and_raises_nothing(tmp_path):
+    # the library is written by the build under test: whatever it holds, reading it is no crash
+    library = tmp_path / "workload.so"
+    for seed in range(50):
+        library.write_bytes(b"\x7fELF\x02\x01\x01" + random.Random(seed).randbytes(600))
+        assert code_size.measure(library) == {"text_bytes": None, "file_bytes": 607}
+    assert code_size.measure(tmp_path / "missing.so") is None
