@@ -131,11 +131,11 @@ def reset() -> None:
 class Sandbox:
     """What one sandboxed child may do beyond reading the host: the paths it may write, and
     whether it has the network (``None``: as ``[sandbox] network`` says, the workloads' rule)
-    and the GPU device nodes."""
+    and which device nodes (a GPU's: ``/dev/nvidia0``, ``/dev/dri/renderD128``, ...)."""
 
     writable: tuple[Path | str, ...] = field(default=())
     network: bool | None = None
-    gpu: bool = False
+    devices: tuple[str, ...] = field(default=())
 
     @property
     def active(self) -> bool:
@@ -158,9 +158,8 @@ class Sandbox:
         args = [rules.bwrap, *_BASE, *(["--die-with-parent"] if die_with_parent else []),
                 *([] if network else ["--unshare-net"]),
                 "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
-        if self.gpu:  # CUDA needs its device nodes; --dev makes only the harmless ones
-            for node in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):
-                args += ["--dev-bind", node, node]
+        for node in self.devices:  # a GPU's driver needs its nodes; --dev makes only the harmless ones
+            args += ["--dev-bind", node, node]
         for path in _hidden(rules.hidden):
             args += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
         # after the hidden ones: a writable path under a hidden directory is there again

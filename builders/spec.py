@@ -269,7 +269,9 @@ class RunnerConfig(StrictModel):
     threads: int | None = Field(default=None, ge=1, description="TVM_NUM_THREADS; default: all cores")
     tracker: str | None = Field(default=None, pattern=r"^[^:]+:\d+$", description="rpc: host:port")
     key: str | None = Field(default=None, description="rpc: device key at the tracker")
-    target: dict[str, Any] | None = Field(default=None, description="TVM target; default per kind")
+    target: dict[str, Any] | str | None = Field(
+        default=None, description="TVM target, a table or a target string; default per kind (gpu: cuda; its "
+        "kind picks the device API: cuda, rocm, vulkan, opencl, metal)")
 
     @model_validator(mode="after")
     def _rpc_needs_tracker(self) -> RunnerConfig:

@@ -279,7 +279,12 @@ class TvmSourceBuilder(Builder):
             return
         compiles = self.config.check_import == "tvm" and self.config.cmake.get("USE_LLVM", "OFF").upper() != "OFF"
         env = child_env(self.config.env, build_environment(staging))
-        argv = [str(build_python(staging)), "-c", CHECK, self.config.check_import, "1" if compiles else ""]
+        # the device backends the configuration asks for: each must be in the build (its
+        # libinfo flag on, its runtime loaded); whether a driver lists a device is only logged
+        # (a build host need not have the device it builds for)
+        backends = [api for flag, api in BACKENDS.items() if self.config.cmake.get(flag, "OFF").upper() not in OFF]
+        argv = [str(build_python(staging)), "-c", CHECK, self.config.check_import, "1" if compiles else "",
+                ",".join(backends) if self.config.check_import == "tvm" else ""]
         log.append(f"$ {' '.join(argv[:2])} <post-build check: import {self.config.check_import}>\n")
         proc = run_process(argv, cwd=staging, env=env, timeout_s=600, merge_stderr=True, sandbox=Sandbox())
         log.append(cut_log(proc.stdout, LOG_LIMIT, proc.cut))
@@ -293,7 +298,13 @@ class TvmSourceBuilder(Builder):
                           f"Python package apache-tvm-ffi {installed}", "", 0.0)
 
 
-# Run by the build's Python after a build: versions first, then the import (and a compile).
+# CMake flags of the device backends the post-build check asks the build for, and their device API
+BACKENDS = {"USE_CUDA": "cuda", "USE_ROCM": "rocm", "USE_VULKAN": "vulkan", "USE_OPENCL": "opencl",
+            "USE_METAL": "metal"}
+OFF = ("OFF", "0", "FALSE", "NO", "")
+
+# Run by the build's Python after a build: versions first, then the import, each device backend
+# the configuration asks for (its libinfo flag, its runtime, the driver's devices), a compile.
 CHECK = """
 import importlib, importlib.metadata, sys
 try:
@@ -301,6 +312,14 @@ try:
 except importlib.metadata.PackageNotFoundError:
     print("apache-tvm-ffi not installed", flush=True)
 module = importlib.import_module(sys.argv[1])
+for api in filter(None, sys.argv[3].split(",")):
+    flag = "USE_" + api.upper()
+    built = module.support.libinfo().get(flag, "absent")
+    enabled = bool(module.runtime.enabled(api))
+    print(f"backend {api}: {flag}={built}, runtime loaded: {enabled}, devices: "
+          f"{int(enabled and module.device(api).exist)}", flush=True)
+    if str(built).upper() in ("OFF", "ABSENT", "NOTFOUND", "") or not enabled:
+        sys.exit(f"the {api} backend asked for ({flag}) is not in the build")
 if sys.argv[2]:
     from tvm import te
     a = te.placeholder((8,), "float32", "a")

@@ -83,6 +83,12 @@ class Runner(abc.ABC):
             raise UsageError(refusal)
         return kind
 
+    def check_build(self, artifact_dir: Path) -> None:
+        """Raise :class:`RunnerUnavailable` when the build in ``artifact_dir`` cannot run on this
+        runner's device at all (a GPU backend it was built without); asked before measuring.
+        Every build can run on the CPU and over RPC (the board's runtime is its own)."""
+        return None
+
     @abc.abstractmethod
     def teardown(self) -> None:
         """Release the device."""

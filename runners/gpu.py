@@ -1,65 +1,127 @@
-"""The GPU runner: TVM workloads compiled for CUDA and timed on the local GPU.
+"""The GPU runner: TVM workloads compiled for one of TVM's device APIs and timed on this
+machine's device: CUDA, ROCm, Vulkan, OpenCL or Metal (:mod:`.device_apis`).
 
-It refuses to start where no CUDA device is present (no driver device node and no
-``nvidia-smi`` that lists a GPU), with an error that says so, rather than timing nothing.
+``[runner] target`` picks the API (``{kind = "vulkan"}`` or a target string such as
+``"opencl -device=mali"``; CUDA when absent). The runner refuses to start where the API's
+driver lists no device, naming the API, what to install and what it looked for. Each build is
+asked, before it is measured, whether it has the backend (``tvm.support.libinfo()`` and
+``tvm.runtime.enabled``): a build without it is refused by name rather than timed as a
+failure. In the worker, every timed call is synchronised with the device (``time_evaluator``
+and the per-operator hook sync), Relax models get TVM's default GPU schedules through
+``tvm.compile``'s pipeline, kernels without a schedule get dlight's, and the compiling
+worker's output is checked against the same build's CPU output.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import socket
-import subprocess
 from pathlib import Path
 
+from abwatch.builders.environment import ArtifactInfoError, build_environment, build_python
+from abwatch.builders.procs import child_env, run_process
+from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import RunnerConfig
 from abwatch.runners.base import Runner, RunnerUnavailable
+from abwatch.runners.device_apis import DeviceApi, api_of
 from abwatch.runners.results import DeviceInfo
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 
-
-def cuda_devices() -> list[str]:
-    """Names of the CUDA GPUs ``nvidia-smi -L`` lists (empty where there are none)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None or not any(Path("/dev").glob("nvidia[0-9]*")):
-        return []
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.split(":", 1)[1].split("(")[0].strip() for line in out.splitlines() if line.startswith("GPU ")]
+# Run by a build's Python: what it says of one device API (its libinfo flag, whether the
+# runtime has it, how many devices it sees). One JSON line; nothing is compiled.
+BACKEND = """
+import json, sys
+import tvm
+api, flag = sys.argv[1], sys.argv[2]
+enabled = bool(tvm.runtime.enabled(api))
+print(json.dumps({"tvm": tvm.__version__, "flag": str(tvm.support.libinfo().get(flag, "absent")),
+                  "enabled": enabled, "exist": bool(enabled and tvm.device(api).exist)}))
+"""
 
 
 class GpuRunner(Runner):
-    """Runs TVM workloads with target ``cuda`` on this machine's first GPU."""
+    """Runs TVM workloads on this machine's first device of ``runner.target``'s API."""
 
     kind = "gpu"
 
     def __init__(self, config: RunnerConfig | None = None) -> None:
         self.config = config or RunnerConfig(kind="gpu")
-        self.tvm = TvmSessions(self.config, self.config.target or {"kind": "cuda"}, "cuda")
+        try:
+            self.api: DeviceApi = api_of(self.config.target)
+        except ValueError as exc:
+            raise RunnerUnavailable(f"gpu runner: {exc}") from None
+        target = self.config.target or {"kind": "cuda"}
+        self.tvm = TvmSessions(self.config, target, self.api.name, nodes=tuple(self.api.device_nodes()))
+        self._checked: dict[Path, str | None] = {}
 
     def device_name(self) -> str:
-        """``runner.device``, else ``<host>-<first GPU's name>`` (it refuses where there is no GPU)."""
-        return self.config.device or f"{socket.gethostname()}-{self._gpus()[0].replace(' ', '-')}"
+        """``runner.device``, else ``<host>-<first device's name>`` (it refuses where there is none)."""
+        if self.config.device:
+            return self.config.device
+        name = self._devices()[0]["name"]
+        return f"{socket.gethostname()}-{''.join(c if c.isalnum() or c in '.-_' else '-' for c in name)}"
 
-    def _gpus(self) -> list[str]:
-        gpus = cuda_devices()
-        if not gpus:
-            raise RunnerUnavailable("gpu runner: no CUDA device is present on this machine "
-                                    "(no /dev/nvidia* device or nvidia-smi lists no GPU)")
-        return gpus
+    def _devices(self) -> list[dict]:
+        why = self.api.unavailable()
+        if why is not None:
+            raise RunnerUnavailable(f"gpu runner ({self.api.name}): {why}")
+        devices = self.api.devices()
+        if not devices:
+            raise RunnerUnavailable(f"gpu runner: no {self.api.name} device on this machine (its driver lists "
+                                    f"none); it needs {self.api.packages}")
+        return devices
 
     def prepare(self) -> DeviceInfo:
-        gpus = self._gpus()
+        devices = self._devices()
+        # the fingerprint: the API, every device its driver lists (name, driver, memory)
         return DeviceInfo(
             name=self.device_name(),
             kind=self.kind,
-            hardware_config={**hardware_config(), "gpus": gpus},
+            hardware_config={**hardware_config(), "device_api": self.api.name, "gpus": devices},
             software_config=software_config(),
-            runtime_config={"num_threads": self.config.threads or os.cpu_count()},
+            runtime_config={"num_threads": self.config.threads or os.cpu_count(), "target": self.config.target},
         )
+
+    def check_build(self, artifact_dir: Path) -> None:
+        """Refuse a build that lacks this API's backend or sees no device through it."""
+        if artifact_dir not in self._checked:
+            self._checked[artifact_dir] = self._refusal(artifact_dir)
+        refusal = self._checked[artifact_dir]
+        if refusal is not None:
+            raise RunnerUnavailable(refusal)
+
+    def _refusal(self, artifact_dir: Path) -> str | None:
+        try:
+            python = build_python(artifact_dir)
+        except ArtifactInfoError as exc:
+            return str(exc)
+        if python is None:  # a command build: its workloads are not TVM's, nothing to ask
+            return None
+        argv = [str(python), "-c", BACKEND, self.api.name, self.api.cmake_flag]
+        env = child_env(build_environment(artifact_dir), {})
+        proc = run_process(argv, cwd=artifact_dir, env=env, timeout_s=300, sandbox=Sandbox(devices=self.tvm.nodes))
+        lines = proc.stdout.strip().splitlines()
+        try:
+            said = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+        except ValueError:
+            said = None
+        if said is None:
+            return (f"gpu runner: the build in {artifact_dir} could not say whether it has the {self.api.name} "
+                    f"backend: {(proc.stderr or proc.stdout).strip()[-300:] or 'no output'}")
+        if not said["enabled"] and said["flag"].upper() in ("OFF", "ABSENT", "0", "FALSE", "NOTFOUND", ""):
+            return (f"gpu runner: the build in {artifact_dir} (TVM {said['tvm']}) has no {self.api.name} backend: "
+                    f"{self.api.cmake_flag} is {said['flag']} in its tvm.support.libinfo(); build it with "
+                    f"{self.api.cmake_flag}=ON")
+        if not said["enabled"]:  # built in, but its runtime library or the driver's did not load
+            return (f"gpu runner: the build in {artifact_dir} (TVM {said['tvm']}) was built with "
+                    f"{self.api.cmake_flag}={said['flag']} but its {self.api.name} runtime is not loaded: "
+                    f"the driver's library is missing on this machine ({self.api.packages})")
+        if not said["exist"]:
+            return (f"gpu runner: the build in {artifact_dir} (TVM {said['tvm']}) has the {self.api.name} backend "
+                    f"but sees no {self.api.name} device")
+        return None
 
     def teardown(self) -> None:
         """Remove the compiled libraries."""

@@ -263,8 +263,9 @@ def _ended(reply: dict, server: Worker) -> str:
 class TvmSessions:
     """Runs TVM invocations for one runner; keeps each build's compiled library."""
 
-    def __init__(self, config: RunnerConfig, target: dict, device: str, rpc: dict | None = None) -> None:
-        self.config, self.target, self.device, self.rpc = config, target, device, rpc
+    def __init__(self, config: RunnerConfig, target: dict | str, device: str, rpc: dict | None = None,
+                 nodes: tuple[str, ...] = ()) -> None:
+        self.config, self.target, self.device, self.rpc, self.nodes = config, target, device, rpc, nodes
         # made at the first compile: a runner made only to name its device leaves nothing behind
         self._libs: tempfile.TemporaryDirectory | None = None
         self.compiled: set[tuple[str, Path, str]] = set()
@@ -282,8 +283,8 @@ class TvmSessions:
 
     def _sandbox(self) -> Sandbox:
         """Where a worker runs: it writes the compiled libraries; an RPC worker needs the network
-        (the tracker and the board), a CUDA one its device nodes."""
-        return Sandbox(writable=(self._lib_dir(),), network=True if self.rpc else None, gpu=self.device == "cuda")
+        (the tracker and the board), a GPU one its device nodes."""
+        return Sandbox(writable=(self._lib_dir(),), network=True if self.rpc else None, devices=self.nodes)
 
     def spec(self, workload: TvmWorkloadConfig, side_options: dict) -> dict:
         """What the worker compiles: the workload, with any side-specific options."""
@@ -379,7 +380,7 @@ class TvmSessions:
             if failed is not None:
                 return failed
             spec["load"] = str(self._lib(artifact, workload, side))
-        if self.target.get("mcpu") == "native":
+        if isinstance(self.target, dict) and self.target.get("mcpu") == "native":
             failed = self._name_native(artifact, workload, timeout_s, side, side_options)
             if failed is not None:
                 return failed

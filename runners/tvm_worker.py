@@ -243,15 +243,17 @@ class Workload:
             from tvm.target import codegen
 
             target_spec["mcpu"] = codegen.llvm_get_system_cpu()
-        if spec["device"] == "cuda" and not tvm.cuda().exist:
-            raise RuntimeError("no CUDA device is present on this machine")
+        on_device = _sibling("worker_device") if spec["device"] != "cpu" and not spec.get("rpc") else None
+        if on_device is not None:  # a GPU's backend and driver: named when missing, before any compile
+            on_device.check(tvm, spec["device"], need_device=not spec.get("compile_only"))
         target = tvm.target.Target(target_spec)
         self.target = str(target)
         kind = spec["model"].partition(":")[0]
         load, export = spec.get("load"), spec.get("export")
         self.script_sha256 = None
         if kind == "script":
-            mod, self.inputs, self.script_sha256 = _script_module(spec, rng)
+            with target:  # current while the script runs: it may schedule its kernels for the device
+                mod, self.inputs, self.script_sha256 = _script_module(spec, rng)
             path = _script_path(spec)
             self.entry = _entry(path, mod)
             func = mod[self.entry]
@@ -270,6 +272,14 @@ class Workload:
         else:
             mod, self.params, self.inputs, self.entry = _relax_module(spec, rng)
             self.is_vm = True
+        # the device's output is checked against this build's CPU output of the module before
+        # any GPU schedule (a script that scheduled its kernels itself is checked against the
+        # other side's output only, as every workload is)
+        cpu_module = mod
+        if on_device is not None and not self.is_vm:
+            mod = on_device.schedule(tvm, mod, target)
+        self.reference = ((cpu_module, on_device) if on_device is not None and not load
+                          and (self.is_vm or mod is not cpu_module) else None)
         start = time.perf_counter()
         self.compile_ms = None
         self.region, self.instructions = _region(spec["count"]) if spec.get("count") else None, None
@@ -285,12 +295,13 @@ class Workload:
             self.compile_ms = (time.perf_counter() - start) * 1000.0
             if export:
                 lib.export_library(export)
-        self.remote = None
+        self.remote, self.device = None, None
         if spec.get("compile_only"):  # timing the compiler: no device, nothing to run
             return
         if spec.get("rpc"):
             lib = self._upload(lib, load or export)
         self.dev = self.remote.device(spec["device"]) if self.remote else tvm.device(spec["device"])
+        self.device = on_device.describe(self.dev) if on_device is not None else None
         self.args = [tvm.runtime.tensor(x, self.dev) for x in self.inputs + list(self.params)]
         if self.is_vm:
             self.vm = relax.VirtualMachine(lib, self.dev)
@@ -382,8 +393,15 @@ class Workload:
         while not hasattr(result, "numpy"):  # tuples of outputs: take the first
             result = result[0]
         array = result.numpy().astype(np.float32)
-        return {"shape": list(array.shape), "dtype": "float32",
-                "data": base64.b64encode(array.tobytes()).decode()}
+        reply = {"shape": list(array.shape), "dtype": "float32", "data": base64.b64encode(array.tobytes()).decode()}
+        if self.reference is not None:  # a kernel that computes the wrong thing fast is a failure
+            mod, on_device = self.reference
+            error = on_device.reference_error(on_device.cpu_output(self, mod), array)
+            if not error["ok"]:
+                why = error.get("why") or f"max abs error {error['max_abs_error']:g}"
+                raise RuntimeError(f"the {self.spec['device']} output differs from this build's CPU output: {why}")
+            reply["reference"] = error
+        return reply
 
 
 def serve(spec: dict, send) -> int:
@@ -401,7 +419,8 @@ def serve(spec: dict, send) -> int:
 
     send({"ready": True, "compile_ms": workload.compile_ms, "tvm_version": tvm.__version__,
           "target": workload.target,
-          "features": {name: bool(tvm.runtime.enabled(name)) for name in ("llvm", "cuda", "rpc")},
+          "features": {name: bool(tvm.runtime.enabled(name)) for name in ("llvm", "cuda", "rpc", spec["device"])},
+          **({"device": workload.device} if workload.device else {}),
           "input_shapes": [list(x.shape) for x in workload.inputs],
           "num_threads": os.environ.get("TVM_NUM_THREADS"),
           **({"instructions": workload.instructions} if workload.instructions else {}),

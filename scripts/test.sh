@@ -19,6 +19,11 @@ apt_install() {
 command -v cc >/dev/null || apt_install gcc
 command -v valgrind >/dev/null || apt_install valgrind  # the instruction counter where perf cannot count
 command -v bwrap >/dev/null || apt_install bubblewrap  # the sandbox of code under test (tests/test_sandbox.py)
+# real non-CPU drivers for the gpu runner's tests: Mesa's lavapipe (Vulkan) and pocl (OpenCL),
+# both running on the CPU, with the tools that list their devices
+if ! command -v vulkaninfo >/dev/null || ! command -v clinfo >/dev/null || ! ls /usr/share/vulkan/icd.d/lvp_icd.* >/dev/null 2>&1; then
+  apt_install mesa-vulkan-drivers vulkan-tools pocl-opencl-icd clinfo
+fi
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
   apt_install chromium chromium-driver
 fi

@@ -161,6 +161,8 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
     not be judged.
     """
     progress = progress or NullProgress()
+    for path in artifacts.values():  # a build the device cannot run at all is refused, not timed as failing
+        runner.check_build(path)
     rng = random.Random(run.seed)
     device = device_info.name
     # Two measurements on one device at once corrupt each other: one measuring phase per

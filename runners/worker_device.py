@@ -1,0 +1,106 @@
+"""In a TVM worker (the build's own Python): what a device other than the CPU needs.
+
+Loaded by ``tvm_worker.py`` as a sibling module (never imported by abwatch itself). It checks
+that the build can drive the device, gives hand-written kernels without a GPU schedule
+TVM's default one, and compares the device's output with the same build's CPU output, so a
+kernel that computes the wrong thing fast is a failure, not a speed-up.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+# the CMake flag of each device API (tvm.support.libinfo()'s keys)
+FLAGS = {"cuda": "USE_CUDA", "rocm": "USE_ROCM", "vulkan": "USE_VULKAN", "opencl": "USE_OPENCL",
+         "metal": "USE_METAL", "webgpu": "USE_WEBGPU"}
+# how far the device's output may be from the CPU's: float32 kernels that sum in another
+# order (a GPU's reduction trees, fused multiply-adds) differ by a few ulps per term
+RTOL, ATOL = 1e-3, 1e-4
+
+
+def check(tvm, device: str, need_device: bool = True) -> None:
+    """Raise RuntimeError naming what is missing when this build cannot run on ``device``:
+    the backend not built in (its CMake flag, as ``tvm.support.libinfo()`` says), or (when
+    ``need_device``: not for a compile alone) no device listed by its driver."""
+    if device == "opencl":  # pocl compiles kernels into $HOME by default, read-only in the sandbox
+        os.environ.setdefault("POCL_CACHE_DIR", os.path.join(tempfile.gettempdir(), "pocl-cache"))
+    flag = FLAGS.get(device, f"USE_{device.upper()}")
+    if not tvm.runtime.enabled(device):
+        built = str(tvm.support.libinfo().get(flag, "absent"))
+        if built.upper() in ("ON", "1", "TRUE") or "/" in built:
+            raise RuntimeError(f"this TVM build has {flag}={built} but its {device} runtime is not loaded "
+                               "(the driver's library is missing on this machine)")
+        raise RuntimeError(f"this TVM build has no {device} backend ({flag} is {built} in "
+                           f"tvm.support.libinfo()): build TVM with {flag}=ON")
+    if need_device and not tvm.device(device).exist:
+        raise RuntimeError(f"no {device} device: this TVM build has the {device} backend but its driver "
+                           "lists no device on this machine")
+
+
+def describe(dev) -> dict:
+    """The device as TVM sees it: name, driver, memory, limits (what its runtime reports)."""
+    info = {}
+    for name in ("device_name", "driver_version", "total_global_memory", "max_threads_per_block",
+                 "max_shared_memory_per_block", "compute_version", "warp_size"):
+        try:
+            value = getattr(dev, name)
+        except Exception:  # noqa: BLE001 - an attribute this API or TVM version lacks
+            continue
+        if value is not None:
+            info[name] = value if isinstance(value, (int, float, str)) else str(value)
+    return info
+
+
+def _unscheduled(func) -> bool:
+    # A kernel bound to GPU threads already (a script's own schedule) keeps its schedule;
+    # the printed TVMScript is the one form every TVM version shares for asking that.
+    text = func.script()
+    return not any(word in text for word in ("thread_binding", "launch_thread", "blockIdx", "threadIdx"))
+
+
+def schedule(tvm, mod, target):
+    """``mod`` (TIR functions) with TVM's default GPU schedule (dlight) for each function
+    not bound to GPU threads yet; Relax modules get theirs from ``tvm.compile``'s pipeline."""
+    try:
+        from tvm.s_tir import dlight as dl
+    except ImportError:  # releases before the s_tir package
+        from tvm import dlight as dl
+    if not any(_unscheduled(func) for func in mod.functions.values()):
+        return mod
+    with target:
+        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+
+
+def cpu_output(workload, mod) -> np.ndarray:
+    """The first output of ``mod`` (a ``tvm_worker.Workload``'s module before any GPU schedule)
+    compiled for this host's CPU and run on the workload's inputs."""
+    tvm = workload.tvm
+    cpu = tvm.cpu()
+    lib = tvm.compile(mod, target="llvm")
+    args = [tvm.runtime.tensor(x, cpu) for x in workload.inputs + list(workload.params)]
+    if workload.is_vm:
+        from tvm import relax
+
+        result = relax.VirtualMachine(lib, cpu)[workload.entry](*args)
+        while not hasattr(result, "numpy"):  # tuples of outputs: the first, as the device's
+            result = result[0]
+    else:  # a PrimFunc writes into its last argument: start from what the device's started from
+        initial = workload.out_array if workload.script_sha256 else np.zeros(workload.out_shape, workload.spec["dtype"])
+        result = tvm.runtime.tensor(initial, cpu)
+        getattr(lib, "mod", lib)[workload.entry](*args, result)
+    return result.numpy().astype(np.float32)
+
+
+def reference_error(expected: np.ndarray, actual: np.ndarray) -> dict:
+    """How far the device's output is from the CPU's (``ok`` within :data:`RTOL`/:data:`ATOL`)."""
+    expected, actual = expected.astype(np.float64), actual.astype(np.float64)
+    if expected.shape != actual.shape:
+        return {"ok": False, "why": f"shape {list(actual.shape)} on the device, {list(expected.shape)} on the CPU"}
+    diff = np.abs(expected - actual)
+    worst = float(diff.max()) if diff.size else 0.0
+    ok = bool(np.all(diff <= ATOL + RTOL * np.abs(expected)))
+    return {"ok": ok, "max_abs_error": worst, "rtol": RTOL, "atol": ATOL}
