@@ -70,6 +70,9 @@ def schedule(tvm, mod, target):
         from tvm import dlight as dl
     if not any(_unscheduled(func) for func in mod.functions.values()):
         return mod
+    # a new module: the pass updates the module it is given in place, and the caller keeps the
+    # unscheduled one for the CPU reference
+    mod = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
     with target:
         return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                        dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)

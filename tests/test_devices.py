@@ -79,3 +79,62 @@ def test_a_build_without_the_backend_is_refused_before_anything_is_timed(capsys,
         assert session.scalar(select(Invocation.id).limit(1)) is None
         assert run.device.hardware_config["device_api"] == "vulkan"
         assert json.dumps(run.device.hardware_config["gpus"])  # the fingerprint is stored with the run
+
+
+WORKER_SIDE = r"""
+import importlib.util, json, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("worker_device", sys.argv[1])
+wd = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(wd)
+import tvm
+from tvm import te
+a, b = te.placeholder((64, 64), "float32", "A"), te.placeholder((64, 64), "float32", "B")
+k = te.reduce_axis((0, 64), "k")
+c = te.compute((64, 64), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+target = tvm.target.Target("cuda")
+scheduled = wd.schedule(tvm, mod, target)
+# the module given stays unscheduled: it is what the CPU reference compiles
+said = {"before": wd._unscheduled(mod["main"]), "after": wd._unscheduled(scheduled["main"]),
+        "again_same": wd.schedule(tvm, scheduled, target) is scheduled}
+try:  # the compile needs no GPU: it proves the schedule is one CUDA's code generator accepts
+    tvm.compile(scheduled, target=target)
+    said["compiled"] = True
+except Exception as exc:
+    said["compiled"] = f"{type(exc).__name__}: {str(exc)[-200:]}"
+for api in ("vulkan", "cuda"):
+    try:
+        wd.check(tvm, api)
+        said[api] = "ok"
+    except RuntimeError as exc:
+        said[api] = str(exc)
+x = np.ones((4, 4), "float32")
+said["close"] = wd.reference_error(x, x + 1e-6)
+said["far"] = wd.reference_error(x, x * 1.01)
+said["shape"] = wd.reference_error(x, x[:2])
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.slow
+def test_the_workers_device_side_with_the_real_wheel(tvm_python):
+    """dlight schedules an unscheduled kernel (and leaves a scheduled one alone), the missing
+    backend is named, and the CPU reference check tells a few ulps from a wrong result."""
+    import subprocess
+    from pathlib import Path
+
+    import abwatch.runners.worker_device as worker_device
+
+    out = subprocess.run([tvm_python, "-c", WORKER_SIDE, str(Path(worker_device.__file__))],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert said["before"] is True and said["after"] is False and said["again_same"] is True, said
+    assert said["compiled"] is True or "nvcc" in str(said["compiled"]) or "nvrtc" in str(said["compiled"]).lower(), said
+    assert said["vulkan"] == ("this TVM build has no vulkan backend (USE_VULKAN is OFF in tvm.support.libinfo()): "
+                              "build TVM with USE_VULKAN=ON")
+    # the wheel is built with CUDA; with no NVIDIA driver here its CUDA runtime does not load
+    assert said["cuda"].startswith("this TVM build has USE_CUDA=ON but its cuda runtime is not loaded"), said
+    assert said["close"]["ok"] is True and said["far"]["ok"] is False and said["far"]["max_abs_error"] > 0.009
+    assert said["shape"] == {"ok": False, "why": "shape [2, 4] on the device, [4, 4] on the CPU"}
