@@ -4,9 +4,9 @@ machine's device: CUDA, ROCm, Vulkan, OpenCL or Metal (:mod:`.device_apis`).
 ``[runner] target`` picks the API (``{kind = "vulkan"}`` or a target string such as
 ``"opencl -device=mali"``; CUDA when absent). The runner refuses to start where the API's
 driver lists no device, naming the API, what to install and what it looked for. Each build is
-asked, before it is measured, whether it has the backend (``tvm.support.libinfo()`` and
-``tvm.runtime.enabled``): a build without it is refused by name rather than timed as a
-failure. In the worker, every timed call is synchronised with the device (``time_evaluator``
+asked, before it is measured, whether its runtime has the backend (``tvm.runtime.enabled``;
+``tvm.support.libinfo()`` only as a hint: recent TVM's is a Python fallback of defaults): a
+build without it is refused by name rather than timed as a failure. In the worker, every timed call is synchronised with the device (``time_evaluator``
 and the per-operator hook sync), Relax models get TVM's default GPU schedules through
 ``tvm.compile``'s pipeline, kernels without a schedule get dlight's, and the compiling
 worker's output is checked against the same build's CPU output.
@@ -24,20 +24,21 @@ from abwatch.builders.procs import child_env, run_process
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import RunnerConfig
 from abwatch.runners.base import Runner, RunnerUnavailable
+from abwatch.runners import worker_device
 from abwatch.runners.device_apis import DeviceApi, api_of
 from abwatch.runners.results import DeviceInfo
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 
-# Run by a build's Python: what it says of one device API (its libinfo flag, whether the
-# runtime has it, how many devices it sees). One JSON line; nothing is compiled.
+# Run by a build's Python: what it says of one device API (worker_device.backend), one JSON
+# line; nothing is compiled. worker_device.py is loaded by its path, as the worker loads it.
 BACKEND = """
-import json, sys
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("abwatch_worker_device", sys.argv[1])
+device = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(device)
 import tvm
-api, flag = sys.argv[1], sys.argv[2]
-enabled = bool(tvm.runtime.enabled(api))
-print(json.dumps({"tvm": tvm.__version__, "flag": str(tvm.support.libinfo().get(flag, "absent")),
-                  "enabled": enabled, "exist": bool(enabled and tvm.device(api).exist)}))
+print(json.dumps(device.backend(tvm, sys.argv[2])))
 """
 
 
@@ -99,7 +100,7 @@ class GpuRunner(Runner):
             return str(exc)
         if python is None:  # a command build: its workloads are not TVM's, nothing to ask
             return None
-        argv = [str(python), "-c", BACKEND, self.api.name, self.api.cmake_flag]
+        argv = [str(python), "-c", BACKEND, worker_device.__file__, self.api.name]
         env = child_env(build_environment(artifact_dir), {})
         proc = run_process(argv, cwd=artifact_dir, env=env, timeout_s=300, sandbox=Sandbox(devices=self.tvm.nodes))
         lines = proc.stdout.strip().splitlines()
@@ -110,18 +111,9 @@ class GpuRunner(Runner):
         if said is None:
             return (f"gpu runner: the build in {artifact_dir} could not say whether it has the {self.api.name} "
                     f"backend: {(proc.stderr or proc.stdout).strip()[-300:] or 'no output'}")
-        if not said["enabled"] and said["flag"].upper() in ("OFF", "ABSENT", "0", "FALSE", "NOTFOUND", ""):
-            return (f"gpu runner: the build in {artifact_dir} (TVM {said['tvm']}) has no {self.api.name} backend: "
-                    f"{self.api.cmake_flag} is {said['flag']} in its tvm.support.libinfo(); build it with "
-                    f"{self.api.cmake_flag}=ON")
-        if not said["enabled"]:  # built in, but its runtime library or the driver's did not load
-            return (f"gpu runner: the build in {artifact_dir} (TVM {said['tvm']}) was built with "
-                    f"{self.api.cmake_flag}={said['flag']} but its {self.api.name} runtime is not loaded: "
-                    f"the driver's library is missing on this machine ({self.api.packages})")
-        if not said["exist"]:
-            return (f"gpu runner: the build in {artifact_dir} (TVM {said['tvm']}) has the {self.api.name} backend "
-                    f"but sees no {self.api.name} device")
-        return None
+        why = worker_device.refusal(self.api.name, said)
+        return None if why is None else (f"gpu runner: the build in {artifact_dir} (TVM {said['tvm']}) cannot run "
+                                         f"on {self.api.name}: {why}")
 
     def teardown(self) -> None:
         """Remove the compiled libraries."""

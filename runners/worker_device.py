@@ -1,7 +1,8 @@
 """In a TVM worker (the build's own Python): what a device other than the CPU needs.
 
-Loaded by ``tvm_worker.py`` as a sibling module (never imported by abwatch itself). It checks
-that the build can drive the device, gives hand-written kernels without a GPU schedule
+Loaded by ``tvm_worker.py`` as a sibling module, and by path in a build's Python by the gpu
+runner's backend question; abwatch imports it only for :func:`refusal` (it imports no TVM at
+the top, only numpy). It checks that the build can drive the device, gives hand-written kernels without a GPU schedule
 TVM's default one, and compares the device's output with the same build's CPU output, so a
 kernel that computes the wrong thing fast is a failure, not a speed-up.
 """
@@ -13,7 +14,7 @@ import tempfile
 
 import numpy as np
 
-# the CMake flag of each device API (tvm.support.libinfo()'s keys)
+# the CMake flag of each device API (and its key in tvm.support.libinfo())
 FLAGS = {"cuda": "USE_CUDA", "rocm": "USE_ROCM", "vulkan": "USE_VULKAN", "opencl": "USE_OPENCL",
          "metal": "USE_METAL", "webgpu": "USE_WEBGPU"}
 # how far the device's output may be from the CPU's: float32 kernels that sum in another
@@ -21,23 +22,57 @@ FLAGS = {"cuda": "USE_CUDA", "rocm": "USE_ROCM", "vulkan": "USE_VULKAN", "opencl
 RTOL, ATOL = 1e-3, 1e-4
 
 
+def _runtime_library(api: str) -> str | None:
+    """The build's ``libtvm_runtime_<api>.so`` beside the ``libtvm_runtime.so`` this process
+    loaded (where TVM keeps a device API's runtime apart), or None where there is none."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            loaded = [line.split()[-1] for line in maps if line.rstrip().endswith("/libtvm_runtime.so")]
+    except OSError:  # not Linux: nothing to look at
+        return None
+    for runtime in loaded[:1]:
+        candidate = os.path.join(os.path.dirname(runtime), f"libtvm_runtime_{api}.so")
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def backend(tvm, api: str) -> dict:
+    """What this build says of device API ``api``: whether its runtime has it (the one fact
+    that decides: ``tvm.support.libinfo()`` of recent TVM is a Python fallback that reports
+    defaults, not the build), the runtime library kept apart for it, and whether a device is
+    there."""
+    enabled = bool(tvm.runtime.enabled(api))
+    try:
+        libinfo = str(tvm.support.libinfo().get(FLAGS.get(api, ""), "absent"))
+    except Exception:  # noqa: BLE001 - a hint only; builds without it still answer
+        libinfo = "unknown"
+    return {"tvm": tvm.__version__, "enabled": enabled, "exist": bool(enabled and tvm.device(api).exist),
+            "library": _runtime_library(api), "libinfo": libinfo}
+
+
+def refusal(api: str, said: dict, need_device: bool = True) -> str | None:
+    """Why a build that said ``said`` (:func:`backend`) cannot run on ``api``; None if it can."""
+    flag = FLAGS.get(api, f"USE_{api.upper()}")
+    if not said["enabled"]:
+        if said["library"]:
+            return (f"its {api} runtime ({os.path.basename(said['library'])}) did not load: the driver's library "
+                    "is missing on this machine")
+        return (f"it has no {api} backend (tvm.runtime.enabled({api!r}) is False, no libtvm_runtime_{api}.so; "
+                f"tvm.support.libinfo() says {flag}={said['libinfo']}): build TVM with {flag}=ON")
+    if need_device and not said["exist"]:
+        return f"it has the {api} backend but the driver lists no {api} device on this machine"
+    return None
+
+
 def check(tvm, device: str, need_device: bool = True) -> None:
-    """Raise RuntimeError naming what is missing when this build cannot run on ``device``:
-    the backend not built in (its CMake flag, as ``tvm.support.libinfo()`` says), or (when
-    ``need_device``: not for a compile alone) no device listed by its driver."""
+    """Raise RuntimeError naming what is missing when this build cannot run on ``device`` (when
+    ``need_device`` is false, as for a compile alone, only the backend must be there)."""
     if device == "opencl":  # pocl compiles kernels into $HOME by default, read-only in the sandbox
         os.environ.setdefault("POCL_CACHE_DIR", os.path.join(tempfile.gettempdir(), "pocl-cache"))
-    flag = FLAGS.get(device, f"USE_{device.upper()}")
-    if not tvm.runtime.enabled(device):
-        built = str(tvm.support.libinfo().get(flag, "absent"))
-        if built.upper() in ("ON", "1", "TRUE") or "/" in built:
-            raise RuntimeError(f"this TVM build has {flag}={built} but its {device} runtime is not loaded "
-                               "(the driver's library is missing on this machine)")
-        raise RuntimeError(f"this TVM build has no {device} backend ({flag} is {built} in "
-                           f"tvm.support.libinfo()): build TVM with {flag}=ON")
-    if need_device and not tvm.device(device).exist:
-        raise RuntimeError(f"no {device} device: this TVM build has the {device} backend but its driver "
-                           "lists no device on this machine")
+    why = refusal(device, backend(tvm, device), need_device)
+    if why is not None:
+        raise RuntimeError(f"this TVM build cannot run on {device}: {why}")
 
 
 def describe(dev) -> dict:
