@@ -48,11 +48,13 @@ kind = "tvm"
 model = "builtin:mlp"
 input_shape = [8, 512]
 options = {hidden = 1024}
+samples = {samples}
 [[workloads]]
 name = "matmul"
 kind = "tvm"
 model = "te:matmul"
 options = {m = 512, k = 512, n = 512}
+samples = {samples}
 [[workloads]]
 name = "llm-decode"
 kind = "tvm"
@@ -78,14 +80,14 @@ def _config(args: argparse.Namespace) -> Path:
         kept = f"cache_dir = {json.dumps(str(args.cache))}\n" + kept
     path = args.cache / f"gpu-check-{args.target.split()[0]}.toml"
     args.cache.mkdir(parents=True, exist_ok=True)
-    text = kept + RUN.format(target=target, max_seconds=args.max_seconds) + workloads
+    text = kept + RUN.format(target=target, max_seconds=args.max_seconds) + workloads.replace("{samples}", str(args.samples))
     tomllib.loads(text)  # a malformed combination is said here, not by compare
     path.write_text(text)
     return path
 
 
 def _compare(config: Path, control: str, treatment: str, db: str) -> dict:
-    argv = [sys.executable, "-m", "abwatch", "compare", "--config", str(config), "--control", control,
+    argv = [sys.executable, "-m", "abwatch.service.cli.main", "compare", "--config", str(config), "--control", control,
             "--treatment", treatment, "--json", "--db", db]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if not proc.stdout.startswith("{"):
@@ -99,18 +101,22 @@ def _ops(result: dict, top: int) -> str:
     return "; ".join(f"{op['name']} {op['control_us']:.0f}->{op['treatment_us'] or 0:.0f} us" for op in rows[:top])
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f} %"
+
+
 def _rows(label: str, payload: dict, top: int) -> list[str]:
     lines = []
     for r in payload["results"]:
         ci = r.get("ci_pct")
         lines.append(f"| {label} | {r['workload']} | {r['unit'] or 'ms'} | {r['verdict']} | "
-                     f"{r['change_pct']:+.1f} % | {f'[{ci[0]:+.1f}, {ci[1]:+.1f}]' if ci else '-'} | "
+                     f"{_pct(r['change_pct'])} | {f'[{ci[0]:+.1f}, {ci[1]:+.1f}]' if ci else '-'} | "
                      f"{r['control']['median_ms']} | {r['treatment']['median_ms']} | {len(r.get('ops') or [])} | "
                      f"{_ops(r, top) or r.get('failure') or '-'} |")
         for m in r.get("metrics", []):  # the workload's other judged metrics (the LLM's, CPU time, ...)
             ci = m.get("ci_pct")
             lines.append(f"| {label} | {r['workload']} | {m['metric']} ({m['unit']}) | {m['verdict']} | "
-                         f"{m['change_pct']:+.1f} % | {f'[{ci[0]:+.1f}, {ci[1]:+.1f}]' if ci else '-'} | "
+                         f"{_pct(m['change_pct'])} | {f'[{ci[0]:+.1f}, {ci[1]:+.1f}]' if ci else '-'} | "
                          f"{m['control']} | {m['treatment']} | | |")
     return lines
 
@@ -125,6 +131,7 @@ def main() -> None:
     parser.add_argument("--ab", default="0.26.0:0.27.0.post1", metavar="CONTROL:TREATMENT")
     parser.add_argument("--workloads", nargs="*", help="names of the workloads to run (default: all)")
     parser.add_argument("--max-seconds", type=float, default=120)
+    parser.add_argument("--samples", type=int, default=100, help="timed calls per process (fewer on slow devices)")
     parser.add_argument("--top", type=int, default=3, help="operators shown per workload")
     parser.add_argument("--db", default=None, help="database URL (default: SQLite in --cache)")
     args = parser.parse_args()

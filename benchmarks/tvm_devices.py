@@ -82,17 +82,20 @@ max_builds_per_range = 8
 name = "matmul-script"
 kind = "tvm"
 model = "script:repo:abwatch-bench/matmul_gpu.py"
+samples = 10
 [[workloads]]
 name = "mlp"
 kind = "tvm"
 model = "builtin:mlp"
 input_shape = [4, 256]
 options = {{hidden = 512}}
+samples = 20
 [[workloads]]
 name = "matmul-te"
 kind = "tvm"
 model = "te:matmul"
 options = {{m = 256, k = 256, n = 256}}
+samples = 20
 """
 
 
@@ -142,7 +145,7 @@ def write_config(args: argparse.Namespace) -> Path:
 
 def compare(config: Path, db: str, control: str, treatment: str) -> dict:
     """One ``abwatch compare`` (JSON)."""
-    proc = subprocess.run([sys.executable, "-m", "abwatch", "compare", "--config", str(config), "--control", control,
+    proc = subprocess.run([sys.executable, "-m", "abwatch.service.cli.main", "compare", "--config", str(config), "--control", control,
                            "--treatment", treatment, "--json", "--db", db], capture_output=True, text=True)
     if not proc.stdout.startswith("{"):
         raise SystemExit(f"compare failed ({proc.returncode}): {proc.stderr[-3000:]}")

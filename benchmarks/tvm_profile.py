@@ -69,7 +69,7 @@ def main() -> None:
     config = args.config.with_name("profile.toml")
     config.write_text(kept + RUN.format(script=script))
     db = args.db or f"sqlite:///{args.config.with_name('profile.db')}"
-    proc = subprocess.run([sys.executable, "-m", "abwatch", "compare", "--config", str(config), "--control", args.ref,
+    proc = subprocess.run([sys.executable, "-m", "abwatch.service.cli.main", "compare", "--config", str(config), "--control", args.ref,
                            "--treatment", args.ref, "--json", "--db", db], capture_output=True, text=True)
     if not proc.stdout.startswith("{"):
         raise SystemExit(f"compare failed ({proc.returncode}): {proc.stderr[-3000:]}")

@@ -42,6 +42,16 @@ print(json.dumps(device.backend(tvm, sys.argv[2])))
 """
 
 
+def device_target(target: dict | str | None) -> dict | str:
+    """The target the workloads compile for: a table gets ``from_device = 0`` unless it says
+    otherwise, so TVM reads the device's own limits and capabilities (without it a Vulkan
+    target assumes no 64-bit integers and a Relax model does not compile); a target string is
+    the user's exact word."""
+    if isinstance(target, str):
+        return target
+    return {"from_device": 0, **(target or {"kind": "cuda"})}
+
+
 class GpuRunner(Runner):
     """Runs TVM workloads on this machine's first device of ``runner.target``'s API."""
 
@@ -53,8 +63,8 @@ class GpuRunner(Runner):
             self.api: DeviceApi = api_of(self.config.target)
         except ValueError as exc:
             raise RunnerUnavailable(f"gpu runner: {exc}") from None
-        target = self.config.target or {"kind": "cuda"}
-        self.tvm = TvmSessions(self.config, target, self.api.name, nodes=tuple(self.api.device_nodes()))
+        self.tvm = TvmSessions(self.config, device_target(self.config.target), self.api.name,
+                               nodes=tuple(self.api.device_nodes()))
         self._checked: dict[Path, str | None] = {}
 
     def device_name(self) -> str:
