@@ -159,6 +159,10 @@ class TvmSourceBuilder(Builder):
         mirror = self.repo.repo.git_dir  # clones the mirror on first use
         if not (src / ".git").exists():
             self._run(git + ["clone", "--no-checkout", str(mirror), str(src)], log, "clone", deadline=deadline)
+        # the workspace is shared by every repository built with this configuration (a fork, a
+        # moved mirror): fetch from this builder's mirror, not the first one that cloned it
+        self._run(git + ["-C", str(src), "remote", "set-url", "origin", str(mirror)], log, "remote set-url",
+                  deadline=deadline)
         self._run(git + ["-C", str(src), "fetch", "--quiet", "origin"], log, "fetch", deadline=deadline)
         # git keeps the mtimes of files a checkout does not change: Ninja rebuilds only the rest
         self._run(git + ["-C", str(src), "checkout", "--force", "--detach", sha], log, f"checkout of {sha[:12]}",

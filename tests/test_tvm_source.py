@@ -161,6 +161,25 @@ def test_ccache_is_shared_across_build_configurations(project, tmp_path):
     assert artifact.metrics["ccache_hits"] >= 2 and artifact.metrics["ccache_hit_rate"] == 1.0
 
 
+def test_a_second_repository_builds_in_the_shared_workspace(project, tmp_path):
+    """One build configuration, one workspace: a fork of the repository (a commit only it has)
+    built after the original is fetched from the fork, incrementally, not looked for in the
+    original's mirror ("reference is not a tree")."""
+    work, _, shas = project
+    TvmSourceBuilder(make_config(project, tmp_path)).build(shas["first"])
+    fork = git.Repo.clone_from(str(work), tmp_path / "fork")
+    fork.git.execute(["git", "-C", fork.working_dir, "checkout", "--quiet", "-b", "feature", shas["first"]])
+    (Path(fork.working_dir) / "python" / "tvmshaped" / "__init__.py").write_text(PYTHON.format(doc=" The fork's."))
+    _commit(fork, "only in the fork")
+    forked = make_config(project, tmp_path)
+    forked = forked.model_copy(update={"repo": RepoConfig(url=str(fork.working_dir))})
+    builder = TvmSourceBuilder(forked)
+    assert builder.workspace == TvmSourceBuilder(make_config(project, tmp_path)).workspace  # shared
+    artifact = builder.build(builder.resolve("feature").sha)
+    assert artifact.metrics["incremental"] is True and artifact.metrics["steps"] == 0, artifact.metrics
+    assert "The fork's." in (artifact.path / "python" / "tvmshaped" / "__init__.py").read_text()
+
+
 def test_config_values_with_spaces_reach_cmake_whole(project, tmp_path):
     """``CMAKE_CXX_FLAGS = "-DBONUS=100 -DUNUSED=1"`` is one value in config.cmake, not a list."""
     _, _, shas = project
