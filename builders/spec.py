@@ -41,6 +41,17 @@ def spec_hash(payload: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# A duration in a config (``90``, ``90s``, ``30m``, ``6h``, ``2d``), or ``off``.
+DURATION_OR_OFF = r"^\s*(?i:off|\d+(\.\d+)?\s*[smhd]?)\s*$"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def duration_s(text: str) -> float | None:
+    """Seconds of a duration (``90``, ``90s``, ``30m``, ``6h``, ``2d``); None for ``off``."""
+    match = _DURATION.match(text.lower())
+    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]] if match else None
+
+
 # What a commit's text may hold once stored: the authors column's length, and a bound on a
 # summary (git puts no limit on either; one pushed commit must not fill a database).
 SUMMARY_CHARS = 1000

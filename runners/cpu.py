@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from abwatch.builders.spec import RunnerConfig
+from abwatch.runners.fingerprint import host_fingerprint
 from abwatch.runners.base import Runner
 from abwatch.runners.results import DeviceInfo
 from abwatch.runners.sysinfo import hardware_config, software_config
@@ -17,16 +18,18 @@ class CpuRunner(Runner):
 
     def __init__(self, config: RunnerConfig | None = None) -> None:
         self.config = config or RunnerConfig()
-        target = self.config.target or {"kind": "llvm", "mcpu": "native"}
-        self.tvm = TvmSessions(self.config, target, "cpu")
+        self.target = self.config.target or {"kind": "llvm", "mcpu": "native"}
+        self.tvm = TvmSessions(self.config, self.target, "cpu")
 
     def prepare(self) -> DeviceInfo:
+        hardware, software = hardware_config(), software_config()
         return DeviceInfo(
             name=self.device_name(),
             kind=self.kind,
-            hardware_config=hardware_config(),
-            software_config=software_config(),
+            hardware_config=hardware,
+            software_config=software,
             runtime_config={"num_threads": self.config.threads or os.cpu_count()},
+            fingerprint=host_fingerprint(hardware, software, self.target),
         )
 
     def teardown(self) -> None:

@@ -23,6 +23,7 @@ from abwatch.builders.environment import ArtifactInfoError, build_environment, b
 from abwatch.builders.procs import child_env, run_process
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import RunnerConfig
+from abwatch.runners.fingerprint import host_fingerprint
 from abwatch.runners.base import Runner, RunnerUnavailable
 from abwatch.runners import worker_device
 from abwatch.runners.device_apis import DeviceApi, api_of
@@ -86,13 +87,16 @@ class GpuRunner(Runner):
 
     def prepare(self) -> DeviceInfo:
         devices = self._devices()
-        # the fingerprint: the API, every device its driver lists (name, driver, memory)
+        # the fingerprint: the host's, the API and every device its driver lists (name, driver, memory)
+        hardware = {**hardware_config(), "device_api": self.api.name, "gpus": devices}
+        software = software_config()
         return DeviceInfo(
             name=self.device_name(),
             kind=self.kind,
-            hardware_config={**hardware_config(), "device_api": self.api.name, "gpus": devices},
-            software_config=software_config(),
+            hardware_config=hardware,
+            software_config=software,
             runtime_config={"num_threads": self.config.threads or os.cpu_count(), "target": self.config.target},
+            fingerprint=host_fingerprint(hardware, software, self.config.target or {"kind": "cuda"}),
         )
 
     def check_build(self, artifact_dir: Path) -> None:

@@ -87,10 +87,14 @@ class InvocationResult:
 @dataclass(frozen=True)
 class DeviceInfo:
     """What :meth:`~abwatch.runners.base.Runner.prepare` says about the device: stored on the device row and in
-    every record (``hardware``, ``hardware_config``, ``software_config``, ``runtime_config``)."""
+    every record (``hardware``, ``hardware_config``, ``software_config``, ``runtime_config``).
+
+    ``fingerprint`` (:mod:`.fingerprint`) is the part whose change starts a new series: the
+    device row is one per (name, fingerprint)."""
 
     name: str  # the device's identity in the database
     kind: str  # the runner's kind
     hardware_config: dict[str, Any]
     software_config: dict[str, Any]
     runtime_config: dict[str, Any] = field(default_factory=dict)
+    fingerprint: dict[str, Any] = field(default_factory=dict)

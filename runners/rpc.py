@@ -16,6 +16,7 @@ import socket
 
 from abwatch.builders.spec import RunnerConfig
 from abwatch.runners.base import Runner, RunnerUnavailable
+from abwatch.runners.fingerprint import board_fingerprint
 from abwatch.runners.results import DeviceInfo
 from abwatch.runners.sysinfo import software_config
 from abwatch.runners.tvm_sessions import TvmSessions
@@ -49,6 +50,7 @@ class RpcRunner(Runner):
             hardware_config={"rpc_key": self.key, "tracker": self.tracker},
             software_config={"host": software_config()},
             runtime_config={"num_threads": self.config.threads},
+            fingerprint=board_fingerprint(self.key, self.config.target or {"kind": "llvm"}),
         )
 
     def teardown(self) -> None:

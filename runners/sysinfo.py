@@ -20,6 +20,21 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> list[str]:
+    """The CPU's feature flags, sorted: ``flags`` (x86) or ``Features`` (Arm) of /proc/cpuinfo,
+    the union over its processors (a big.LITTLE part may list them per core); empty elsewhere."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    flags.update(value.split())
+    except OSError:
+        pass
+    return sorted(flags)
+
+
 def _os_name() -> str:
     try:
         with open("/etc/os-release", encoding="utf-8") as handle:

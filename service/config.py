@@ -19,8 +19,8 @@ from abwatch.builders.metrics import Metric
 # The models builders and runners share live in builders.spec (the bottom layer); the
 # config re-uses them, and service code may import them from here or from there.
 from abwatch.builders.spec import (  # noqa: F401  (re-exported)
-    BUILD_KINDS, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig, SandboxConfig,
-    TvmSourceBuildConfig, TvmWheelBuildConfig, UsageError, StrictModel,
+    BUILD_KINDS, DURATION_OR_OFF, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig, SandboxConfig,
+    TvmSourceBuildConfig, TvmWheelBuildConfig, UsageError, StrictModel, duration_s,
 )
 from abwatch.builders.workload_spec import (  # noqa: F401  (re-exported)
     MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, CommandWorkloadConfig, TvmWorkloadConfig, WorkloadSpec,
@@ -225,6 +225,21 @@ class WatchConfig(StrictModel):
     bisect: bool = True
     max_builds_per_range: int = Field(default=16, ge=1)
     devices: list[str] = Field(default_factory=list, description="default: the runner's device")
+    heartbeat_s: float = Field(default=60.0, gt=0, description="how often a worker beats its device's heartbeat")
+    stale_after: str = Field(default="6h", pattern=DURATION_OR_OFF, description="a device whose worker has not "
+                             "beaten its heartbeat for this long (90s, 30m, 6h, 2d; off) raises one data-stoppage alert")
+
+    @model_validator(mode="after")
+    def _beats_before_stale(self) -> WatchConfig:
+        if (self.stale_after_s or float("inf")) < 2 * self.heartbeat_s:
+            raise ValueError(f"stale_after {self.stale_after!r} is shorter than two heartbeats (heartbeat_s "
+                             f"{self.heartbeat_s:g}): every device would read as silent")
+        return self
+
+    @property
+    def stale_after_s(self) -> float | None:
+        """``stale_after`` in seconds; None when it is off (or 0)."""
+        return duration_s(self.stale_after) or None
 
     @field_validator("schedule")
     @classmethod

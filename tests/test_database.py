@@ -147,9 +147,11 @@ def test_triage_statuses_are_the_ones_the_schema_checks_and_fixed_goes_back_to_a
     engine.dispose()
 
 
-def test_unique_device_names(session):
-    session.add(Device(name="board-1", kind="rpc", hardware_config={}))
+def test_one_device_row_per_name_and_fingerprint(session):
+    session.add(Device(name="board-1", kind="rpc", hardware_config={}, fingerprint_hash="aa"))
+    session.flush()
+    session.add(Device(name="board-1", kind="rpc", hardware_config={}, fingerprint_hash="bb"))  # another series
     session.flush()
     with pytest.raises(IntegrityError), session.begin_nested():
-        session.add(Device(name="board-1", kind="rpc", hardware_config={}))
+        session.add(Device(name="board-1", kind="rpc", hardware_config={}, fingerprint_hash="aa"))
         session.flush()

@@ -61,6 +61,9 @@ def test_the_drivers_devices_are_the_fingerprint(target, driver):
     assert info.runtime_config["target"] == {"kind": target}
     # the same listing as the driver's own tool gives, not a stale or made-up one
     assert gpus == DEVICE_APIS[target].devices()
+    # and the device's fingerprint (a new series when it changes) names it, its driver and the target
+    assert info.fingerprint["gpus"][0]["name"] == first["name"] and info.fingerprint["gpus"][0]["driver"] == first["driver"]
+    assert info.fingerprint["device_api"] == target and info.fingerprint["target"] == target
 
 
 @pytest.mark.slow

@@ -417,7 +417,10 @@ def _history_command(args: argparse.Namespace, session, out: Console, err: Conso
                   "--series: " + "; ".join(f"{w.id}: {w.repository.url} spec {w.spec_hash[:12]}" for w in found),
                   markup=False)
     series_id = chosen.id if chosen else None
-    points = history.series(session, args.workload, args.device, series_id, args.metric)
+    device_id, said = history.pick_device(session, args.workload, series_id, args.device, args.fingerprint)
+    if said:
+        err.print(said, markup=False)
+    points = history.series(session, args.workload, args.device, series_id, args.metric, device_id)
     if not points:
         raise DriverError(f"no history for workload {args.workload!r}"
                           + (f" on device {args.device!r}" if args.device else "")
@@ -440,7 +443,7 @@ def _history_command(args: argparse.Namespace, session, out: Console, err: Conso
         print(json.dumps({**report.history_json(args.workload, points, steps), "left_out": skipped, "note": note,
                           "metric": args.metric, "unit": history.UNITS[args.metric],
                           "series_id": series_id, "repository": chosen.repository.url if chosen else None,
-                          "spec_hash": chosen.spec_hash if chosen else None}))
+                          "spec_hash": chosen.spec_hash if chosen else None, "device_id": device_id}))
         return 0
     report.print_history(out, args.workload, points, steps, skipped, history.UNITS[args.metric])
     return 0

@@ -102,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     p = with_db(sub.add_parser("history", help="a workload's per-commit series and its step changes"))
     p.add_argument("workload", help="workload name, as in the config")
     p.add_argument("--device", help="device (record 'hardware') to restrict to")
+    p.add_argument("--fingerprint", metavar="HASH",
+                   help="with --device: which of its fingerprints (a hash prefix; default: the newest measured)")
     p.add_argument("--metric", choices=SERIES,
                    default="time", help="what the series follows: a metric of the run, or compile- of the compile "
                         "(default: time; instructions, cpu-time, max-rss where measured)")

@@ -46,7 +46,7 @@ from abwatch.service.stats.verdict import Metric, RegressionKind
 from abwatch.service.compare.progress import NullProgress, Progress
 from abwatch.service.compare.run_records import write_records
 from abwatch.service.store.rows import (
-    earlier_series, get_commits, get_device, get_repository, get_workload, write_samples,
+    device_note, earlier_series, get_commits, get_repository, get_workload, seen_device, write_samples,
 )
 
 MAX_REF_LENGTH = 256  # the refs' column width
@@ -111,17 +111,21 @@ def run_compare(
         seed = config.run.seed if config.run.seed is not None else random.SystemRandom().randrange(2**31)
         repository = get_repository(session, builder.repository_url)
         commits = get_commits(session, repository, [control, treatment])
+        device, before = seen_device(session, device_info)
+        changed = device_note(session, device, before)  # another fingerprint: never compared silently
         run = Run(
             run_type=run_type, status=RunStatus.RUNNING, repository_id=repository.id,
             control_ref=control_ref, treatment_ref=treatment_ref,
             control_commit_id=commits[control.sha].id, treatment_commit_id=commits[treatment.sha].id,
-            device_id=get_device(session, device_info).id, parent_run_id=parent_run_id,
+            device_id=device.id, parent_run_id=parent_run_id,
             seed=seed, config=masked_config(config),
         )
         liveness.claim(run)
         session.add(run)
         session.commit()
         progress.message(f"run {run.id} ({run_type.value}): {control_ref} -> {treatment_ref}")
+        if changed:
+            progress.message(f"  {changed}")
         try:
             if on_started is not None:
                 on_started(run)

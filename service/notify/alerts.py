@@ -1,4 +1,4 @@
-"""Alerts: a webhook POST to each configured webhook when a regression is confirmed or fixed.
+"""Alerts: a webhook POST to each configured webhook when a regression is confirmed or fixed, or a device goes silent.
 
 Payload (JSON, ``Content-Type: application/json``)::
 
@@ -9,6 +9,12 @@ Payload (JSON, ``Content-Type: application/json``)::
                     "bad_sha", "culprit_sha", "culprit_summary", "culprit_author", "steps",
                     "run_id", "url", "explanation"},
      "sent_at": "<ISO 8601 time>", "delivery": "<uuid, the same for every attempt>"}
+
+A device whose worker has been silent for longer than ``watch.stale_after`` (a data stoppage)
+is alerted once, and again when it is heard from (:func:`enqueue_device`)::
+
+    {"event": "stale" | "recovered", "text": "...", "device": {"name", "host", "pid",
+     "heartbeat_at", "stale_since", "silent_s", "fingerprint", "queued"}, "sent_at", "delivery"}
 
 Headers: ``X-Abwatch-Event``, ``X-Abwatch-Delivery`` and, when the environment variable
 named by ``alerts.secret_env`` holds a secret, ``X-Abwatch-Signature-256: sha256=<hex>``,
@@ -60,6 +66,7 @@ from abwatch.service.stats.verdict import SILENCED_TRIAGE, RegressionKind
 
 SIGNATURE_HEADER = "X-Abwatch-Signature-256"
 EVENTS = ("regress", "culprit", "fixed")
+DEVICE_EVENTS = ("stale", "recovered")  # a device's worker silent past watch.stale_after; heard again
 ROUND_ROWS = 200  # deliveries one round takes at most; the rest wait for the next
 
 
@@ -164,6 +171,25 @@ def enqueue(session: Session, regression_ids: Iterable[int], event: str, config:
             added += 1
     session.flush()
     return added
+
+
+def enqueue_device(session: Session, event: str, device: dict, text: str, config: AlertsConfig) -> int:
+    """Record a ``pending`` delivery of a device's ``event`` (:data:`DEVICE_EVENTS`: its worker
+    went silent, or is back) for each webhook, in the caller's transaction; the caller's
+    conditional update of the device's state makes it once per episode. The document is
+    ``{"event", "text", "device": {...}, "sent_at", "delivery"}``. Returns how many were recorded."""
+    if event not in DEVICE_EVENTS:
+        raise ValueError(f"device alert event {event!r}: expected one of {DEVICE_EVENTS}")
+    text += f" <{config.dashboard_url.rstrip('/')}/devices>" if config.dashboard_url else ""
+    document = {"event": event, "text": text, "device": device, "sent_at": utcnow().isoformat(),
+                "delivery": str(uuid.uuid4())}
+    webhooks = list(dict.fromkeys(label(w) for w in config.webhooks))
+    now = utcnow()
+    for webhook in webhooks:
+        session.add(AlertDelivery(regression_id=None, event=event, webhook=webhook, status=DeliveryStatus.PENDING,
+                                  attempts=0, payload=document, at=now, next_at=now))
+    session.flush()
+    return len(webhooks)
 
 
 def refresh_pending(session: Session, regression_ids: Iterable[int], event: str, config: AlertsConfig) -> set[int]:

@@ -22,8 +22,10 @@ from abwatch.service import stats
 from abwatch.builders.metrics import Metric, series_name
 from abwatch.service.compare.metrics import METRICS as REGISTRY
 from abwatch.service.stats.verdict import RegressionKind
-from abwatch.service.store.models import Commit, Comparison, MetricMeasurement, Record, Run, Workload
+from abwatch.service.store.models import Commit, Comparison, Device, MetricMeasurement, Record, Run, Workload
 from abwatch.builders.repo import RepoError, RepoMirror
+from abwatch.builders.spec import UsageError
+from abwatch.runners.fingerprint import summary
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,44 @@ def series_of(session: Session, workload: str) -> list[Workload]:
     return [row for row, _ in rows]
 
 
+def devices_of(session: Session, workload: str, series_id: int | None = None,
+               name: str | None = None) -> list[Device]:
+    """The device rows (one per name and fingerprint) whose runs measured ``workload`` (of series
+    ``series_id``; on device ``name``), the most recently measured first."""
+    newest = func.max(Comparison.run_id)
+    query = (select(Device, newest).join(Run, Run.device_id == Device.id).join(Comparison, Comparison.run_id == Run.id)
+             .join(Workload, Workload.id == Comparison.workload_id).where(Workload.name == workload))
+    if series_id is not None:
+        query = query.where(Comparison.workload_id == series_id)
+    if name is not None:
+        query = query.where(Device.name == name)
+    return [row for row, _ in session.execute(query.group_by(Device.id).order_by(newest.desc())).all()]
+
+
+def pick_device(session: Session, workload: str, series_id: int | None, name: str | None,
+                fingerprint: str | None = None) -> tuple[int | None, str | None]:
+    """(device row, what to tell the reader) of a history: with a device ``name``, one of its
+    fingerprints (``fingerprint``, a prefix of its hash; else the newest measured), never several
+    mixed; without one, every device (None), said when several devices or fingerprints measured it.
+    Raises UsageError for a fingerprint that names none (or several) of the device's."""
+    rows = devices_of(session, workload, series_id, name)
+    listing = "; ".join(f"{d.name} {d.fingerprint_hash[:12] or '(none)'}: {summary(d.fingerprint or {})}" for d in rows)
+    if fingerprint:
+        picked = [d for d in rows if d.fingerprint_hash.startswith(fingerprint)]
+        if len(picked) != 1:
+            raise UsageError(f"fingerprint {fingerprint!r} names {len(picked)} of the fingerprints that measured "
+                              f"{workload!r}: {listing or 'none'}")
+        return picked[0].id, None
+    if name is None:
+        return None, (f"{workload}: measured on {len(rows)} devices or fingerprints, mixed in this history; keep one "
+                      f"with --device (and --fingerprint): {listing}" if len(rows) > 1 else None)
+    if not rows:
+        return None, None
+    return rows[0].id, (f"{workload} on {name}: {len(rows)} fingerprints (its hardware, kernel, driver or target "
+                        f"changed), each a series; showing the newest measured, {rows[0].fingerprint_hash[:12]}; choose "
+                        f"with --fingerprint: {listing}" if len(rows) > 1 else None)
+
+
 # What a series may follow (``abwatch history --metric``): every metric of the registry, of the
 # run or (``compile-``) of the compile. Time is read from the v0.1 records (the first field
 # present wins); the others from the rows of ``measurements`` (each side's values, one per
@@ -72,7 +112,7 @@ assert set(UNITS) == set(RECORDED) | set(MEASURED)
 
 
 def _measured(session: Session, workload: str, hardware: str | None, series_id: int | None,
-              metric: str) -> dict[tuple[int, str], list[float]]:
+              metric: str, device_id: int | None = None) -> dict[tuple[int, str], list[float]]:
     """Each side's median value per (repository, sha), from the ``measurements`` rows of ``metric``."""
     name, phase = MEASURED[metric]
     query = (select(MetricMeasurement, Run).join(Comparison, Comparison.id == MetricMeasurement.comparison_id)
@@ -80,6 +120,8 @@ def _measured(session: Session, workload: str, hardware: str | None, series_id: 
              .where(Workload.name == workload, MetricMeasurement.metric == name, MetricMeasurement.phase == phase))
     if series_id is not None:
         query = query.where(Comparison.workload_id == series_id)
+    if device_id is not None:
+        query = query.where(Run.device_id == device_id)
     by_sha: dict[tuple[int, str], list[float]] = {}
     for row, run in session.execute(query):
         if hardware is not None and (run.device is None or run.device.name != hardware):
@@ -91,16 +133,17 @@ def _measured(session: Session, workload: str, hardware: str | None, series_id: 
 
 
 def series(session: Session, workload: str, hardware: str | None = None,
-           series_id: int | None = None, metric: str = "time") -> list[Point]:
+           series_id: int | None = None, metric: str = "time", device_id: int | None = None) -> list[Point]:
     """The per-commit medians of ``workload`` (optionally on one device), oldest commit first,
     on ``metric`` (a key of :data:`UNITS`; its values are in ``Point.median_ms`` whatever the unit).
 
     ``series_id`` (a workload row, see :func:`series_of`) keeps only the runs that measured
-    that series: one repository, one spec. Commits are looked up in the repository of the
-    run that measured them, never by sha alone.
+    that series: one repository, one spec; ``device_id`` (a device row, see :func:`devices_of`)
+    only the runs on that fingerprint of a device. Commits are looked up in the repository of
+    the run that measured them, never by sha alone.
     """
-    by_sha = (_measured(session, workload, hardware, series_id, metric) if metric in MEASURED
-              else _recorded(session, workload, hardware, series_id, metric))
+    by_sha = (_measured(session, workload, hardware, series_id, metric, device_id) if metric in MEASURED
+              else _recorded(session, workload, hardware, series_id, metric, device_id))
     if not by_sha:
         return []
     commits = {(c.repository_id, c.sha): c for c in session.scalars(
@@ -117,7 +160,7 @@ def series(session: Session, workload: str, hardware: str | None = None,
 
 
 def _recorded(session: Session, workload: str, hardware: str | None, series_id: int | None,
-              metric: str) -> dict[tuple[int, str], list[float]]:
+              metric: str, device_id: int | None = None) -> dict[tuple[int, str], list[float]]:
     """Each record's ``metric`` per (repository, sha)."""
     query = (select(Record, Run.repository_id).join(Run, Run.id == Record.run_id)
              .where(Record.workload == workload))
@@ -125,6 +168,8 @@ def _recorded(session: Session, workload: str, hardware: str | None, series_id: 
         query = query.where(Record.run_id.in_(select(Comparison.run_id).where(Comparison.workload_id == series_id)))
     if hardware is not None:
         query = query.where(Record.hardware == hardware)
+    if device_id is not None:
+        query = query.where(Run.device_id == device_id)
     by_sha: dict[tuple[int, str], list[float]] = {}
     for record, repository_id in session.execute(query):
         metrics = record.fields.get("metrics", {})

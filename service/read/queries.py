@@ -112,7 +112,7 @@ def regression_summary(r: Regression) -> dict[str, Any]:
         "triage": r.triage.value if r.triage else None, "fixed_by": r.fixed_by,
         "silenced": r.triage in SILENCED_TRIAGE,
         "change_pct": r.change_pct, "run_id": r.run_id,
-        "device": r.device.name if r.device else None,
+        "device": r.device.name if r.device else None, "device_id": r.device_id,
         "control_sha": r.control_commit.sha, "treatment_sha": r.treatment_commit.sha,
         "treatment_summary": r.treatment_commit.summary,
         "created_at": _iso(r.created_at), "updated_at": _iso(r.updated_at),
@@ -190,16 +190,20 @@ def series(session: Session, workload: str, device: str | None = None,
         params["d"] = device
     points = session.execute(text(
         "SELECT device, sha, summary, committed_at, run_id, side, median_ms, fastest_ms, n, verdict, change_pct, "
-        f"ci_low_pct, ci_high_pct, workload_id, repository, spec_hash FROM workload_series WHERE {where} "
-        "ORDER BY device, workload_id, committed_at, measured_at"), params).mappings().all()
+        f"ci_low_pct, ci_high_pct, workload_id, repository, spec_hash, device_id FROM workload_series WHERE {where} "
+        "ORDER BY device, device_id, workload_id, committed_at, measured_at"), params).mappings().all()
     regressions = list_regressions(session, workload=workload, device=device, limit=1000)
-    # one entry per device *and* series: a name in two repositories, or with two specs, is two series
-    devices: dict[tuple[str, int], dict[str, Any]] = {}
+    fingerprints = dict(session.execute(select(Device.id, Device.fingerprint_hash).where(
+        Device.id.in_({p["device_id"] for p in points if p["device_id"] is not None}))).all())
+    # one entry per device *and* series: a name in two repositories, or with two specs, is two
+    # series, and so is a device whose fingerprint (hardware, kernel, driver, target) changed
+    devices: dict[tuple[str, int | None, int], dict[str, Any]] = {}
     for p in points:
-        entry = devices.setdefault((p["device"] or "", p["workload_id"]), {
-            "device": p["device"], "workload_id": p["workload_id"], "repository": p["repository"],
-            "spec_hash": p["spec_hash"], "points": []})
-        entry["points"].append({k: v for k, v in p.items() if k not in ("workload_id", "repository", "spec_hash")}
+        entry = devices.setdefault((p["device"] or "", p["device_id"], p["workload_id"]), {
+            "device": p["device"], "device_id": p["device_id"], "fingerprint": fingerprints.get(p["device_id"]),
+            "workload_id": p["workload_id"], "repository": p["repository"], "spec_hash": p["spec_hash"], "points": []})
+        entry["points"].append({k: v for k, v in p.items()
+                                if k not in ("workload_id", "repository", "spec_hash", "device_id")}
                                | {"committed_at": _as_iso(p["committed_at"]),
                                   # the figure plotted: on the verdict's scale where the run kept it
                                   "ms": p["fastest_ms"] if p["fastest_ms"] is not None else p["median_ms"]})
@@ -214,8 +218,8 @@ def series(session: Session, workload: str, device: str | None = None,
             {"index": c.index, "sha": entry["points"][c.index]["sha"],
              "after_sha": entry["points"][c.index - 1]["sha"], "change_pct": c.change_pct, "p_value": c.p_value}
             for c in found]
-        entry["regressions"] = [r for r in regressions
-                                if r["device"] == entry["device"] and r["workload_id"] == entry["workload_id"]]
+        entry["regressions"] = [r for r in regressions if r["device"] == entry["device"]
+                                and r.get("device_id") == entry["device_id"] and r["workload_id"] == entry["workload_id"]]
     return {"workload": workload, "devices": list(devices.values()), "note": note, "estimator": SERIES_ESTIMATOR}
 
 

@@ -35,6 +35,7 @@ from abwatch.service.store.base import Base, _enum, utcnow  # noqa: F401 - utcno
 # The tables every other one points at, and the watch's tables: re-exported so that ``models``
 # names the whole schema (jobs needs only the first, so neither imports this module).
 from abwatch.service.store.commits import Commit, Repository
+from abwatch.service.store.devices import Device, DeviceHost  # noqa: F401 - DeviceHost: re-exported
 from abwatch.service.store.jobs import (  # noqa: F401
     AlertDelivery, BisectionStep, CommitStatus, DeliveryStatus, Job, JobStatus, StepSide, StepVerdict, WatchedCommit,
     WatchProgress,
@@ -107,16 +108,6 @@ class Build(Base):
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     commit: Mapped[Commit] = relationship()
-
-
-class Device(Base):
-    """A machine (or board) that runs workloads."""
-
-    __tablename__ = "devices"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(256), unique=True)
-    kind: Mapped[str] = mapped_column(String(32))
-    hardware_config: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
 class Workload(Base):

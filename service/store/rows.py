@@ -15,13 +15,14 @@ import io
 from typing import Any, cast
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import ColumnElement, Table, TextClause, insert, select, text
+from sqlalchemy import ColumnElement, Table, TextClause, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from abwatch.service.store.models import Base, Build, BuildStatus, Commit, Device, Repository, Workload, utcnow
+from abwatch.service.store.models import Base, Build, BuildStatus, Commit, Device, Repository, Run, Workload, utcnow
 from abwatch.builders.redact import mask_url
 from abwatch.builders.spec import CommitInfo, spec_hash
+from abwatch.runners.fingerprint import changes, digest as fingerprint_digest
 from abwatch.runners.results import DeviceInfo
 
 # Spec fields that do not change what is timed: changing them keeps the workload's series.
@@ -85,15 +86,63 @@ def get_commits(session: Session, repository: Repository, infos: Iterable[Commit
 
 
 def get_device(session: Session, description: DeviceInfo) -> Device:
-    """The row of the device a runner described; its hardware description is refreshed."""
-    name, hardware = description.name, description.hardware_config
-    insert_ignoring_conflict(session, Device, {"name": name, "kind": description.kind,
-                                               "hardware_config": hardware}, ["name"])
-    row = session.scalars(select(Device).where(Device.name == name)).one()
-    if row.hardware_config != hardware:  # written only when it changed: no row lock otherwise
+    """The row of the device a runner described: its name with its fingerprint (created on first
+    sight, a new series); its hardware description is refreshed and it is marked seen now."""
+    return seen_device(session, description)[0]
+
+
+def seen_device(session: Session, description: DeviceInfo) -> tuple[Device, Device | None]:
+    """:func:`get_device`, and the row of the same name that was seen last before it when that is
+    another fingerprint (None when the device's fingerprint is the one seen last, or it is new).
+
+    A row stored before fingerprints (an empty hash) is taken over by the first fingerprint its
+    name shows, while its name has no other row: its runs stay its series.
+    """
+    name, hardware, fingerprint = description.name, description.hardware_config, description.fingerprint
+    digest = fingerprint_digest(fingerprint) if fingerprint else ""  # a runner that knows none: one row, as before
+    before = current_device(session, name)
+    now = utcnow()
+    if before is not None and before.fingerprint_hash == "" and digest and session.scalar(
+            select(func.count()).select_from(Device).where(Device.name == name)) == 1:
+        # one UPDATE that only the first process to get here makes (the others find the hash set)
+        session.execute(update(Device).where(Device.id == before.id, Device.fingerprint_hash == "")
+                        .values(fingerprint=fingerprint, fingerprint_hash=digest))
+    insert_ignoring_conflict(session, Device, {"name": name, "kind": description.kind, "hardware_config": hardware,
+                                               "fingerprint": fingerprint, "fingerprint_hash": digest,
+                                               "first_seen_at": now, "last_seen_at": now},
+                             ["name", "fingerprint_hash"])
+    row = session.scalars(select(Device).where(Device.name == name, Device.fingerprint_hash == digest)
+                          .execution_options(populate_existing=True)).one()  # the row the UPDATE took over too
+    if row.hardware_config != hardware:  # the host name, the OS: not the fingerprint, kept up to date
         row.hardware_config = hardware
-        session.flush()
-    return row
+    row.last_seen_at = now
+    row.first_seen_at = row.first_seen_at or now  # a row stored before fingerprints, never run on
+    session.flush()
+    return row, (before if before is not None and before.id != row.id else None)
+
+
+def current_device(session: Session, name: str) -> Device | None:
+    """The row of device ``name`` seen last (its current fingerprint), None if there is none."""
+    return session.scalars(select(Device).where(Device.name == name)
+                           .order_by(Device.last_seen_at.desc().nulls_last(), Device.id.desc()).limit(1)).first()
+
+
+def device_note(session: Session, row: Device, before: Device | None) -> str | None:
+    """What a run (or a worker) says of device ``row`` (from :func:`seen_device`): that its
+    fingerprint changed and a new series starts (no run on this row yet, another row of its name),
+    or that an earlier series resumes (the fingerprint seen last before was another); else None."""
+    had_runs = session.scalar(select(Run.id).where(Run.device_id == row.id).limit(1)) is not None
+    earlier = before if before is not None or had_runs else session.scalars(
+        select(Device).where(Device.name == row.name, Device.id != row.id)
+        .order_by(Device.last_seen_at.desc().nulls_last(), Device.id.desc()).limit(1)).first()
+    if earlier is None:
+        return None
+    what = "; ".join(changes(earlier.fingerprint or {}, row.fingerprint or {})) or "another hash"
+    hashes = f"{earlier.fingerprint_hash[:12] or 'none'} -> {row.fingerprint_hash[:12] or 'none'}"
+    if had_runs:
+        return (f"device {row.name}'s fingerprint changed back ({what}; {hashes}): the series of device row "
+                f"{row.id} resumes")
+    return f"device {row.name}'s fingerprint changed ({what}; {hashes}): a new series starts (device row {row.id})"
 
 
 def workload_spec_hash(kind: str, spec: dict) -> str:

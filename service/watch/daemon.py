@@ -18,6 +18,7 @@ while a pass ran are coalesced into one.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from datetime import datetime
@@ -31,7 +32,7 @@ from abwatch.builders.redact import mask_url
 from abwatch.service.compare import liveness
 from abwatch.service.notify import alerts
 from abwatch.service.store import db
-from abwatch.service.watch import pulls, queue, retention, retry, tryjob, poll as watch
+from abwatch.service.watch import presence, pulls, queue, retention, retry, tryjob, poll as watch
 from abwatch.service.watch.devices import device_names
 from abwatch.service.config import Config, cron_trigger
 from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_INTERNAL, EXIT_OK, EXIT_REGRESSION
@@ -183,24 +184,42 @@ def forever(engine: Engine, config: Config, *, work: bool = True, progress: Prog
         progress.message(f"retention: raw samples of runs older than {config.retention.samples_days:g} days that "
                          f"opened nothing are pruned on {config.retention.schedule!r}; first "
                          f"{prune_due.isoformat(timespec='seconds')}")
-    while not stopper.stopping and due is not None:
-        now = datetime.now(zone)
-        wait = (min(d for d in (due, prune_due) if d is not None) - now).total_seconds()
-        if wait > 0:
-            stopper.event.wait(min(wait, WAKE_S))
-            continue
-        if prunes is not None and prune_due is not None and prune_due <= now:
-            retention.apply(engine, config, progress, stop=lambda: stopper.stopping)
-            prune_due = next_fire(prunes, prune_due, datetime.now(zone))
-            continue
-        try:
-            once(engine, config, work=work, progress=progress, stopper=stopper)
-        except Exception as exc:  # a pass that fails (network, a bad ref) must not stop the watch
-            lost = db.lost_connection(exc)
-            progress.message(f"pass failed: the database connection was lost ({first_line(lost)}); the next pass "
-                             "reconnects" if lost is not None else f"pass failed: {type(exc).__name__}: {exc}")
-        due = next_fire(fires, due, datetime.now(zone))  # ticks missed during a long pass: one pass for all
+    # the devices it works itself are registered and beat; every device is checked for silence
+    served = _served(config) if work else []
+    _register(engine, config, served, progress)
+    with presence.Heartbeat(engine, served, config, progress) as heartbeat:
+        while not stopper.stopping and due is not None:
+            now = datetime.now(zone)
+            wait = (min(d for d in (due, prune_due) if d is not None) - now).total_seconds()
+            if wait > 0:
+                stopper.event.wait(min(wait, WAKE_S, heartbeat.interval_s))
+                if heartbeat.said.is_set():  # a device went silent (or came back): its alert goes out now
+                    heartbeat.said.clear()
+                    send_alerts(engine, config, progress, stopper)
+                continue
+            if prunes is not None and prune_due is not None and prune_due <= now:
+                retention.apply(engine, config, progress, stop=lambda: stopper.stopping)
+                prune_due = next_fire(prunes, prune_due, datetime.now(zone))
+                continue
+            try:
+                once(engine, config, work=work, progress=progress, stopper=stopper)
+            except Exception as exc:  # a pass that fails (network, a bad ref) must not stop the watch
+                lost = db.lost_connection(exc)
+                progress.message(f"pass failed: the database connection was lost ({first_line(lost)}); the next pass "
+                                 "reconnects" if lost is not None else f"pass failed: {type(exc).__name__}: {exc}")
+            due = next_fire(fires, due, datetime.now(zone))  # ticks missed during a long pass: one pass for all
+    with contextlib.suppress(Exception):
+        presence.stopped(engine, served)
     return EXIT_OK
+
+
+def _served(config: Config) -> list[str]:
+    """The devices a watch that works its jobs serves; none where the runner cannot name them
+    (each pass says why)."""
+    try:
+        return device_names(config)
+    except Exception:
+        return []
 
 
 def next_fire(fires, due: datetime | None, now: datetime) -> datetime | None:
@@ -213,37 +232,63 @@ def next_fire(fires, due: datetime | None, now: datetime) -> datetime | None:
 
 def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
          progress: Progress | None = None) -> int:
-    """``abwatch worker``: take this device's jobs from the queue until SIGTERM/SIGINT."""
+    """``abwatch worker``: take this device's jobs from the queue until SIGTERM/SIGINT; the device
+    registered (its fingerprint) and its heartbeat beaten all the while (:mod:`.presence`)."""
     progress = progress or NullProgress()
     stopper = Stopper()
     stopper.install()
     worker = queue.Worker(engine, device, handlers(config, progress))
     stopper.workers.append(worker)
     progress.message(f"worker {worker.name} for device {device!r}")
-    wait = 0.0
     try:
-        while not stopper.stopping:
-            try:
-                job = worker.run_one()
-                send_alerts(engine, config, progress, stopper)
-            except Exception as exc:
-                lost = db.lost_connection(exc)
-                if lost is None:
-                    raise
-                # a database restart: wait, reconnect and carry on (a job it ran is queued again)
-                wait = min(RECONNECT_MAX_S, wait * 2 or 1.0)
-                progress.message(f"database connection lost ({first_line(lost)}); reconnecting in {wait:g} s")
-                worker.reconnect()
-                stopper.event.wait(wait)
-                continue
-            if wait:
-                progress.message("database connection back; reconnected")
-                wait = 0.0
-            if job is None:
-                stopper.event.wait(poll_s)
+        _register(engine, config, [device], progress)
+        with presence.Heartbeat(engine, [device], config, progress):
+            _work_loop(engine, config, worker, stopper, progress, poll_s)
     finally:
         worker.close()
+        with contextlib.suppress(Exception):  # the database gone: the heartbeat's age tells the same
+            presence.stopped(engine, [device])
     return EXIT_OK
+
+
+def _register(engine: Engine, config: Config, devices: list[str], progress: Progress) -> None:
+    """Register the devices this process serves (:func:`.presence.register`), saying each one's
+    fingerprint (a changed one starts a new series) or why it has none; a database that is down
+    leaves it to the heartbeat, which records the device once it is back."""
+    for device in devices:
+        try:
+            for line in presence.register(engine, device, *presence.describe(config, device), config):
+                progress.message(line)
+        except Exception as exc:
+            lost = db.lost_connection(exc)
+            if lost is None:
+                raise
+            progress.message(f"device {device}: not registered ({first_line(lost)}); its heartbeat will be")
+
+
+def _work_loop(engine: Engine, config: Config, worker: queue.Worker, stopper: Stopper, progress: Progress,
+               poll_s: float) -> None:
+    """The worker's loop: a job, a round of alerts, a wait when there was none; reconnects."""
+    wait = 0.0
+    while not stopper.stopping:
+        try:
+            job = worker.run_one()
+            send_alerts(engine, config, progress, stopper)
+        except Exception as exc:
+            lost = db.lost_connection(exc)
+            if lost is None:
+                raise
+            # a database restart: wait, reconnect and carry on (a job it ran is queued again)
+            wait = min(RECONNECT_MAX_S, wait * 2 or 1.0)
+            progress.message(f"database connection lost ({first_line(lost)}); reconnecting in {wait:g} s")
+            worker.reconnect()
+            stopper.event.wait(wait)
+            continue
+        if wait:
+            progress.message("database connection back; reconnected")
+            wait = 0.0
+        if job is None:
+            stopper.event.wait(poll_s)
 
 
 def first_line(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from abwatch.builders.spec import UsageError
-from abwatch.service.read import queries, serialize, triage as triage_mod, triage_report
+from abwatch.service.read import devices, queries, serialize, triage as triage_mod, triage_report
 from abwatch.service.config import ServerConfig
 from abwatch.service.watch import tryjob
 from abwatch.service.watch.devices import device_names
@@ -281,6 +281,12 @@ def _read_routes(app: FastAPI) -> None:
         if workload is not None:
             query = query.where(Record.workload == workload)
         return [to_dict(row) for row in session.scalars(query)]
+
+    @app.get("/api/devices", tags=["watch"])
+    def device_list(session: SessionDep) -> list[dict[str, Any]]:
+        """Every device: its current fingerprint and earlier ones (each a series), the host that
+        serves it, its last heartbeat, whether it went silent (``stale``), its queued jobs."""
+        return devices.list_devices(session)
 
     @app.get("/api/watch", tags=["watch"])
     def watch(session: SessionDep) -> dict[str, Any]:

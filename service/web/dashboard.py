@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
-from abwatch.service.read import queries
+from abwatch.service.read import devices, queries
 
 HERE = Path(__file__).resolve().parent
 
@@ -58,6 +58,10 @@ def add_dashboard(app: FastAPI, api) -> None:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def overview(request: Request, session: SessionDep) -> HTMLResponse:
         return page(request, "overview.html", "abwatch", queries.overview(session))
+
+    @app.get("/devices", response_class=HTMLResponse, include_in_schema=False)
+    def device_list(request: Request, session: SessionDep) -> HTMLResponse:
+        return page(request, "devices.html", "devices", {"devices": devices.list_devices(session)})
 
     @app.get("/workloads/{workload}", response_class=HTMLResponse, include_in_schema=False)
     def trend(request: Request, workload: str, session: SessionDep) -> HTMLResponse:
