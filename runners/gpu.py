@@ -96,7 +96,7 @@ class GpuRunner(Runner):
             hardware_config=hardware,
             software_config=software,
             runtime_config={"num_threads": self.config.threads or os.cpu_count(), "target": self.config.target},
-            fingerprint=host_fingerprint(hardware, software, self.config.target or {"kind": "cuda"}),
+            fingerprint=host_fingerprint(hardware, software, self.tvm.target),  # what the workloads compile for
         )
 
     def check_build(self, artifact_dir: Path) -> None:
