@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal, Protocol
 from collections.abc import Mapping
 
@@ -193,6 +194,43 @@ class TvmWheelBuildConfig(BuildSpec):
         return {"kind": self.kind, "packages": sorted(self.packages)}
 
 
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# ccache's remote storage backends abwatch hands a password to, with their default ports
+REMOTE_STORAGE_PORTS = {"redis": 6379, "http": 80}
+
+
+def remote_storage_url(value: str) -> str:
+    """``value`` if it is a remote storage URL ccache takes and that holds no secret, else ValueError.
+
+    ccache stops a compile on a URL it cannot parse, which would fail every build as if the
+    commit were broken: the URL is checked here, before any build. ccache's attributes follow
+    ``|`` (``redis://cache:6379/0|connect-timeout=500``); a credential is never among them.
+    """
+    url, *attributes = value.split("|")
+    if any(c.isspace() for c in value) or "$" in value:  # ccache splits at spaces and expands $VAR
+        raise ValueError("no spaces or $ in the URL; attributes follow |")
+    try:
+        parts = urlsplit(url)
+        if parts.port == 0:  # .port raises ValueError for a port that is not a number
+            raise ValueError("port 0")
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a URL: {exc}") from None
+    if parts.scheme not in REMOTE_STORAGE_PORTS or not parts.hostname:
+        raise ValueError(f"{url!r}: expected redis://HOST[:PORT][/DB] or http://HOST[:PORT]/PATH "
+                         "(ccache's Redis or HTTP storage)")
+    if parts.password is not None or parts.query or parts.fragment:
+        raise ValueError("the URL holds no password: name the environment variable that holds it in "
+                         "ccache_remote_password_env")
+    if parts.scheme == "redis" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        raise ValueError(f"{url!r}: a Redis URL's path is its database number")
+    for attribute in attributes:
+        name = attribute.partition("=")[0]
+        if not re.fullmatch(r"[a-z-]+", name) or re.search(r"token|passw|auth|secret", name):
+            raise ValueError(f"attribute {name!r}: expected ccache's name=value (a token or password comes "
+                             "from ccache_remote_password_env)")
+    return value
+
+
 class TvmSourceBuildConfig(BuildSpec):
     """Build TVM from source at a commit with CMake + Ninja (+ ccache), incrementally.
 
@@ -235,11 +273,35 @@ class TvmSourceBuildConfig(BuildSpec):
     pack_deltas: bool = Field(default=True, description="keep older builds' large files as binary deltas")
     timeout_s: float = Field(default=7200.0, gt=0)
     env: dict[str, str] = Field(default_factory=dict, description="added to the allow-listed environment")
+    ccache_remote: str | None = Field(
+        default=None, description="ccache's remote storage, shared by build hosts, behind the local cache: "
+        "redis://HOST[:PORT][/DB] or http://HOST[:PORT]/PATH, with ccache's |attribute=value suffixes; "
+        "no password here (ccache_remote_password_env)")
+    ccache_remote_password_env: str | None = Field(
+        default=None, pattern=ENV_NAME, description="environment variable holding the remote storage's "
+        "password (Redis AUTH; HTTP basic auth for the URL's user) or, for HTTP without a user, its bearer token")
+
+    @field_validator("ccache_remote")
+    @classmethod
+    def _remote_storage(cls, value: str | None) -> str | None:
+        return None if value is None else remote_storage_url(value)
+
+    @model_validator(mode="after")
+    def _redis_user_needs_password(self) -> TvmSourceBuildConfig:
+        # ccache reads a lone user part of a Redis URL as the password: it is refused there, and
+        # a user name goes with a password from the environment (USER:PASSWORD)
+        if self.ccache_remote and self.ccache_remote.startswith("redis:") and "@" in self.ccache_remote.split("|")[0] \
+                and not self.ccache_remote_password_env:
+            raise ValueError("ccache_remote: a Redis user needs its password in the environment variable named by "
+                             "ccache_remote_password_env")
+        return self
 
     def hashed(self) -> dict[str, Any]:
-        """What changes the artifact (not limits, mirrors, parallelism or packing)."""
+        """What changes the artifact (not limits, mirrors, parallelism, packing or the shared compiler
+        cache: ccache returns what the compiler would)."""
         payload = self.model_dump(exclude={"submodule_rewrites", "submodules", "submodule_fallbacks", "jobs",
-                                           "cache_limit_gb", "timeout_s", "pack_deltas", "check_import"})
+                                           "cache_limit_gb", "timeout_s", "pack_deltas", "check_import",
+                                           "ccache_remote", "ccache_remote_password_env"})
         for newer in ("env", "keep"):  # keeps the keys of builds made before these existed
             if not payload[newer]:
                 del payload[newer]

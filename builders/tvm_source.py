@@ -3,7 +3,8 @@
 Each build configuration keeps one persistent workspace, ``{cache_dir}/tvm-source/<config>/``,
 with a source checkout (``src/``) and a build directory (``build/``) that move from commit to
 commit, so Ninja recompiles only what a commit changed; ccache (``CCACHE_BASEDIR`` set to the
-workspace) shares object files across workspaces. The result — the libraries as ``lib/`` and
+workspace) shares object files across workspaces, and with ``ccache_remote`` across build hosts
+(``builders.compiler_cache``). The result — the libraries as ``lib/`` and
 the ``python/`` package — goes into the artifact cache with every file stored once by content,
 so neighbouring commits share their unchanged libraries. The artifact runs with
 ``PYTHONPATH=<artifact>/python TVM_LIBRARY_PATH=<artifact>/lib`` in a venv holding the
@@ -31,6 +32,7 @@ from pathlib import Path
 from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, failure_lines, missing_tool, \
     repo_url, section
 from abwatch.builders.cache import ArtifactCache, flocked
+from abwatch.builders.compiler_cache import STATS_LOG, CompilerCache, parse_stats
 from abwatch.builders.environment import build_environment, build_python
 from abwatch.builders.procs import child_env, cut_log, run_process
 from abwatch.builders.repo import RepoMirror
@@ -62,6 +64,8 @@ class TvmSourceBuilder(Builder):
         self.limits = config.cache
         self.workspace = config.cache_dir / "tvm-source" / self.config.workspace_hash()
         self.ccache_dir = config.cache_dir / "ccache"
+        self.compiler_cache = CompilerCache(self.ccache_dir, self.workspace.parent, self.config.ccache_remote,
+                                            self.config.ccache_remote_password_env)
         self._fetched = False
         # what its steps may write: the workspaces, their venvs and ccache, and the local package
         # directories the config names (pip builds them in place)
@@ -180,25 +184,30 @@ class TvmSourceBuilder(Builder):
         cmake, ninja, ccache = tool("cmake"), tool("ninja"), tool("ccache")
         if cmake is None or ninja is None:
             raise BuildFailed("tvm-source needs cmake and ninja (pip install 'abwatch[source]')", "", 0.0)
+        if ccache:
+            self.compiler_cache.begin(log)
         env = self._ccache_env()
         incremental = (build / "build.ninja").exists()
         if not incremental:
             launcher = [f"-DCMAKE_C_COMPILER_LAUNCHER={ccache}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={ccache}"] if ccache else []
             self._run([cmake, "-G", "Ninja", "-S", str(src), "-B", str(build), f"-DCMAKE_MAKE_PROGRAM={ninja}",
                        "-DCMAKE_BUILD_TYPE=Release", *launcher], log, "configure", env=env, deadline=deadline)
-        if ccache:
-            self._run([ccache, "--zero-stats"], log, "ccache", env=env)
+        # this build's own ccache counts: a stats log of its compiles (concurrent builds in other
+        # workspaces keep theirs; the cache's lifetime counters are never zeroed)
+        stats_log = self.workspace / STATS_LOG
+        stats_log.unlink(missing_ok=True)
         targets = self.config.targets or ([RUNTIME_TARGET] if self.config.runtime_only else [])
         jobs = str(self.config.jobs or os.cpu_count() or 1)
         started = time.monotonic()
         out = self._run([cmake, "--build", str(build), "--parallel", jobs,
                          *(["--target", *targets] if targets else [])], log, f"compile of {sha[:12]}",
-                        env=env, deadline=deadline)
+                        env=self._ccache_env(stats_log), deadline=deadline)
         metrics = {"incremental": incremental, "compile_s": time.monotonic() - started,
                    "steps": len(re.findall(r"^\[\d+/\d+\]", out, flags=re.M)), "jobs": int(jobs),
                    "toolchain": self.toolchain()}
         if ccache:
-            metrics.update(_ccache_stats(self._run([ccache, "--print-stats"], [], "ccache", env=env)))
+            counted = self._run([ccache, "--print-log-stats"], [], "ccache", env=self._ccache_env(stats_log))
+            metrics.update(self.compiler_cache.metrics(parse_stats(counted), log))
         return metrics
 
     def _store(self, key: str, sha: str, log: list[str]) -> Path:
@@ -270,10 +279,10 @@ class TvmSourceBuilder(Builder):
                         cmake=self.config.cmake, launcher=tool("ccache"),
                         fallbacks=self.config.submodule_fallbacks, log=log)
 
-    def _ccache_env(self) -> dict[str, str]:
-        """The build's environment with ccache's: one cache for every workspace and package build."""
-        return child_env(self.config.env, {"CCACHE_BASEDIR": str(self.workspace.parent),
-                                           "CCACHE_DIR": str(self.ccache_dir), "CCACHE_NOHASHDIR": "1"})
+    def _ccache_env(self, stats_log: Path | None = None) -> dict[str, str]:
+        """The build's environment with ccache's: one cache for every workspace and package build,
+        and the remote storage when this build uses it (``compiler_cache.begin``)."""
+        return child_env(self.config.env, self.compiler_cache.env(stats_log))
 
     def _check(self, staging: Path, ffi: FfiState | None, log: list[str]) -> None:
         """Import ``check_import`` with the new build (and for ``tvm`` with LLVM, compile a small
@@ -351,15 +360,3 @@ def _cmake_value(value: str) -> str:
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
 
-
-def _ccache_stats(text: str) -> dict:
-    """Hits, misses and hit rate from ``ccache --print-stats`` (tab-separated)."""
-    values = {}
-    for line in text.splitlines():
-        name, _, value = line.partition("\t")
-        if value.strip().isdigit():
-            values[name.strip()] = int(value)
-    hits = values.get("direct_cache_hit", 0) + values.get("preprocessed_cache_hit", 0)
-    misses = values.get("cache_miss", 0)
-    return {"ccache_hits": hits, "ccache_misses": misses,
-            "ccache_hit_rate": hits / (hits + misses) if hits + misses else None}

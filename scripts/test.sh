@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run abwatch's tests (README command 2; .ci/run calls it too). Installs what the tests need
 # when it is missing: ./.venv with abwatch and its test tools, a C compiler, Valgrind, Debian's Chromium
-# and ChromeDriver (the dashboard's browser tests; needs root for apt-get), and a running
-# PostgreSQL on 127.0.0.1:5432 (the tests use the real server, never a mock).
+# and ChromeDriver (the dashboard's browser tests; needs root for apt-get), a running Redis on
+# 127.0.0.1:6379 and a running PostgreSQL on 127.0.0.1:5432 (the tests use the real servers, never a mock).
 # Arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast subset.
 # pytest's exit status is passed through; "no tests ran" (5) is a failure.
 set -euo pipefail
@@ -26,6 +26,14 @@ if ! command -v vulkaninfo >/dev/null || ! command -v clinfo >/dev/null || ! ls 
 fi
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
   apt_install chromium chromium-driver
+fi
+
+# Redis on 127.0.0.1:6379: the shared compiler cache's tests (ccache's remote storage); they
+# also start password-protected redis-server processes of their own
+command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server
+if [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" != "PONG" ]; then
+  redis-server --bind 127.0.0.1 --port 6379 --save '' --appendonly no --daemonize yes
+  for _ in $(seq 1 30); do [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" = "PONG" ] && break; sleep 1; done
 fi
 
 if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then

@@ -330,8 +330,11 @@ class Config(StrictModel):
 
     def secret_variables(self) -> list[str]:
         """The environment variables whose values this config makes secrets (masked wherever
-        shown or stored): the API token, the alert secret, the GitHub token, ``env:`` webhooks."""
+        shown or stored): the API token, the alert secret, the GitHub token, ``env:`` webhooks, the
+        shared compiler cache's password."""
         names = [self.server.token_env, self.alerts.secret_env]
+        if isinstance(self.build, TvmSourceBuildConfig) and self.build.ccache_remote_password_env:
+            names.append(self.build.ccache_remote_password_env)
         names += [self.github.token_env, self.github.webhook_secret_env] if self.github else []
         names += [hook.removeprefix("env:") for hook in self.alerts.webhooks if hook.startswith("env:")]
         return names

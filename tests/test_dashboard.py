@@ -99,6 +99,12 @@ def test_run_page(browser, filled_server, tmp_path):
     medians = report["process_medians_ms"]["lcg-loop"]
     assert len(points) == len(medians["control"]) + len(medians["treatment"])
     assert "noop" in browser.find_element(By.ID, "builds").text
+    # each build's status opens its page (the command builder has no compiler cache to count)
+    browser.find_element(By.ID, "builds").find_elements(By.LINK_TEXT, "success")[0].click()
+    WebDriverWait(browser, 20).until(EC.url_contains("/builds/"), message=browser.current_url)
+    assert browser.current_url.endswith(f"/builds/{report['builds'][0]['build_id']}")
+    assert "does not compile through ccache" in browser.find_element(By.ID, "compiler-cache").text
+    assert "Reword the README only" in browser.find_element(By.ID, "build").text  # the noop commit
 
 
 def test_regression_page_and_triage_from_the_browser(browser, filled_server, tmp_path):

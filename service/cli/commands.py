@@ -290,17 +290,19 @@ def _builds_command(args: argparse.Namespace, session, out: Console) -> int:
 
 def _cache_command(args: argparse.Namespace, err: Console, out: Console) -> int:
     from abwatch.builders.cache import ArtifactCache
+    from abwatch.service.read.compiler_cache import compiler_cache_report
 
-    cache = ArtifactCache(load_config(args.config).cache_dir / "artifacts")
+    config, url = load_config(args.config), db.resolve_database_url(args.db)
+    register_secrets(config.secret_variables(), [url])
+    cache = ArtifactCache(config.cache_dir / "artifacts")
     if args.limit_gb is not None:
         removed = cache.evict(int(args.limit_gb * 2**30))
         err.print(f"evicted {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}", markup=False)
     entries, size = cache.describe(verify=args.verify), cache.size_bytes()
     damaged = [e for e in entries if (e.check or "").startswith("damaged")]
-    if args.json:
-        print(json.dumps(report.cache_json(cache, entries, size)))
-    else:
-        report.print_cache(out, cache, entries, size)
+    compiler = compiler_cache_report(config, url)  # tvm-source's ccache: local, remote, the builds' hits
+    print(json.dumps(report.cache_json(cache, entries, size, compiler))) if args.json \
+        else report.print_cache(out, cache, entries, size, compiler)
     for e in damaged:
         err.print(f"abwatch: cache entry {e.key} is {e.check}", markup=False)
     return 1 if damaged else 0

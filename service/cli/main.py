@@ -167,7 +167,8 @@ def _parser() -> argparse.ArgumentParser:
     p = with_db(dsub.add_parser("grant-readonly", help="let a PostgreSQL role read everything and change nothing"))
     p.add_argument("role", help="the role to create or grant to")
 
-    p = sub.add_parser("cache", help="list the artifact cache (and optionally shrink it)")
+    p = with_db(sub.add_parser("cache", help="list the artifact cache and the compiler cache's hits (and "
+                                             "optionally shrink the artifact cache)"))
     p.add_argument("--config", required=True, type=Path, help="the config whose cache_dir to look at")
     p.add_argument("--limit-gb", type=float, help="evict least recently used entries down to this size")
     p.add_argument("--verify", action="store_true",

@@ -19,8 +19,8 @@ from abwatch.service.compare.outcome import CompareOutcome, WorkloadResult
 from abwatch.service.stats.verdict import RegressionKind
 from abwatch.service.store.models import Regression
 from abwatch.service.read.serialize import (  # noqa: F401 - re-exported: commands use report.*_json
-    LOG_TAIL_LINES, builds_json, cache_json, decisive_p, history_json, log_tail, outcome_json, regression_json,
-    pruned_note, runs_json, short_sha,
+    LOG_TAIL_LINES, builds_json, cache_json, compiler_cache_json, decisive_p, history_json, log_tail, outcome_json,
+    regression_json, pruned_note, runs_json, short_sha,
 )
 from abwatch.service.read.stored import StoredRun
 from datetime import UTC
@@ -284,12 +284,14 @@ def print_runs(out: Console, rows) -> None:
 def print_builds(out: Console, rows) -> None:
     """The builds, newest first; a failed one with its log's last line."""
     table = Table(title="builds (newest first; `abwatch builds --log ID` for a whole log)", box=box.SIMPLE_HEAD)
-    for column in ("id", "commit", "builder", "status", "seconds", "created", "last log line"):
+    for column in ("id", "commit", "builder", "status", "seconds", "created", "compiler cache", "last log line"):
         table.add_column(column, overflow="fold", no_wrap=column in ("id", "commit", "created", "seconds"))
     for b in rows:
         last = (b.log or "").rstrip().rsplit("\n", 1)[-1] if b.status.value != "success" else ""
+        hits = compiler_cache_json(b.metrics)
         table.add_row(str(b.id), short_sha(b.commit.sha), b.builder, b.status.value,
-                      "-" if b.duration_s is None else f"{b.duration_s:.1f}", f"{b.created_at:%m-%d %H:%M}", last)
+                      "-" if b.duration_s is None else f"{b.duration_s:.1f}", f"{b.created_at:%m-%d %H:%M}",
+                      hits["summary"] if hits else "-", last)
     out.print(table)
 
 
@@ -329,8 +331,9 @@ def print_history(out: Console, workload: str, points, found, skipped: int = 0, 
               "starts at this commit", markup=False)
 
 
-def print_cache(out: Console, cache, entries, size: int) -> None:
-    """The artifact cache's entries as a table (keys whole: they fold, never get cut)."""
+def print_cache(out: Console, cache, entries, size: int, compiler: dict | None = None) -> None:
+    """The artifact cache's entries as a table (keys whole: they fold, never get cut), then the
+    compiler cache (:func:`print_compiler_cache`)."""
     table = Table(title=f"{cache.root}: {len(entries)} entries, {size / 2**20:.1f} MiB on disk",
                   box=box.SIMPLE_HEAD)
     checked = any(e.check for e in entries)
@@ -339,6 +342,34 @@ def print_cache(out: Console, cache, entries, size: int) -> None:
     for e in entries:
         table.add_row(e.key, e.builder or "", short_sha(e.sha or ""), e.last_used[:19], str(e.files),
                       str(e.packed_files), *((e.check or "",) if checked else ()))
+    out.print(table)
+    print_compiler_cache(out, compiler)
+
+
+def print_compiler_cache(out: Console, data: dict | None) -> None:
+    """``abwatch cache``'s compiler-cache part (tvm-source): the local ccache, the shared remote
+    storage and whether it answers now, and each recent build's local and remote hits."""
+    if data is None:
+        return
+    life = data["lifetime"]
+    out.print(f"compiler cache {data['dir']}: " + (life["summary"] + " in its lifetime" if life else "no counts yet"),
+              markup=False)
+    if data["remote"]:
+        state = "reachable" if data["remote_reachable"] else f"unreachable ({data['remote_problem']})"
+        out.print(f"remote storage {data['remote']}: {state}", markup=False)
+    else:
+        out.print("remote storage: none ([build] ccache_remote)", markup=False)
+    if data["builds_note"]:
+        out.print(data["builds_note"], markup=False)
+    if not data["builds"]:
+        return
+    table = Table(title="compiler cache of the newest tvm-source builds", box=box.SIMPLE_HEAD)
+    for column in ("id", "commit", "status", "created", "hits and misses"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("id", "commit", "created"))
+    for b in data["builds"]:
+        hits = b["compiler_cache"]
+        table.add_row(str(b["id"]), short_sha(b["sha"]), b["status"], (b["created_at"] or "")[:16].replace("T", " "),
+                      hits["summary"] if hits else "-")
     out.print(table)
 
 

@@ -10,10 +10,11 @@ import statistics as pystats
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, or_, select, text
 from sqlalchemy.orm import Session, joinedload
 
 # stats resolves its functions on first use: NumPy and SciPy load only for the pages that draw a series
+from abwatch.builders.redact import mask_secrets
 from abwatch.service import stats
 from abwatch.service.read import serialize, stored
 from abwatch.service.store.models import (
@@ -93,7 +94,8 @@ def run_report(session: Session, run_id: int) -> dict[str, Any]:
     for build in data["builds"]:
         row = session.get(Build, build["build_id"])
         commit = run.control_commit if build["side"] == "control" else run.treatment_commit
-        build.update(summary=commit.summary, duration_s=row.duration_s if row else None)
+        build.update(summary=commit.summary, duration_s=row.duration_s if row else None,
+                     compiler_cache=serialize.compiler_cache_json(row.metrics) if row else None)
     regressions = session.scalars(select(Regression).options(*REGRESSION_LOADS)
                                   .where(Regression.run_id == run_id).order_by(Regression.id))
     return {
@@ -276,6 +278,23 @@ def job_detail(session: Session, job_id: int) -> dict[str, Any]:
     if job is None:
         raise NotFound(f"job {job_id} does not exist")
     return serialize.job_json(job)
+
+
+BUILD_LOG_LINES = 40
+
+
+def build_detail(session: Session, build_id: int) -> dict[str, Any]:
+    """One build (:func:`serialize.build_json`: status, time, metrics, compiler-cache hits) with its
+    commit's summary, the end of its log (secrets masked) and the runs that used it; NotFound if
+    there is none."""
+    build = session.get(Build, build_id)
+    if build is None:
+        raise NotFound(f"build {build_id} does not exist")
+    runs = session.scalars(select(Run.id).where(or_(Run.control_build_id == build_id,
+                                                    Run.treatment_build_id == build_id))
+                           .order_by(Run.id.desc()).limit(50))
+    return {**serialize.build_json(build), "summary": build.commit.summary,
+            "log_tail": serialize.log_tail(mask_secrets(build.log or ""), BUILD_LOG_LINES), "runs": list(runs)}
 
 
 def watch_status(session: Session) -> dict:

@@ -11,7 +11,7 @@ from abwatch.builders.redact import mask_secrets
 from abwatch.service.compare.building import build_failure
 from abwatch.service.read.stored import StoredRun
 from abwatch.service.store import explain
-from abwatch.service.store.models import Job, Regression
+from abwatch.service.store.models import Build, Job, Regression
 
 LOG_TAIL_LINES = 25
 
@@ -78,10 +78,41 @@ def runs_json(rows) -> list[dict]:
 
 def builds_json(rows) -> list[dict]:
     """The ``--json`` shape of ``abwatch builds``."""
-    return [{"id": b.id, "sha": b.commit.sha, "builder": b.builder, "status": b.status.value,
-             "cached": b.cached, "duration_s": b.duration_s, "artifact_key": b.artifact_key,
-             "created_at": b.created_at.isoformat() if b.created_at else None,
-             "log_tail": log_tail(mask_secrets(b.log or ""), 5)} for b in rows]
+    return [{**build_json(b), "log_tail": log_tail(mask_secrets(b.log or ""), 5)} for b in rows]
+
+
+def build_json(b: Build) -> dict:
+    """One build row: its commit, builder, status, time, metrics and compiler-cache counts
+    (``abwatch builds --json``, ``GET /api/builds/{id}``, the build page)."""
+    return {"id": b.id, "sha": b.commit.sha, "builder": b.builder, "status": b.status.value,
+            "cached": b.cached, "duration_s": b.duration_s, "artifact_key": b.artifact_key,
+            "config_hash": b.config_hash, "created_at": b.created_at.isoformat() if b.created_at else None,
+            "metrics": b.metrics or {}, "compiler_cache": compiler_cache_json(b.metrics)}
+
+
+def compiler_cache_json(metrics: dict | None) -> dict | None:
+    """A build's ccache counts from its metrics: hits (local and remote, where the build stored
+    them apart), misses, hit rate, the shared remote storage (its URL as stored, never with a
+    password) and what happened to it (``used``, ``unreachable``: the build ran on the local
+    cache alone, ``failed``: requests failed during the build); ``summary`` is the one line the
+    CLI and the pages print. None for a build without ccache (cached, or another builder)."""
+    m = metrics or {}
+    if m.get("ccache_hits") is None:
+        return None
+    data = {"hits": m["ccache_hits"], "local_hits": m.get("ccache_local_hits"),
+            "remote_hits": m.get("ccache_remote_hits"), "misses": m.get("ccache_misses", 0),
+            "hit_rate": m.get("ccache_hit_rate"), "remote": m.get("ccache_remote"),
+            "remote_state": m.get("ccache_remote_state"), "remote_errors": m.get("ccache_remote_errors")}
+    rate = f" ({data['hit_rate']:.0%})" if data["hit_rate"] is not None else ""
+    if data["local_hits"] is None:  # stored before hits were told apart
+        summary = f"{data['hits']} hits, {data['misses']} misses{rate}"
+    else:
+        summary = f"{data['local_hits']} local + {data['remote_hits']} remote hits, {data['misses']} misses{rate}"
+    if data["remote_state"] == "unreachable":
+        summary += "; remote unreachable: local cache only"
+    elif data["remote_state"] == "failed":
+        summary += f"; remote failed {data['remote_errors']} request(s)"
+    return {**data, "summary": summary}
 
 
 def history_json(workload: str, points, found) -> dict:
@@ -95,9 +126,11 @@ def history_json(workload: str, points, found) -> dict:
     }
 
 
-def cache_json(cache, entries, size: int) -> dict:
-    """The ``--json`` shape of ``abwatch cache``."""
-    return {"root": str(cache.root), "bytes": size, "entries": [asdict(e) for e in entries]}
+def cache_json(cache, entries, size: int, compiler: dict | None = None) -> dict:
+    """The ``--json`` shape of ``abwatch cache``: the artifact cache, and ``compiler_cache``
+    (``service.read.compiler_cache``; null unless the config builds from source)."""
+    return {"root": str(cache.root), "bytes": size, "entries": [asdict(e) for e in entries],
+            "compiler_cache": compiler}
 
 
 def job_json(job: Job) -> dict:

@@ -157,11 +157,13 @@ def list_runs(session: Session, limit: int = 20) -> list[tuple[Run, dict[str, in
     return [(r, counts[r.id]) for r in runs]
 
 
-def list_builds(session: Session, failed: bool = False, limit: int = 20) -> list[Build]:
-    """The newest builds first (only failed ones if ``failed``)."""
+def list_builds(session: Session, failed: bool = False, limit: int = 20, builder: str | None = None) -> list[Build]:
+    """The newest builds first (only failed ones if ``failed``, only ``builder``'s if given)."""
     query = select(Build).order_by(Build.id.desc()).limit(limit)
     if failed:
         query = query.where(Build.status != BuildStatus.SUCCESS)
+    if builder is not None:
+        query = query.where(Build.builder == builder)
     return list(session.scalars(query))
 
 

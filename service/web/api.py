@@ -238,6 +238,12 @@ def _read_routes(app: FastAPI) -> None:
         attribution, compile times, output error, per-process medians, regressions."""
         return queries.run_report(session, run_id)
 
+    @app.get("/api/builds/{build_id}", tags=["runs"], responses=ERRORS)
+    def build(build_id: Id, session: SessionDep) -> dict[str, Any]:
+        """One build: commit, builder, status, time, metrics (clean or incremental, Ninja steps),
+        compiler-cache hits (local and remote) and misses, the end of its log, the runs that used it."""
+        return queries.build_detail(session, build_id)
+
     @app.get("/api/regressions", tags=["regressions"])
     def regressions(session: SessionDep, state: State | None = None, workload: OptName = None,
                     device: OptName = None, since: datetime | None = None,

@@ -73,6 +73,10 @@ def add_dashboard(app: FastAPI, api) -> None:
         return page(request, "run.html", f"run {run_id}",
                     queries.run_report(session, run_id))
 
+    @app.get("/builds/{build_id}", response_class=HTMLResponse, include_in_schema=False)
+    def build(request: Request, build_id: Id, session: SessionDep) -> HTMLResponse:
+        return page(request, "build.html", f"build {build_id}", queries.build_detail(session, build_id))
+
     @app.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
     def job(request: Request, job_id: Id, session: SessionDep) -> HTMLResponse:
         return page(request, "job.html", f"job {job_id}", queries.job_detail(session, job_id))
