@@ -204,6 +204,7 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None, 
     app.add_middleware(Guard, api=api)
     app.add_exception_handler(RequestValidationError, invalid_request)
     _read_routes(app)
+    _watch_routes(app)
     _write_routes(app)
     _job_routes(app)
     app.include_router(github_hooks.router)
@@ -287,6 +288,10 @@ def _read_routes(app: FastAPI) -> None:
         if workload is not None:
             query = query.where(Record.workload == workload)
         return [to_dict(row) for row in session.scalars(query)]
+
+
+def _watch_routes(app: FastAPI) -> None:
+    """The open, read-only routes of the watch: its devices and what it follows."""
 
     @app.get("/api/devices", tags=["watch"])
     def device_list(session: SessionDep) -> list[dict[str, Any]]:
