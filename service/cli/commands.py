@@ -33,8 +33,7 @@ from abwatch.service.compare.outcome import DriverError, NothingToVerify
 from abwatch.service.store.models import Regression, Run
 from abwatch.service.stats.verdict import RegressionState
 
-# Each command imports the machinery it needs (the driver, the statistics, the web stack,
-# TVM's runners) when it runs: `abwatch regressions` imports none of that.
+# Each command imports what it runs (driver, statistics, web, runners): `abwatch regressions` none of it.
 
 
 # Commands that store something; only these create or migrate a schema.
@@ -299,10 +298,10 @@ def _cache_command(args: argparse.Namespace, err: Console, out: Console) -> int:
         removed = cache.evict(int(args.limit_gb * 2**30))
         err.print(f"evicted {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}", markup=False)
     entries, size = cache.describe(verify=args.verify), cache.size_bytes()
-    damaged = [e for e in entries if (e.check or "").startswith("damaged")]
     compiler = compiler_cache_report(config, url)  # tvm-source's ccache: local, remote, the builds' hits
     print(json.dumps(report.cache_json(cache, entries, size, compiler))) if args.json \
         else report.print_cache(out, cache, entries, size, compiler)
+    damaged = [e for e in entries if (e.check or "").startswith("damaged")]
     for e in damaged:
         err.print(f"abwatch: cache entry {e.key} is {e.check}", markup=False)
     return 1 if damaged else 0
@@ -420,8 +419,7 @@ def _history_command(args: argparse.Namespace, session, out: Console, err: Conso
                   markup=False)
     series_id = chosen.id if chosen else None
     device_id, said = history.pick_device(session, args.workload, series_id, args.device, args.fingerprint)
-    if said:
-        err.print(said, markup=False)
+    err.print(said, markup=False) if said else None
     points = history.series(session, args.workload, args.device, series_id, args.metric, device_id)
     if not points:
         raise DriverError(f"no history for workload {args.workload!r}"
