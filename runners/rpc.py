@@ -6,8 +6,10 @@ for a session with the device ``key``, uploads the library and times it on the b
 measures: both builds' code-generation and the kernels they produce. The board's RPC
 runtime (the server process) is one and the same for both sides, so a change in TVM's
 runtime itself — the VM, memory allocator, threading pool — is measured only as far as
-it reaches the uploaded library; rebuild the board's runtime to A/B that. Per-operator
-times are not available over RPC (the instrument hook runs in the host process).
+it reaches the uploaded library; rebuild the board's runtime to A/B that. A Relax model's
+per-operator times are measured on the board too: each kernel by its own time evaluator
+there, on arguments of the shapes a dry run of the VM on this host found
+(``runners/worker_ops.py``: why not the VM's instrument hook, which cannot reach the board).
 """
 
 from __future__ import annotations

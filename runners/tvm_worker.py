@@ -212,21 +212,6 @@ def _random(rng: np.random.Generator, shape: list[int], dtype: str) -> np.ndarra
     return rng.standard_normal(shape).astype(dtype)
 
 
-def _features(args) -> dict:
-    """Shapes and dtypes of an operator's tensor arguments (inputs first, then outputs)."""
-    shapes, dtypes = [], []
-    for arg in args:
-        shape, dtype = getattr(arg, "shape", None), getattr(arg, "dtype", None)
-        if shape is None or dtype is None:
-            continue
-        try:
-            shapes.append([int(d) for d in shape])
-        except (TypeError, ValueError):  # a symbolic dimension
-            continue
-        dtypes.append(str(dtype))
-    return {"shapes": shapes, "dtypes": dtypes}
-
-
 class Workload:
     """A compiled workload, its device, inputs, and how to time it."""
 
@@ -318,18 +303,22 @@ class Workload:
             self.timer = lib.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"])
 
     def _upload(self, lib, path: str | None):
-        """Send the compiled library to a board through the tracker and load it there."""
+        """Send the compiled library to a board through the tracker and load it there (a Relax
+        model's kernels too, for per-operator times: :class:`worker_ops.Board`)."""
         from tvm import rpc
 
         host, port = self.spec["rpc"]["tracker"].rsplit(":", 1)
         tracker = rpc.connect_tracker(host, int(port))
         remote = tracker.request(self.spec["rpc"]["key"], priority=1, session_timeout=0)
-        self.remote = remote
+        self.remote, self.board = remote, None
         with tempfile.TemporaryDirectory() as tmp:
             if path is None:  # not exported yet: export it here
                 path = os.path.join(tmp, "workload.so")
                 lib.export_library(path)
             remote.upload(path, target="workload.so")
+            if self.is_vm:
+                self.board = _sibling("worker_ops").Board.attach(
+                    remote, lib, path, self.entry, self.inputs + list(self.params), self.spec.get("seed", 0))
         return remote.load_module("workload.so")
 
     def run(self) -> dict:
@@ -341,7 +330,7 @@ class Workload:
         if not self.is_vm:  # a single operator: the whole call is the operator
             name = self.entry if self.script_sha256 else self.spec["model"].partition(":")[2]
             return {"samples": samples, "ops": {name: float(np.median(samples)) * 1000},
-                    "op_features": {name: _features(self.args)}, "usage": usage}
+                    "op_features": {name: _sibling("worker_ops").features(self.args)}, "usage": usage}
         features: dict = {}
         return {"samples": samples, "ops": self._ops(features), "op_features": features, "usage": usage}
 
@@ -358,34 +347,12 @@ class Workload:
         return {"instructions": self.region.stop(), "calls": number}
 
     def _ops(self, features: dict) -> dict:
-        """Per-operator time (us) of one call, from the VM's instrument hook (local VMs only);
-        ``features`` gets each operator's argument shapes and dtypes."""
-        if self.remote is not None:  # the instrument hook runs in this process, not on the board
-            return {}
-        from tvm.runtime.vm import VMInstrumentReturnKind
-
-        totals: dict[str, float] = {}
-        started: list[int] = []
-
-        def instrument(func, name, before_run, ret_value, *args):
-            if name.startswith("vm.builtin."):  # allocation and shape checks, not operators
-                return VMInstrumentReturnKind.NO_OP
-            if before_run:
-                if name not in features:
-                    features[name] = _features(args)
-                self.dev.sync()  # the clock must not include earlier asynchronous work
-                started.append(time.perf_counter_ns())
-            else:
-                self.dev.sync()
-                totals[name] = totals.get(name, 0.0) + (time.perf_counter_ns() - started.pop()) / 1000.0
-            return VMInstrumentReturnKind.NO_OP
-
-        self.vm.set_instrument(instrument)
-        try:
-            self.call(*self.args)
-        finally:
-            self.vm.set_instrument(lambda *a: VMInstrumentReturnKind.NO_OP)
-        return totals
+        """Per-operator time (µs) of one call; ``features`` gets each operator's argument shapes
+        and dtypes. On this process's device, the VM's instrument hook, synced (a GPU's too); on
+        a board, which the hook cannot reach, each kernel timed there (worker_ops.py says why)."""
+        if self.remote is None:
+            return _sibling("worker_ops").instrumented(self.vm, self.call, self.args, self.dev, features)
+        return self.board.times(self.dev, features) if self.board is not None else {}
 
     def outputs(self) -> dict:
         """The first output on the seeded inputs, for the error comparison."""

@@ -254,6 +254,40 @@ def test_rpc_ab_through_a_real_tracker_on_loopback(capsys, tmp_path, tvm_cache, 
     assert all(p.poll() is None for p in procs)  # the board is still up for the next user
 
 
+def test_a_relax_model_over_rpc_has_per_operator_times_from_the_board(capsys, tmp_path, tvm_cache, sqlite_url, rpc_board):
+    """builtin:mlp on a loopback board: each kernel timed on the board (runners/worker_ops.py),
+    stored per run like the local CPU's table; the treatment widens only the last layer
+    (10 -> 2000 classes), and the attribution puts that layer's kernels first."""
+    tracker, procs = rpc_board
+    runner = f'kind = "rpc"\ntracker = "{tracker}"\nkey = "local-cpu"'
+    workload = MLP + "treatment_options = {options = {classes = 2000}}\n"
+    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, workload, runner=runner), sqlite_url, NEW, NEW)
+    assert code in (0, 1), err
+    result = payload["results"][0]
+    assert result["failure"] is None, result
+    ops = result["ops"]
+    assert len(ops) > 1 and all(op["control_us"] > 0 and op["treatment_us"] > 0 for op in ops), ops
+    assert "matmul" in {op["type"] for op in ops}
+    # the widened layer (its weight is 64x2000 on the treatment side) explains most of the change
+    top = ops[0]
+    assert any(2000 in shape for shape in top["shapes"]), ops
+    assert top["share_pct"] > 30 and top["treatment_us"] > 5 * top["control_us"], top
+    engine = db.make_engine(sqlite_url)
+    with db.session_scope(engine) as session:
+        records = session.scalars(select(Record).where(Record.run_id == payload["run_id"])).all()
+        assert len(records) == 2
+        for record in records:  # what a run page and the profiles read
+            measured = record.fields["metrics"]["ops"]
+            assert len(measured) > 1 and all(us > 0 for us in measured.values()), measured
+            assert set(record.fields["metrics"]["op_features"]) == set(measured)
+    # the text report shows the table too (outputs of different shapes give no error figures)
+    assert main(["show", str(payload["run_id"]), "--ops", "--db", sqlite_url]) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # as one line, however the console wrapped it
+    assert "mlp: operators" in shown and top["name"] in shown and "output shape [1, 2000] != [1, 10]" in shown
+    assert no_workers_left(tvm_cache)
+    assert all(p.poll() is None for p in procs)
+
+
 def test_rpc_runner_with_no_tracker_is_a_clear_error(capsys, tmp_path, tvm_cache, sqlite_url):
     runner = f'kind = "rpc"\ntracker = "127.0.0.1:{free_port()}"\nkey = "local-cpu"'
     code, _, err = compare(capsys, write(tmp_path, tvm_cache, MLP, runner=runner), sqlite_url)

@@ -212,8 +212,10 @@ def print_tvm_details(out: Console, r: WorkloadResult, ops: bool = False) -> Non
     if details is None:
         return
     compile_ms, error = details["compile_ms"], details["error"]
-    out.print(f"{r.workload}: compile {compile_ms['control']:.0f} ms -> {compile_ms['treatment']:.0f} ms; "
-              f"output max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g}"
+    # outputs of different shapes have no error figures, only the reason
+    measured = (f"output max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g}"
+                if error["max_abs"] is not None else error.get("reason") or "outputs not compared")
+    out.print(f"{r.workload}: compile {compile_ms['control']:.0f} ms -> {compile_ms['treatment']:.0f} ms; {measured}"
               + (" — OUTPUT MISMATCH (correctness regression)" if error["mismatch"] else ""), markup=False)
     judged = details.get("compile")
     if isinstance(judged, dict) and judged.get("verdict"):  # a verdict on compile time, where one was made
