@@ -50,3 +50,28 @@ def test_series_and_steps_from_stored_records(session):
     assert 8.0 < step.change_pct < 12.0
     assert history.steps(history.series(session, "resnet-18", "board-b")) == []
     assert history.series(session, "no-such-workload") == []
+
+
+def test_commits_of_the_same_second_follow_the_runs_that_compared_them(session):
+    # a rebased stack: three commits, one committer second; their shas sort against their order
+    repo = Repository(url="/same-second")
+    session.add(repo)
+    session.flush()
+    when = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    oldest, middle, newest, unrelated = (Commit(repository_id=repo.id, sha=sha, summary=sha[:1], committed_at=when)
+                                         for sha in ("f" * 40, "b" * 40, "a" * 40, "c" * 40))
+    session.add_all([oldest, middle, newest, unrelated])
+    session.flush()
+    for control, treatment in ((oldest, middle), (middle, newest)):
+        run = Run(run_type=RunType.BENCHMARK, status=RunStatus.COMPLETED, repository_id=repo.id,
+                  control_ref=control.sha, treatment_ref=treatment.sha, control_commit_id=control.id,
+                  treatment_commit_id=treatment.id, seed=1)
+        session.add(run)
+        session.flush()
+        for commit in (control, treatment, unrelated):
+            session.add(Record(run_id=run.id, workload="stack", engine="tvm", engine_version=commit.sha,
+                               hardware="cpu", runtime_ms_mean=1.0, runtime_ms_std=0.1, timestamp=1.0,
+                               schema_version="0.1", fields={"metrics": {"runtime_ms_median": 1.0}}))
+    session.flush()
+    # control before treatment, transitively; of the commits ready together, the lower sha first
+    assert [p.sha for p in history.series(session, "stack")] == [unrelated.sha, oldest.sha, middle.sha, newest.sha]

@@ -8,6 +8,8 @@ time; :func:`service.stats.change_points` finds the steps.
 
 from __future__ import annotations
 
+import graphlib
+import itertools
 import statistics as pystats
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import git
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from abwatch.service import stats
 from abwatch.builders.metrics import Metric, series_name
@@ -155,8 +157,38 @@ def series(session: Session, workload: str, hardware: str | None = None,
               pystats.median(values), len(values))
         for key, values in by_sha.items() for sha in [key[1]]
     ]
-    # commit time orders the history; ties (same second) keep the sha order stable
-    return sorted(points, key=lambda p: (p.committed_at is None, p.committed_at or datetime.min, p.sha))
+    return _in_commit_order(session, points)
+
+
+def _in_commit_order(session: Session, points: list[Point]) -> list[Point]:
+    """``points`` by commit time. Commits of the same second (a rebased stack, a scripted
+    history) are ordered by the runs that compared them: a run's control comes before its
+    treatment; what no run relates keeps the sha order, so the result is stable."""
+    by_time = sorted(points, key=lambda p: (p.committed_at is None, p.committed_at or datetime.min, p.sha))
+    shas = {p.sha for p in points}
+    control, treatment = aliased(Commit), aliased(Commit)
+    before: dict[str, set[str]] = {}
+    for older, newer in session.execute(
+            select(control.sha, treatment.sha).join(Run, Run.control_commit_id == control.id)
+            .join(treatment, Run.treatment_commit_id == treatment.id)
+            .where(control.sha.in_(shas), treatment.sha.in_(shas)).distinct()):
+        before.setdefault(newer, set()).add(older)
+    ordered: list[Point] = []
+    for _, group in itertools.groupby(by_time, key=lambda p: p.committed_at):
+        tied = list(group)
+        rank = {p.sha: i for i, p in enumerate(tied)}
+        graph = {p.sha: {s for s in before.get(p.sha, ()) if s in rank} for p in tied}
+        try:
+            sorter = graphlib.TopologicalSorter(graph)
+            sorter.prepare()
+        except graphlib.CycleError:  # runs that compared both ways round: time and sha decide
+            ordered.extend(tied)
+            continue
+        while sorter.is_active():  # of the commits ready together, the sha order first
+            ready = sorted(sorter.get_ready(), key=rank.__getitem__)
+            ordered.extend(tied[rank[sha]] for sha in ready)
+            sorter.done(*ready)
+    return ordered
 
 
 def _recorded(session: Session, workload: str, hardware: str | None, series_id: int | None,
