@@ -130,23 +130,27 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return said
 
 
+# What summary() says of each key present (in this order): a person reads CPU, cores, memory,
+# kernel, flags (counted), GPUs, board, target
+SUMMARY_PARTS: tuple[tuple[str, Any], ...] = (
+    ("cpu_model", lambda v, f: str(v)),
+    ("cores", lambda v, f: f"{v} cores"),
+    ("memory_gib", lambda v, f: f"{v} GiB"),
+    ("kernel", lambda v, f: f"kernel {v}"),
+    ("cpu_flags", lambda v, f: f"{len(v)} cpu flags"),
+    ("gpus", lambda v, f: f"{f.get('device_api', 'gpu')}: {_gpus(v)}"),
+    ("rpc_key", lambda v, f: f"board {v}"),
+    ("target", lambda v, f: f"target {v}"),
+)
+
+
 def summary(fingerprint: dict[str, Any]) -> str:
     """One line a person reads: CPU, cores, memory, kernel, GPUs, board, target (flags counted)."""
     parts = []
-    if fingerprint.get("cpu_model"):
-        parts.append(str(fingerprint["cpu_model"]))
-    if fingerprint.get("cores"):
-        parts.append(f"{fingerprint['cores']} cores")
-    if fingerprint.get("memory_gib") is not None:
-        parts.append(f"{fingerprint['memory_gib']} GiB")
-    if fingerprint.get("kernel"):
-        parts.append(f"kernel {fingerprint['kernel']}")
-    if fingerprint.get("cpu_flags"):
-        parts.append(f"{len(fingerprint['cpu_flags'])} cpu flags")
-    if fingerprint.get("gpus") is not None:
-        parts.append(f"{fingerprint.get('device_api', 'gpu')}: {_gpus(fingerprint['gpus'])}")
-    if fingerprint.get("rpc_key"):
-        parts.append(f"board {fingerprint['rpc_key']}")
-    if fingerprint.get("target"):
-        parts.append(f"target {fingerprint['target']}")
+    for key, say in SUMMARY_PARTS:
+        value = fingerprint.get(key)
+        # memory and GPUs are said when known, even as 0 or none; the rest when non-empty
+        if value is None or (not value and key not in ("memory_gib", "gpus")):
+            continue
+        parts.append(say(value, fingerprint))
     return ", ".join(parts) or "no fingerprint"

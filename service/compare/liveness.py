@@ -59,19 +59,20 @@ def claim(run: Run) -> None:
     run.heartbeat_at = utcnow()
 
 
-class Heartbeat:
-    """Refreshes ``runs.heartbeat_at`` of one run every ``interval_s`` from a thread of its own.
+class Periodic:
+    """A context manager that calls :meth:`tick` every ``interval_s`` from a daemon thread of
+    its own, until the block ends. A tick that raises is skipped: a missed beat (the database
+    restarting) is harmless, and the next one tries again."""
 
-    It writes through its own connection in its own short transactions, so the driver's
-    session is never involved and never held open.
-    """
-
-    def __init__(self, engine: Engine, run_id: int, interval_s: float = HEARTBEAT_S) -> None:
-        self.engine, self.run_id, self.interval_s = engine, run_id, interval_s
+    def __init__(self, interval_s: float, name: str) -> None:
+        self.interval_s = interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-run-{run_id}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def __enter__(self) -> Heartbeat:
+    def tick(self) -> None:
+        """One beat (subclasses)."""
+
+    def __enter__(self):
         self._thread.start()
         return self
 
@@ -79,13 +80,29 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=10)
 
-    def _beat(self) -> None:
+    def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                with self.engine.begin() as connection:
-                    connection.execute(update(Run).where(Run.id == self.run_id).values(heartbeat_at=utcnow()))
-            except Exception:  # a missed beat is harmless; the next one tries again
+                self.tick()
+            except Exception:  # noqa: BLE001 - see the class docstring
                 continue
+
+
+class Heartbeat(Periodic):
+    """Refreshes ``runs.heartbeat_at`` of one run every ``interval_s`` from a thread of its own.
+
+    It writes through its own connection in its own short transactions, so the driver's
+    session is never involved and never held open.
+    """
+
+    def __init__(self, engine: Engine, run_id: int, interval_s: float = HEARTBEAT_S) -> None:
+        super().__init__(interval_s, f"heartbeat-run-{run_id}")
+        self.engine, self.run_id = engine, run_id
+
+    def tick(self) -> None:
+        """Write the run's heartbeat."""
+        with self.engine.begin() as connection:
+            connection.execute(update(Run).where(Run.id == self.run_id).values(heartbeat_at=utcnow()))
 
 
 def is_alive(run: Run, now=None) -> bool:

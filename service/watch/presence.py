@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.runners import DeviceInfo, make_runner
 from abwatch.runners.fingerprint import summary
+from abwatch.service.compare.liveness import Periodic
 from abwatch.service.compare.progress import NullProgress, Progress
 from abwatch.service.config import Config
 from abwatch.service.notify import alerts
@@ -172,32 +173,20 @@ def _span(seconds: float | None) -> str:
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
-class Heartbeat:
+class Heartbeat(Periodic):
     """Beats ``devices``' heartbeat and checks every device for staleness every ``watch.heartbeat_s``,
     from a thread of its own through its own connections: idle or in a job, the beat goes on
     (a job's run has its own, :class:`~abwatch.service.compare.liveness.Heartbeat`). With no
     devices it only checks (the watch that works no device itself)."""
 
     def __init__(self, engine: Engine, devices: Iterable[str], config: Config, progress: Progress | None = None) -> None:
+        super().__init__(config.watch.heartbeat_s, "heartbeat-devices")
         self.engine, self.devices, self.config = engine, list(devices), config
-        self.progress, self.interval_s = progress or NullProgress(), config.watch.heartbeat_s
-        self._stop = threading.Event()
+        self.progress = progress or NullProgress()
         self.said = threading.Event()  # set when a beat recorded an alert: the loop sends it
-        self._thread = threading.Thread(target=self._run, name="heartbeat-devices", daemon=True)
 
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                for line in beat(self.engine, self.devices, self.config) + check_stale(self.engine, self.config):
-                    self.progress.message(line)
-                    self.said.set()
-            except Exception:  # a missed beat (the database restarting) is harmless; the next one tries again
-                continue
+    def tick(self) -> None:
+        """Beat, check, and say what changed."""
+        for line in beat(self.engine, self.devices, self.config) + check_stale(self.engine, self.config):
+            self.progress.message(line)
+            self.said.set()
