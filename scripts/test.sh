@@ -24,6 +24,10 @@ command -v bwrap >/dev/null || apt_install bubblewrap  # the sandbox of code und
 if ! command -v vulkaninfo >/dev/null || ! command -v clinfo >/dev/null || ! ls /usr/share/vulkan/icd.d/lvp_icd.* >/dev/null 2>&1; then
   apt_install mesa-vulkan-drivers vulkan-tools pocl-opencl-icd clinfo
 fi
+# several hosts on this machine (tests/netns.py): network namespaces (iproute2) and socat,
+# which makes the local PostgreSQL reachable from them
+command -v ip >/dev/null || apt_install iproute2
+command -v socat >/dev/null || apt_install socat
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
   apt_install chromium chromium-driver
 fi
