@@ -295,7 +295,7 @@ class TvmSourceBuilder(Builder):
         # the device backends the configuration asks for: each must be in the build's runtime
         # (tvm.runtime.enabled); whether a driver lists a device is only logged
         # (a build host need not have the device it builds for)
-        backends = [api for flag, api in BACKENDS.items() if self.config.cmake.get(flag, "OFF").upper() not in OFF]
+        backends = [api for api in DEVICE_BACKENDS if self.config.cmake.get(f"USE_{api.upper()}", "OFF").upper() not in OFF]
         argv = [str(build_python(staging)), "-c", CHECK, self.config.check_import, "1" if compiles else "",
                 ",".join(backends) if self.config.check_import == "tvm" else ""]
         log.append(f"$ {' '.join(argv[:2])} <post-build check: import {self.config.check_import}>\n")
@@ -311,9 +311,9 @@ class TvmSourceBuilder(Builder):
                           f"Python package apache-tvm-ffi {installed}", "", 0.0)
 
 
-# CMake flags of the device backends the post-build check asks the build for, and their device API
-BACKENDS = {"USE_CUDA": "cuda", "USE_ROCM": "rocm", "USE_VULKAN": "vulkan", "USE_OPENCL": "opencl",
-            "USE_METAL": "metal"}
+# The device APIs whose backend the post-build check asks the build for when the CMake config
+# turns its USE_<API> on (runners/device_apis.py's DEVICE_APIS: a new API goes in both)
+DEVICE_BACKENDS = ("cuda", "rocm", "vulkan", "opencl", "metal")
 OFF = ("OFF", "0", "FALSE", "NO", "")
 
 # Run by the build's Python after a build: versions first, then the import, each device backend
@@ -328,7 +328,10 @@ module = importlib.import_module(sys.argv[1])
 for api in filter(None, sys.argv[3].split(",")):
     # the runtime decides: recent TVM's libinfo() is a Python fallback of defaults, a hint only
     enabled = bool(module.runtime.enabled(api))
-    hint = module.support.libinfo().get("USE_" + api.upper(), "absent")
+    try:  # a hint only: a build without libinfo() still answers
+        hint = module.support.libinfo().get("USE_" + api.upper(), "absent")
+    except Exception:
+        hint = "unknown"
     print(f"backend {api}: runtime loaded: {enabled}, devices: {int(enabled and module.device(api).exist)} "
           f"(libinfo says USE_{api.upper()}={hint})", flush=True)
     if not enabled:

@@ -1,12 +1,12 @@
 """TVM's device APIs as the ``gpu`` runner sees them: one small class per API, registered in
 :data:`DEVICE_APIS`.
 
-Each knows the CMake flag a TVM build needs for it (read back from the build's
-``tvm.support.libinfo()``), the device nodes a sandboxed worker must be given, and how the
+Each knows the device nodes a sandboxed worker must be given, and how the
 operating system's own tool lists the devices and their drivers (``nvidia-smi``,
 ``vulkaninfo``, ``clinfo``, ``rocminfo``, ``system_profiler``): that listing, taken before any
 build exists, is the device's fingerprint in the records and the refusal when it is empty.
-Whether a build can drive the device is asked of the build itself (``TvmSessions.backend``).
+Whether a build can drive the device is asked of the build itself (``runners/worker_device.py``:
+its runtime decides; the CMake flag that builds an API in is ``USE_<NAME>``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ class DeviceApi(abc.ABC):
     """One of TVM's device APIs (``tvm.device(name)``)."""
 
     name: ClassVar[str]  # tvm.device()'s name and the target kind that compiles for it
-    cmake_flag: ClassVar[str]  # the CMake option (and tvm.support.libinfo() key) that builds it
     packages: ClassVar[str]  # what a machine needs installed, for the refusal's hint
     nodes: ClassVar[tuple[str, ...]] = ()  # device node globs a sandboxed worker is given
 
@@ -57,7 +56,7 @@ class DeviceApi(abc.ABC):
 class Cuda(DeviceApi):
     """NVIDIA GPUs through the CUDA driver."""
 
-    name, cmake_flag = "cuda", "USE_CUDA"
+    name = "cuda"
     packages = "the NVIDIA driver (nvidia-smi) and a TVM built with USE_CUDA (the apache-tvm wheel is)"
     nodes = ("/dev/nvidia*",)
 
@@ -77,7 +76,7 @@ class Cuda(DeviceApi):
 class Rocm(DeviceApi):
     """AMD GPUs through ROCm (HIP)."""
 
-    name, cmake_flag = "rocm", "USE_ROCM"
+    name = "rocm"
     packages = "ROCm (rocminfo, /dev/kfd) and a TVM built with USE_ROCM"
     nodes = ("/dev/kfd", "/dev/dri/*")
 
@@ -95,17 +94,21 @@ class Rocm(DeviceApi):
 class Vulkan(DeviceApi):
     """Any Vulkan driver: discrete and integrated GPUs, and Mesa's lavapipe on the CPU."""
 
-    name, cmake_flag = "vulkan", "USE_VULKAN"
+    name = "vulkan"
     packages = ("a Vulkan driver (e.g. Debian mesa-vulkan-drivers), vulkan-tools for its listing, and a TVM "
                 "built with USE_VULKAN (libvulkan-dev, spirv-tools, spirv-headers)")
     nodes = ("/dev/dri/*", "/dev/nvidia*")
 
+    def unavailable(self) -> str | None:
+        if shutil.which("vulkaninfo") is None:
+            return ("vulkaninfo is not installed: it lists the devices a run records (Debian: vulkan-tools); "
+                    f"the runner needs {self.packages}")
+        return None
+
     def devices(self) -> list[dict]:
         out = _output(["vulkaninfo"], timeout_s=60)
-        if out is None:  # no vulkaninfo: an installed driver (ICD file) is all there is to go by
-            icds = glob.glob("/usr/share/vulkan/icd.d/*.json") + glob.glob("/etc/vulkan/icd.d/*.json")
-            return [{"name": "unknown (vulkaninfo not installed)", "driver": icd.rsplit("/", 1)[1],
-                     "memory_bytes": None} for icd in icds]
+        if out is None:  # no listing, no fingerprint: refused (unavailable() names vulkan-tools)
+            return []
         found = []
         # vulkaninfo prints one "VkPhysicalDeviceProperties" block per device, its driver's
         # properties and memory heaps after it
@@ -124,7 +127,7 @@ class Vulkan(DeviceApi):
 class OpenCl(DeviceApi):
     """Any OpenCL platform: GPUs' drivers, and pocl on the CPU (TVM falls back to a CPU device)."""
 
-    name, cmake_flag = "opencl", "USE_OPENCL"
+    name = "opencl"
     packages = ("an OpenCL driver (an ICD, e.g. Debian pocl-opencl-icd), clinfo for its listing, and a TVM "
                 "built with USE_OPENCL (ocl-icd-opencl-dev)")
     nodes = ("/dev/dri/*", "/dev/nvidia*", "/dev/kfd", "/dev/mali*")
@@ -148,7 +151,7 @@ class OpenCl(DeviceApi):
 class Metal(DeviceApi):
     """Apple GPUs through Metal (macOS only)."""
 
-    name, cmake_flag = "metal", "USE_METAL"
+    name = "metal"
     packages = "macOS and a TVM built with USE_METAL"
 
     def unavailable(self) -> str | None:
@@ -167,7 +170,7 @@ class Metal(DeviceApi):
 class WebGpu(DeviceApi):
     """WebGPU: TVM runs it only inside a browser (its JavaScript runtime), not in a local process."""
 
-    name, cmake_flag = "webgpu", "USE_WEBGPU"
+    name = "webgpu"
     packages = "a browser with WebGPU running TVM's web runtime"
 
     def unavailable(self) -> str | None:

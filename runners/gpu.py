@@ -15,6 +15,7 @@ worker's output is checked against the same build's CPU output.
 from __future__ import annotations
 
 import json
+import re
 import os
 import socket
 from pathlib import Path
@@ -41,6 +42,15 @@ spec.loader.exec_module(device)
 import tvm
 print(json.dumps(device.backend(tvm, sys.argv[2])))
 """
+
+
+# what worker_device.backend() answers, key by key: a build's answer of any other shape is refused
+BACKEND_KEYS = {"tvm": str, "enabled": bool, "exist": bool, "library": (str, type(None)), "libinfo": str}
+
+
+def _well_formed(said: object) -> bool:
+    """Whether a build's answer to BACKEND has the shape worker_device.backend() gives."""
+    return isinstance(said, dict) and all(isinstance(said.get(key), kind) for key, kind in BACKEND_KEYS.items())
 
 
 def device_target(target: dict | str | None) -> dict | str:
@@ -70,9 +80,14 @@ class GpuRunner(Runner):
 
     def device_name(self) -> str:
         """``runner.device``, else ``<host>-<first device's name>`` (it refuses where there is none)."""
-        if self.config.device:
-            return self.config.device
-        name = self._devices()[0]["name"]
+        return self.config.device or self._named(self._devices())
+
+    @staticmethod
+    def _named(devices: list[dict]) -> str:
+        """``<host>-<model>``: the first device's model, without what a driver update changes
+        (lavapipe says "llvmpipe (LLVM 15.0.6, 256 bits)"; a Mesa upgrade must not rename the
+        device, which would start a new queue and a new series)."""
+        name = re.sub(r"\s*\(.*?\)", "", devices[0]["name"]).strip() or "device"
         return f"{socket.gethostname()}-{''.join(c if c.isalnum() or c in '.-_' else '-' for c in name)}"
 
     def _devices(self) -> list[dict]:
@@ -91,7 +106,7 @@ class GpuRunner(Runner):
         hardware = {**hardware_config(), "device_api": self.api.name, "gpus": devices}
         software = software_config()
         return DeviceInfo(
-            name=self.device_name(),
+            name=self.config.device or self._named(devices),  # the driver asked once
             kind=self.kind,
             hardware_config=hardware,
             software_config=software,
@@ -122,7 +137,7 @@ class GpuRunner(Runner):
             said = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
         except ValueError:
             said = None
-        if said is None:
+        if not _well_formed(said):  # the build's own Python answered: anything may come back
             return (f"gpu runner: the build in {artifact_dir} could not say whether it has the {self.api.name} "
                     f"backend: {(proc.stderr or proc.stdout).strip()[-300:] or 'no output'}")
         why = worker_device.refusal(self.api.name, said)

@@ -14,12 +14,15 @@ import tempfile
 
 import numpy as np
 
-# the CMake flag of each device API (and its key in tvm.support.libinfo())
-FLAGS = {"cuda": "USE_CUDA", "rocm": "USE_ROCM", "vulkan": "USE_VULKAN", "opencl": "USE_OPENCL",
-         "metal": "USE_METAL", "webgpu": "USE_WEBGPU"}
 # how far the device's output may be from the CPU's: float32 kernels that sum in another
 # order (a GPU's reduction trees, fused multiply-adds) differ by a few ulps per term
 RTOL, ATOL = 1e-3, 1e-4
+
+
+def _flag(api: str) -> str:
+    """The CMake flag that builds device API ``api`` into TVM (its key in tvm.support.libinfo();
+    builders/tvm_source.py's post-build check follows the same rule)."""
+    return f"USE_{api.upper()}"
 
 
 def _runtime_library(api: str) -> str | None:
@@ -44,7 +47,7 @@ def backend(tvm, api: str) -> dict:
     there."""
     enabled = bool(tvm.runtime.enabled(api))
     try:
-        libinfo = str(tvm.support.libinfo().get(FLAGS.get(api, ""), "absent"))
+        libinfo = str(tvm.support.libinfo().get(_flag(api), "absent"))
     except Exception:  # noqa: BLE001 - a hint only; builds without it still answer
         libinfo = "unknown"
     return {"tvm": tvm.__version__, "enabled": enabled, "exist": bool(enabled and tvm.device(api).exist),
@@ -53,7 +56,7 @@ def backend(tvm, api: str) -> dict:
 
 def refusal(api: str, said: dict, need_device: bool = True) -> str | None:
     """Why a build that said ``said`` (:func:`backend`) cannot run on ``api``; None if it can."""
-    flag = FLAGS.get(api, f"USE_{api.upper()}")
+    flag = _flag(api)
     if not said["enabled"]:
         if said["library"]:
             return (f"its {api} runtime ({os.path.basename(said['library'])}) did not load: the driver's library "

@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -21,6 +22,11 @@ from sqlalchemy.orm import Session
 
 from abwatch.service.store import db
 from abwatch.service.cli.demo import Step, make_demo_repo
+
+# A machine with an NVIDIA GPU (the lent device machine): the tests that check the refusals
+# where there is none do not apply there
+NVIDIA_HERE = os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+no_nvidia = pytest.mark.skipif(NVIDIA_HERE, reason="an NVIDIA GPU is here: this checks the refusal without one")
 
 PG_ADMIN_URL = os.environ.get(
     "ABWATCH_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"

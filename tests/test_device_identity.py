@@ -190,14 +190,15 @@ class Receiver(BaseHTTPRequestHandler):
         """Quiet."""
 
 
-def test_a_silent_device_is_alerted_exactly_once_and_its_return_said(migrated_pg_url, tmp_path, bench_repo):
+def test_a_silent_device_is_alerted_exactly_once_and_its_return_said(fresh_pg_url, tmp_path, bench_repo):
     server = HTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     Receiver.received = []
     config = watch_config(tmp_path, bench_repo, 'stale_after = "10m"\nheartbeat_s = 60',
                           webhook=f"http://127.0.0.1:{server.server_port}/hook")
-    engine = db.make_engine(migrated_pg_url)
-    name = f"silent-{time.monotonic_ns()}"  # the session's database: a name of its own
+    db.upgrade(fresh_pg_url)
+    engine = db.make_engine(fresh_pg_url)
+    name = "silent-box"
     try:
         assert presence.register(engine, name, info(name, cpu_model="A"), None, config)
         with Session(engine) as session:

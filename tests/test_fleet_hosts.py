@@ -28,14 +28,12 @@ from tests.test_watch_workers import HISTORY, all_done, jobs, wait_for, write_co
 
 pytestmark = pytest.mark.slow  # real namespaces, builds, runs and processes
 
-WHY_NOT = missing()
-
-
 @pytest.fixture
 def network():
     """A bridge with PostgreSQL forwarded onto it; skipped (with the reason) where namespaces cannot be made."""
-    if WHY_NOT:
-        pytest.skip(WHY_NOT)
+    why_not = missing()
+    if why_not:
+        pytest.skip(why_not)
     with Network() as net:
         net.forward(5432)
         yield net

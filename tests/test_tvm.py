@@ -20,7 +20,7 @@ from abwatch.service.cli.main import main
 from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
 from abwatch.service.store.models import Invocation, Record, Regression
 
-from tests.conftest import free_port
+from tests.conftest import free_port, no_nvidia
 
 OLD, NEW = "0.26.0", "0.27.0.post1"
 
@@ -231,6 +231,7 @@ def test_unknown_release_is_a_clear_error(capsys, tmp_path, tvm_cache, sqlite_ur
     assert code == 2 and "unknown apache-tvm version '0.9.9'" in err
 
 
+@no_nvidia
 def test_gpu_runner_refuses_without_a_gpu(capsys, tmp_path, tvm_cache, sqlite_url):
     """This machine has no GPU: all that can be checked is the clear refusal."""
     code, _, err = compare(capsys, write(tmp_path, tvm_cache, MLP, runner='kind = "gpu"'), sqlite_url)

@@ -176,8 +176,8 @@ def _in_commit_order(session: Session, points: list[Point]) -> list[Point]:
     ordered: list[Point] = []
     for _, group in itertools.groupby(by_time, key=lambda p: p.committed_at):
         tied = list(group)
-        rank = {p.sha: i for i, p in enumerate(tied)}
-        graph = {p.sha: {s for s in before.get(p.sha, ()) if s in rank} for p in tied}
+        # by position: one sha may stand twice (the same commit in two repositories)
+        graph = {i: {j for j, q in enumerate(tied) if q.sha in before.get(p.sha, ())} for i, p in enumerate(tied)}
         try:
             sorter = graphlib.TopologicalSorter(graph)
             sorter.prepare()
@@ -185,8 +185,8 @@ def _in_commit_order(session: Session, points: list[Point]) -> list[Point]:
             ordered.extend(tied)
             continue
         while sorter.is_active():  # of the commits ready together, the sha order first
-            ready = sorted(sorter.get_ready(), key=rank.__getitem__)
-            ordered.extend(tied[rank[sha]] for sha in ready)
+            ready = sorted(sorter.get_ready())
+            ordered.extend(tied[i] for i in ready)
             sorter.done(*ready)
     return ordered
 
