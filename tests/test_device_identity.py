@@ -24,9 +24,10 @@ from abwatch.service.config import Config, load_config
 from abwatch.service.notify import alerts
 from abwatch.service.store import db
 from abwatch.service.store.models import (
-    AlertDelivery, Device, DeviceHost, Job, JobStatus, Run, utcnow,
+    AlertDelivery, Device, DeviceHost, Job, JobStatus, Regression, Run, utcnow,
 )
 from abwatch.service.store.rows import device_note, seen_device
+from abwatch.service.stats.verdict import RegressionState
 from abwatch.service.watch import presence, queue
 from conftest import live_server
 from tests.test_compare import compare, run_cli
@@ -162,6 +163,31 @@ def test_a_changed_fingerprint_starts_a_new_series_and_says_so(capsys, bench_rep
     assert code != 0 and "fingerprint 'ffff' names 0" in err
     code, payload, err = run_cli(capsys, "history", "loop", "--all-branches", "--json", "--db", fresh_pg_url)
     assert code == 0 and "measured on 2 devices or fingerprints, mixed" in err
+
+
+def test_a_verify_on_a_changed_fingerprint_says_the_device_moved(capsys, bench_repo, fresh_pg_url, tmp_path):
+    """A regression found on one fingerprint and verified after the device changed (here: the
+    row that found it says an older kernel, as if the machine was upgraded since): the verdict
+    stands on the hardware it ran on, and its reason says what changed."""
+    config = write_config(tmp_path / "a.toml", bench_repo, tmp_path / "cache")
+    code, found, err = compare(capsys, config, fresh_pg_url, "base", "slower")
+    assert code == 1, err  # +20 % work
+    engine = db.make_engine(fresh_pg_url)
+    with Session(engine) as session:
+        (device,) = session.scalars(select(Device))
+        now = device.fingerprint["kernel"]
+        device.fingerprint = {**device.fingerprint, "kernel": "5.10.0-old"}
+        device.fingerprint_hash = digest(device.fingerprint)
+        session.commit()
+    code, _, err = run_cli(capsys, "verify", str(found["run_id"]), "--json", "--db", fresh_pg_url)
+    assert code in (0, 1), err
+    with Session(engine) as session:
+        (regression,) = session.scalars(select(Regression))
+        reason = regression.events[-1].reason
+        assert regression.state in (RegressionState.REGRESS, RegressionState.CLEARED), reason
+        assert f"measured on a changed device: kernel 5.10.0-old -> {now}" in reason, reason
+        assert "found on the earlier one" in reason
+    engine.dispose()
 
 
 def watch_config(tmp_path: Path, repo: Path, watch: str, webhook: str | None = None) -> Config:

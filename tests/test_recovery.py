@@ -11,12 +11,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import git
 import pytest
 from sqlalchemy import func, inspect, select
 
+from abwatch.service.compare.liveness import Periodic
 from abwatch.service.store import db
 from abwatch.service.store.models import Invocation, Regression, RegressionEvent, Run, RunStatus, RunType
 from abwatch.service.stats.verdict import RegressionState
@@ -204,3 +206,25 @@ command = ["true"]
 def test_an_overlong_ref_is_a_usage_error(bad, write_config, sqlite_url, capsys):
     code, _, err = compare(capsys, write_config(), sqlite_url, "base", bad)
     assert code == 2 and "characters long" in err
+
+
+def test_a_periodic_beat_that_breaks_is_said_once_and_goes_on():
+    """A beat that fails for a reason other than a lost connection is said (once per kind) rather
+    than swallowed; the thread keeps beating."""
+    class Broken(Periodic):
+        def __init__(self) -> None:
+            super().__init__(0.01, "broken-beat")
+            self.ticks, self.said, self.enough = 0, [], threading.Event()
+
+        def tick(self) -> None:
+            self.ticks += 1
+            if self.ticks >= 20:
+                self.enough.set()
+            raise ValueError("no such column") if self.ticks % 2 else KeyError("device")
+
+        def failed(self, exc: Exception) -> None:
+            self.said.append(type(exc).__name__)
+
+    with Broken() as beat:
+        assert beat.enough.wait(30)
+    assert beat.ticks >= 20 and sorted(beat.said) == ["KeyError", "ValueError"]

@@ -17,6 +17,7 @@ SIGTERM is turned into :class:`Interrupted` (a ``KeyboardInterrupt``), so a run 
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import threading
@@ -28,9 +29,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from abwatch.service.compare import lifecycle
+from abwatch.service.store import db
 from abwatch.service.store.models import Regression, RegressionEvent, Run, RunStatus, utcnow
 from abwatch.service.stats.verdict import RegressionState
 
+LOG = logging.getLogger(__name__)
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0  # ten missed heartbeats: the process on the other host is gone
 
@@ -62,15 +65,21 @@ def claim(run: Run) -> None:
 class Periodic:
     """A context manager that calls :meth:`tick` every ``interval_s`` from a daemon thread of
     its own, until the block ends. A tick that raises is skipped: a missed beat (the database
-    restarting) is harmless, and the next one tries again."""
+    restarting) is harmless, and the next one tries again; any other error is said once per
+    kind (:meth:`failed`), so a broken beat does not go silent."""
 
     def __init__(self, interval_s: float, name: str) -> None:
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._said: set[str] = set()
 
     def tick(self) -> None:
         """One beat (subclasses)."""
+
+    def failed(self, exc: Exception) -> None:
+        """Say that a beat failed for a reason other than a lost connection (once per kind)."""
+        LOG.warning("%s: a beat failed: %s: %s", self._thread.name, type(exc).__name__, exc)
 
     def __enter__(self):
         self._thread.start()
@@ -84,8 +93,11 @@ class Periodic:
         while not self._stop.wait(self.interval_s):
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - see the class docstring
-                continue
+            except Exception as exc:  # noqa: BLE001 - see the class docstring
+                kind = type(exc).__name__
+                if db.lost_connection(exc) is None and kind not in self._said:
+                    self._said.add(kind)
+                    self.failed(exc)
 
 
 class Heartbeat(Periodic):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from abwatch.runners.fingerprint import changes
+
 from abwatch.service import stats
 from abwatch.service.compare import lifecycle, metrics
 from abwatch.service.compare.driver import run_compare
@@ -21,7 +23,7 @@ from abwatch.service.compare.progress import NullProgress, Progress
 from abwatch.service.config import Config
 from abwatch.service.notify import alerts
 from abwatch.service.stats.verdict import RegressionState
-from abwatch.service.store.models import Run, RunType
+from abwatch.service.store.models import Regression, Run, RunType
 
 
 def run_verify(session: Session, run_id: int, *, progress: Progress | None = None) -> tuple[CompareOutcome, list]:
@@ -99,7 +101,8 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
             else f"verify run {outcome.run_id}: {v.verdict.value}"
         state = RegressionState.REGRESS if v.verdict == stats.Outcome.REGRESSION else RegressionState.CLEARED
         word = "reproduced" if state is RegressionState.REGRESS else "not reproduced"
-        lifecycle.transition(session, regression, state, verify_run, f"{word}; {first}; {second}",
+        lifecycle.transition(session, regression, state, verify_run,
+                             f"{word}; {first}; {second}{_moved(regression, verify_run)}",
                              expect=RegressionState.VERIFY)
     confirmed = [r.id for r in pending if r.state == RegressionState.REGRESS]
     # recorded with the transitions (the outbox); the caller sends them after its work
@@ -107,3 +110,15 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         progress.message(f"{len(confirmed)} regression(s) to alert {len(config.alerts.webhooks)} webhook(s) of")
     session.commit()
     return outcome, pending
+
+
+def _moved(regression: Regression, verify_run: Run) -> str:
+    """What the verdict's reason adds when the verify run measured another fingerprint of the
+    device than the run that found the regression (a driver, kernel or hardware change in
+    between): the A/B holds on the hardware it ran on, and the reader is told it moved."""
+    found, now = regression.device, verify_run.device
+    if found is None or now is None or found.id == now.id:
+        return ""
+    what = "; ".join(changes(found.fingerprint or {}, now.fingerprint or {})) or "another fingerprint"
+    return (f" (measured on a changed device: {what}; fingerprint {found.fingerprint_hash[:12] or 'none'} -> "
+            f"{now.fingerprint_hash[:12] or 'none'}; found on the earlier one)")

@@ -187,7 +187,7 @@ def forever(engine: Engine, config: Config, *, work: bool = True, progress: Prog
     # the devices it works itself are registered and beat; every device is checked for silence
     served = _served(config) if work else []
     _register(engine, config, served, progress)
-    with presence.Heartbeat(engine, served, config, progress) as heartbeat:
+    with presence.DeviceHeartbeat(engine, served, config, progress) as heartbeat:
         while not stopper.stopping and due is not None:
             now = datetime.now(zone)
             wait = (min(d for d in (due, prune_due) if d is not None) - now).total_seconds()
@@ -242,7 +242,7 @@ def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
     progress.message(f"worker {worker.name} for device {device!r}")
     try:
         _register(engine, config, [device], progress)
-        with presence.Heartbeat(engine, [device], config, progress):
+        with presence.DeviceHeartbeat(engine, [device], config, progress):
             _work_loop(engine, config, worker, stopper, progress, poll_s)
     finally:
         worker.close()

@@ -5,7 +5,7 @@ lives, idle or in a job; a device silent for longer than ``watch.stale_after`` r
 :func:`register` once at start: the runner describes the device
 (:meth:`~abwatch.runners.base.Runner.prepare`, whose ``fingerprint`` picks the device row:
 another fingerprint is another series, said in the log), and the device's ``device_hosts``
-row records who serves it. A :class:`Heartbeat` thread then writes ``heartbeat_at`` every
+row records who serves it. A :class:`DeviceHeartbeat` thread then writes ``heartbeat_at`` every
 ``watch.heartbeat_s`` seconds (a minute: one UPDATE) through its own connection, and on each beat runs
 :func:`check_stale` over every device: whichever process first finds a heartbeat older than
 ``watch.stale_after`` sets ``stale_since`` with a conditional UPDATE and records the
@@ -173,7 +173,7 @@ def _span(seconds: float | None) -> str:
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
-class Heartbeat(Periodic):
+class DeviceHeartbeat(Periodic):
     """Beats ``devices``' heartbeat and checks every device for staleness every ``watch.heartbeat_s``,
     from a thread of its own through its own connections: idle or in a job, the beat goes on
     (a job's run has its own, :class:`~abwatch.service.compare.liveness.Heartbeat`). With no
@@ -184,6 +184,10 @@ class Heartbeat(Periodic):
         self.engine, self.devices, self.config = engine, list(devices), config
         self.progress = progress or NullProgress()
         self.said = threading.Event()  # set when a beat recorded an alert: the loop sends it
+
+    def failed(self, exc: Exception) -> None:
+        """Said in the worker's log: the device's beat or the staleness check is broken."""
+        self.progress.message(f"device heartbeat failed: {type(exc).__name__}: {exc} (said once; it goes on trying)")
 
     def tick(self) -> None:
         """Beat, check, and say what changed."""
