@@ -350,6 +350,11 @@ class RunnerConfig(StrictModel):
     def _rpc_needs_tracker(self) -> RunnerConfig:
         if self.kind == "rpc" and (not self.tracker or not self.key):
             raise ValueError("an rpc runner needs tracker and key")
+        # "native" is resolved to this host's CPU by the runner from a table only; in a string
+        # each worker's LLVM would resolve it, and one counted under Valgrind sees Valgrind's CPU
+        if isinstance(self.target, str) and re.search(r"-mcpu=native\b", self.target):
+            raise ValueError(f"target {self.target!r}: write a native CPU as a table, e.g. target = "
+                             '{kind = "llvm", mcpu = "native"}, so every worker compiles for the same CPU')
         return self
 
 

@@ -233,3 +233,14 @@ def test_the_offline_nightly_config_the_benchmark_ran_loads():
     assert config.build.submodule_rewrites == {"https://github.com/": "/srv/mirrors/"}
     assert config.build.cmake["TVM_FFI_USE_LIBBACKTRACE"] == "OFF"
     assert [w.model.split(":")[0] for w in config.workloads] == ["builtin", "te", "script"]
+
+
+def test_a_native_cpu_in_a_target_string_is_refused_with_the_table_to_write(tmp_path):
+    path = tmp_path / "native.toml"
+    path.write_text('[repo]\nurl = "/nowhere"\n[build]\ncommand = ["true"]\n[[workloads]]\nname = "x"\ncommand = ["true"]\n'
+                    '[runner]\ntarget = "llvm -mcpu=native -num-cores=2"\n')
+    with pytest.raises(ConfigError, match=r"runner.*write a native CPU as a table, e\.g\. target = \{kind = \"llvm\", "
+                                          r"mcpu = \"native\"\}"):
+        load_config(path)
+    path.write_text(path.read_text().replace('"llvm -mcpu=native -num-cores=2"', '"llvm -mcpu=skylake"'))
+    assert load_config(path).runner.target == "llvm -mcpu=skylake"
