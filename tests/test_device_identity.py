@@ -190,6 +190,26 @@ def test_a_verify_on_a_changed_fingerprint_says_the_device_moved(capsys, bench_r
     engine.dispose()
 
 
+def test_a_device_left_unregistered_by_a_database_outage_is_registered_by_its_heartbeat(
+        fresh_pg_url, tmp_path, bench_repo):
+    """A worker that found the database down when it started hands its device to the heartbeat,
+    whose next beat records the device's fingerprint and row."""
+    db.upgrade(fresh_pg_url)
+    config = watch_config(tmp_path, bench_repo, "heartbeat_s = 60")
+    engine = db.make_engine(fresh_pg_url)
+    beat = presence.DeviceHeartbeat(engine, ["box"], config, unregistered=["box"])
+    beat.tick()
+    with Session(engine) as session:
+        device = session.scalar(select(Device).where(Device.name == "box"))
+        assert device is not None and device.fingerprint["cores"] and device.fingerprint_hash
+        assert session.scalar(select(DeviceHost).where(DeviceHost.name == "box")).heartbeat_at is not None
+    assert beat.unregistered == []
+    beat.tick()  # registered once: the next beats only beat
+    with Session(engine) as session:
+        assert session.scalar(select(func.count()).select_from(Device).where(Device.name == "box")) == 1
+    engine.dispose()
+
+
 def watch_config(tmp_path: Path, repo: Path, watch: str, webhook: str | None = None) -> Config:
     """The config of a watch whose ``[watch]`` section is ``watch`` (and alerts to ``webhook``)."""
     text_ = CONFIG.format(cache=json.dumps(str(tmp_path / "cache")), repo=json.dumps(str(repo)), runner="",

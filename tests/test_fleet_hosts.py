@@ -119,3 +119,4 @@ def test_two_device_hosts_on_a_network_survive_a_kill_and_a_cut_link(tmp_path, f
     # each host built in its own cache (no build host here: each device host still builds)
     for device in hosts:
         assert any((configs[device].parent / "cache" / "artifacts").iterdir())
+

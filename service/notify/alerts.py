@@ -14,7 +14,8 @@ A device whose worker has been silent for longer than ``watch.stale_after`` (a d
 is alerted once, and again when it is heard from (:func:`enqueue_device`)::
 
     {"event": "stale" | "recovered", "text": "...", "device": {"name", "host", "pid",
-     "heartbeat_at", "stale_since", "silent_s", "fingerprint", "queued"}, "sent_at", "delivery"}
+     "heartbeat_at", "stopped_at", "silent_s", "fingerprint", "fingerprint_summary", "queued"},
+     "sent_at", "delivery"}
 
 Headers: ``X-Abwatch-Event``, ``X-Abwatch-Delivery`` and, when the environment variable
 named by ``alerts.secret_env`` holds a secret, ``X-Abwatch-Signature-256: sha256=<hex>``,

@@ -60,6 +60,14 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+# libpq's network settings for every PostgreSQL connection: a connect gives up after 10 s, an idle
+# connection is probed after 30 s of silence (three probes 10 s apart), and data unacknowledged
+# for 60 s drops it. A worker whose host lost the network then reconnects (and the server frees
+# its advisory locks) instead of waiting on a dead socket.
+LIBPQ_NETWORK = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                 "keepalives_count": 3, "tcp_user_timeout": 60_000}
+
+
 def make_engine(url: str, *, pool_size: int | None = None, pool_timeout_s: float | None = None,
                 statement_timeout_s: float | None = None) -> Engine:
     """An engine; SQLite gets foreign keys enforced, as PostgreSQL has them.
@@ -75,6 +83,11 @@ def make_engine(url: str, *, pool_size: int | None = None, pool_timeout_s: float
         pool = {"pool_size": pool_size, "max_overflow": 0}
         if pool_timeout_s is not None:
             pool["pool_timeout"] = pool_timeout_s
+    if make_url(url).get_backend_name() == "postgresql":
+        # a host cut off from the server (or the server's host gone) is noticed in about a minute,
+        # not after the kernel's two hours: what the URL says wins
+        given = set(make_url(url).query)
+        pool["connect_args"] = {k: v for k, v in LIBPQ_NETWORK.items() if k not in given}
     try:
         # pre-ping: a connection the server dropped (a restart) is replaced when it is taken
         # from the pool, so a long-running worker does not fail on its first query after one

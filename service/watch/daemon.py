@@ -186,8 +186,8 @@ def forever(engine: Engine, config: Config, *, work: bool = True, progress: Prog
                          f"{prune_due.isoformat(timespec='seconds')}")
     # the devices it works itself are registered and beat; every device is checked for silence
     served = _served(config) if work else []
-    _register(engine, config, served, progress)
-    with presence.DeviceHeartbeat(engine, served, config, progress) as heartbeat:
+    unregistered = _register(engine, config, served, progress)
+    with presence.DeviceHeartbeat(engine, served, config, progress, unregistered) as heartbeat:
         while not stopper.stopping and due is not None:
             now = datetime.now(zone)
             wait = (min(d for d in (due, prune_due) if d is not None) - now).total_seconds()
@@ -241,8 +241,8 @@ def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
     stopper.workers.append(worker)
     progress.message(f"worker {worker.name} for device {device!r}")
     try:
-        _register(engine, config, [device], progress)
-        with presence.DeviceHeartbeat(engine, [device], config, progress):
+        unregistered = _register(engine, config, [device], progress)
+        with presence.DeviceHeartbeat(engine, [device], config, progress, unregistered):
             _work_loop(engine, config, worker, stopper, progress, poll_s)
     finally:
         worker.close()
@@ -251,10 +251,11 @@ def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
     return EXIT_OK
 
 
-def _register(engine: Engine, config: Config, devices: list[str], progress: Progress) -> None:
+def _register(engine: Engine, config: Config, devices: list[str], progress: Progress) -> list[str]:
     """Register the devices this process serves (:func:`.presence.register`), saying each one's
-    fingerprint (a changed one starts a new series) or why it has none; a database that is down
-    leaves it to the heartbeat, which records the device once it is back."""
+    fingerprint (a changed one starts a new series) or why it has none. The devices a database
+    that is down left unregistered, which the heartbeat registers once it is back."""
+    left = []
     for device in devices:
         try:
             for line in presence.register(engine, device, *presence.describe(config, device), config):
@@ -263,7 +264,10 @@ def _register(engine: Engine, config: Config, devices: list[str], progress: Prog
             lost = db.lost_connection(exc)
             if lost is None:
                 raise
-            progress.message(f"device {device}: not registered ({first_line(lost)}); its heartbeat will be")
+            progress.message(f"device {device}: not registered ({first_line(lost)}); its heartbeat will, once "
+                             "the database is back")
+            left.append(device)
+    return left
 
 
 def _work_loop(engine: Engine, config: Config, worker: queue.Worker, stopper: Stopper, progress: Progress,

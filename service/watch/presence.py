@@ -179,9 +179,11 @@ class DeviceHeartbeat(Periodic):
     (a job's run has its own, :class:`~abwatch.service.compare.liveness.Heartbeat`). With no
     devices it only checks (the watch that works no device itself)."""
 
-    def __init__(self, engine: Engine, devices: Iterable[str], config: Config, progress: Progress | None = None) -> None:
+    def __init__(self, engine: Engine, devices: Iterable[str], config: Config, progress: Progress | None = None,
+                 unregistered: Iterable[str] = ()) -> None:
         super().__init__(config.watch.heartbeat_s, "heartbeat-devices")
         self.engine, self.devices, self.config = engine, list(devices), config
+        self.unregistered = list(unregistered)  # registering found the database down: done on a beat
         self.progress = progress or NullProgress()
         self.said = threading.Event()  # set when a beat recorded an alert: the loop sends it
 
@@ -190,7 +192,12 @@ class DeviceHeartbeat(Periodic):
         self.progress.message(f"device heartbeat failed: {type(exc).__name__}: {exc} (said once; it goes on trying)")
 
     def tick(self) -> None:
-        """Beat, check, and say what changed."""
+        """Register what is left to, beat, check, and say what changed."""
+        while self.unregistered:
+            for line in register(self.engine, self.unregistered[0], *describe(self.config, self.unregistered[0]),
+                                 self.config):
+                self.progress.message(line)
+            self.unregistered.pop(0)
         for line in beat(self.engine, self.devices, self.config) + check_stale(self.engine, self.config):
             self.progress.message(line)
             self.said.set()
