@@ -159,6 +159,12 @@ class BuildSpec(StrictModel):
         """Hash of :meth:`hashed` (part of every cache key and of each build row)."""
         return spec_hash(self.hashed())
 
+    def for_untrusted(self) -> BuildSpec:
+        """This section for code nobody merged (try and pull-request jobs). A kind whose builds
+        share nothing but their finished artifacts (a clean checkout each time) is unchanged;
+        one that carries state from build to build keeps such code apart (tvm-source)."""
+        return self
+
 
 class CommandBuildConfig(BuildSpec):
     """Build by running a command in a clean checkout of the commit."""
@@ -280,6 +286,9 @@ class TvmSourceBuildConfig(BuildSpec):
     ccache_remote_password_env: str | None = Field(
         default=None, pattern=ENV_NAME, description="environment variable holding the remote storage's "
         "password (Redis AUTH; HTTP basic auth for the URL's user) or, for HTTP without a user, its bearer token")
+    untrusted: bool = Field(
+        default=False, description="set by try and pull-request jobs, not in a config file: a workspace and "
+        "local compiler cache of their own, no remote compiler cache, artifacts kept apart (see for_untrusted)")
 
     @field_validator("ccache_remote")
     @classmethod
@@ -302,14 +311,23 @@ class TvmSourceBuildConfig(BuildSpec):
         payload = self.model_dump(exclude={"submodule_rewrites", "submodules", "submodule_fallbacks", "jobs",
                                            "cache_limit_gb", "timeout_s", "pack_deltas", "check_import",
                                            "ccache_remote", "ccache_remote_password_env"})
-        for newer in ("env", "keep"):  # keeps the keys of builds made before these existed
+        for newer in ("env", "keep", "untrusted"):  # keeps the keys of builds made before these existed
             if not payload[newer]:
                 del payload[newer]
         return payload
 
     def workspace_hash(self) -> str:
         """Hash of what changes the compiled output: configurations that share it share a build dir."""
-        return spec_hash(self.model_dump(include={"cmake", "runtime_only", "targets"}))
+        return spec_hash(self.model_dump(include={"cmake", "runtime_only", "targets", "untrusted"}
+                                         if self.untrusted else {"cmake", "runtime_only", "targets"}))
+
+    def for_untrusted(self) -> TvmSourceBuildConfig:
+        """Incremental builds reuse their workspace's objects and the compiler cache's entries: a
+        build of unmerged code could leave objects (or poisoned cache entries) that a later
+        trusted build links, and it would see the remote cache's credential. So it builds in a
+        workspace and local ccache of its own (builders/tvm_source.py), without the remote
+        storage, and its artifacts have keys of their own."""
+        return self.model_copy(update={"untrusted": True, "ccache_remote": None, "ccache_remote_password_env": None})
 
 
 BUILD_KINDS = ("command", "tvm-wheel", "tvm-source")

@@ -62,8 +62,11 @@ class TvmSourceBuilder(Builder):
         self.repository_url = self.repo.display_url
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
         self.limits = config.cache
-        self.workspace = config.cache_dir / "tvm-source" / self.config.workspace_hash()
-        self.ccache_dir = config.cache_dir / "ccache"
+        # unmerged code (TvmSourceBuildConfig.for_untrusted) builds apart: it may write only its own
+        # workspaces and compiler cache, never those trusted builds reuse
+        apart = "-untrusted" if self.config.untrusted else ""
+        self.workspace = config.cache_dir / f"tvm-source{apart}" / self.config.workspace_hash()
+        self.ccache_dir = config.cache_dir / f"ccache{apart}"
         self.compiler_cache = CompilerCache(self.ccache_dir, self.workspace.parent, self.config.ccache_remote,
                                             self.config.ccache_remote_password_env)
         self._fetched = False

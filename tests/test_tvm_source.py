@@ -275,3 +275,33 @@ command = ["ls", "lib"]
     assert payload["builds"][1]["failure"].startswith("compile of") and cause in payload["builds"][1]["failure"]
     main(["show", str(payload["run_id"]), "--db", sqlite_url])
     assert f"treatment build 2 failed: compile of {shas['broken'][:12]} failed (status 1): " in capsys.readouterr().out
+
+
+def test_unmerged_code_builds_apart_and_cannot_touch_what_trusted_builds_reuse(project, tmp_path):
+    """A try or pull-request build (``for_untrusted``) runs in a workspace and compiler cache of
+    its own: a commit whose CMakeLists writes into the trusted workspace and ccache (objects a
+    later trusted build would link) is stopped by the sandbox, and its artifacts have keys of
+    their own, so a trusted build never reuses one."""
+    work, _, shas = project
+    config = make_config(project, tmp_path)
+    trusted = TvmSourceBuilder(config)
+    first = trusted.build(shas["first"])
+    targets = [trusted.workspace / "poison", trusted.ccache_dir / "poison"]
+    assert trusted.workspace.is_dir() and trusted.ccache_dir.is_dir()
+    repo = git.Repo(work)
+    branch = repo.create_head(f"hostile-{tmp_path.name}", shas["first"])
+    branch.checkout()
+    try:
+        writes = "".join(f'execute_process(COMMAND sh -c "echo poisoned > {t}")\n' for t in targets)
+        (work / "CMakeLists.txt").write_text(CMAKELISTS + writes)
+        hostile = _commit(repo, "try: write where trusted builds look")
+    finally:
+        repo.heads.main.checkout(force=True)
+    apart = TvmSourceBuilder(config.model_copy(update={"build": config.build.for_untrusted()}))
+    assert apart.workspace.parent.name == "tvm-source-untrusted" and apart.ccache_dir.name == "ccache-untrusted"
+    built = apart.build(apart.resolve(hostile).sha)
+    assert built.path.is_dir()  # it built, in its own workspace
+    assert [t for t in targets if t.exists()] == []  # and wrote nothing where trusted builds look
+    assert built.log.count("Read-only file system") >= 2, built.log[-2000:]  # it tried; the sandbox said no
+    assert apart.build(shas["first"]).key != first.key  # the same commit, built apart, is another artifact
+    assert apart.config.ccache_remote is None
