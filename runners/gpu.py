@@ -19,6 +19,7 @@ import re
 import os
 import socket
 from pathlib import Path
+from typing import TypeGuard
 
 from abwatch.builders.environment import ArtifactInfoError, build_environment, build_python
 from abwatch.builders.procs import child_env, run_process
@@ -45,10 +46,11 @@ print(json.dumps(device.backend(tvm, sys.argv[2])))
 
 
 # what worker_device.backend() answers, key by key: a build's answer of any other shape is refused
-BACKEND_KEYS = {"tvm": str, "enabled": bool, "exist": bool, "library": (str, type(None)), "libinfo": str}
+BACKEND_KEYS: dict[str, type | tuple[type, ...]] = {
+    "tvm": str, "enabled": bool, "exist": bool, "library": (str, type(None)), "libinfo": str}
 
 
-def _well_formed(said: object) -> bool:
+def _well_formed(said: object) -> TypeGuard[dict]:
     """Whether a build's answer to BACKEND has the shape worker_device.backend() gives."""
     return isinstance(said, dict) and all(isinstance(said.get(key), kind) for key, kind in BACKEND_KEYS.items())
 

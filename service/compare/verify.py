@@ -112,11 +112,11 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
     return outcome, pending
 
 
-def _moved(regression: Regression, verify_run: Run) -> str:
+def _moved(regression: Regression, verify_run: Run | None) -> str:
     """What the verdict's reason adds when the verify run measured another fingerprint of the
     device than the run that found the regression (a driver, kernel or hardware change in
     between): the A/B holds on the hardware it ran on, and the reader is told it moved."""
-    found, now = regression.device, verify_run.device
+    found, now = regression.device, verify_run.device if verify_run is not None else None
     if found is None or now is None or found.id == now.id:
         return ""
     what = "; ".join(changes(found.fingerprint or {}, now.fingerprint or {})) or "another fingerprint"

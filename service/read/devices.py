@@ -4,24 +4,21 @@ the host that serves it and its last heartbeat, whether it went silent, and its 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from abwatch.runners.fingerprint import summary
+from abwatch.service.store.base import aware
 from abwatch.service.store.models import Device, DeviceHost, Job, JobStatus, Run, utcnow
 
 
-def _aware(value: datetime | None) -> datetime | None:
-    # SQLite hands back naive datetimes (stored as UTC)
-    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
-
 
 def _iso(value: datetime | None) -> str | None:
-    aware = _aware(value)
-    return aware.isoformat() if aware is not None else None
+    value = aware(value)
+    return value.isoformat() if value is not None else None
 
 
 def _state(host: DeviceHost | None) -> str:
@@ -61,7 +58,7 @@ def list_devices(session: Session) -> list[dict[str, Any]]:
     for name in sorted(names):
         host = hosts.get(name)
         prints = _fingerprints(session, name)
-        heard = _aware(host.heartbeat_at) if host is not None else None
+        heard = aware(host.heartbeat_at) if host is not None else None
         out.append({
             "name": name, "state": _state(host),
             "fingerprint": prints[0] if prints else None, "fingerprints": prints,

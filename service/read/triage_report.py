@@ -23,6 +23,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from abwatch.service.stats.verdict import Metric, RegressionKind, RegressionState, TriageStatus
+from abwatch.service.store.base import aware
 from abwatch.service.store.models import Regression, RegressionEvent, TriageEvent
 
 SECTIONS = ("new", "confirmed", "fixed", "untriaged")
@@ -46,9 +47,6 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
 
 def _entry(r: Regression, dashboard_url: str | None) -> dict[str, Any]:
     culprit = r.culprit_commit
@@ -58,7 +56,7 @@ def _entry(r: Regression, dashboard_url: str | None) -> dict[str, Any]:
         "triage": r.triage.value if r.triage else None, "fixed_by": r.fixed_by,
         "culprit": {"sha": culprit.sha, "summary": culprit.summary, "author": culprit.author} if culprit else None,
         "range": {"good": r.control_commit.sha, "bad": r.treatment_commit.sha},
-        "run_id": r.run_id, "opened_at": _aware(r.created_at).isoformat(),
+        "run_id": r.run_id, "opened_at": aware(r.created_at).isoformat(),
         "url": f"{dashboard_url.rstrip('/')}/regressions/{r.id}" if dashboard_url else None,
     }
 
@@ -80,7 +78,7 @@ def build(session: Session, since: datetime, until: datetime | None = None,
     devices: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for r in session.scalars(select(Regression).order_by(Regression.id)):
         lists = []
-        if _aware(r.created_at) >= since and r.state != RegressionState.CLEARED:
+        if aware(r.created_at) >= since and r.state != RegressionState.CLEARED:
             lists.append("new")
         if r.id in confirmed:
             lists.append("confirmed")

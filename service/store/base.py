@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 from sqlalchemy import JSON, Enum, MetaData
 from sqlalchemy.orm import DeclarativeBase
@@ -21,6 +21,15 @@ NAMING_CONVENTION = {
 def utcnow() -> datetime:
     """Timezone-aware now, the only clock the models use."""
     return datetime.now(UTC)
+
+
+@overload
+def aware(value: datetime) -> datetime: ...
+@overload
+def aware(value: None) -> None: ...
+def aware(value: datetime | None) -> datetime | None:
+    """A stored time as UTC-aware: SQLite hands back naive datetimes (stored as UTC)."""
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
 
 class Base(DeclarativeBase):

@@ -21,7 +21,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterable
-from datetime import datetime, timedelta, UTC
+from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session
@@ -32,6 +32,7 @@ from abwatch.service.compare.liveness import Periodic
 from abwatch.service.compare.progress import NullProgress, Progress
 from abwatch.service.config import Config
 from abwatch.service.notify import alerts
+from abwatch.service.store.base import aware
 from abwatch.service.store.models import DeviceHost, Job, JobStatus, utcnow
 from abwatch.service.store.rows import current_device, device_note, insert_ignoring_conflict, seen_device
 from abwatch.service.watch.devices import for_device
@@ -99,18 +100,14 @@ def stopped(engine: Engine, devices: Iterable[str]) -> None:
         session.commit()
 
 
-def _aware(value: datetime | None) -> datetime | None:
-    # SQLite hands back naive datetimes (stored as UTC)
-    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
-
 
 def document(session: Session, row: DeviceHost, now: datetime) -> dict:
     """What an alert says of a device: who served it, when it was last heard, its fingerprint, its queue."""
     current = current_device(session, row.name)
-    heard = _aware(row.heartbeat_at)
+    heard = aware(row.heartbeat_at)
     queued = session.scalar(select(func.count()).select_from(Job).where(
         Job.device == row.name, Job.status == JobStatus.QUEUED)) or 0
-    stopped_at = _aware(row.stopped_at)
+    stopped_at = aware(row.stopped_at)
     return {"name": row.name, "host": row.host, "pid": row.pid, "heartbeat_at": heard.isoformat() if heard else None,
             "stopped_at": stopped_at.isoformat() if stopped_at else None,
             "silent_s": round((now - heard).total_seconds()) if heard else None,
@@ -124,7 +121,7 @@ def _recovered(session: Session, device: str, config: Config) -> list[str]:
     row = session.scalar(select(DeviceHost).where(DeviceHost.name == device))
     if row is None or row.stale_since is None:
         return []
-    since = _aware(row.stale_since)
+    since = aware(row.stale_since)
     cleared = session.execute(update(DeviceHost).where(DeviceHost.id == row.id, DeviceHost.stale_since.is_not(None))
                               .values(stale_since=None))
     if cleared.rowcount != 1:  # type: ignore[attr-defined]
