@@ -6,8 +6,9 @@ machine's device: CUDA, ROCm, Vulkan, OpenCL or Metal (:mod:`.device_apis`).
 driver lists no device, naming the API, what to install and what it looked for. Each build is
 asked, before it is measured, whether its runtime has the backend (``tvm.runtime.enabled``;
 ``tvm.support.libinfo()`` only as a hint: recent TVM's is a Python fallback of defaults): a
-build without it is refused by name rather than timed as a failure. In the worker, every timed call is synchronised with the device (``time_evaluator``
-and the per-operator hook sync), Relax models get TVM's default GPU schedules through
+build without it is refused by name rather than timed as a failure. In the worker, every
+timed call is synchronised with the device (``time_evaluator`` and the per-operator hook
+sync), Relax models get TVM's default GPU schedules through
 ``tvm.compile``'s pipeline, kernels without a schedule get dlight's, and the compiling
 worker's output is checked against the same build's CPU output.
 """

@@ -10,6 +10,7 @@ data-stoppage alert (``stale_since``). ``workload_series`` partitions by the dev
 as its name, so a commit measured on two fingerprints of one device is a point on each series.
 
 Self-contained but for 0018's ``workload_series``, which downgrade() puts back as it was.
+It revises 0026: no 0027 was ever released (the number was given to a change that did not land).
 
 Revision ID: 0028
 Revises: 0026

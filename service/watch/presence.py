@@ -37,6 +37,7 @@ from abwatch.service.store.models import DeviceHost, Job, JobStatus, utcnow
 from abwatch.service.store.rows import current_device, device_note, insert_ignoring_conflict, seen_device
 from abwatch.service.watch.devices import for_device
 
+
 def describe(config: Config, device: str) -> tuple[DeviceInfo | None, str | None]:
     """What the runner of ``device`` says of it (its fingerprint with it), or why it cannot
     (no GPU, an unreachable tracker): the worker still registers and beats, without one."""
