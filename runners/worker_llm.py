@@ -32,7 +32,9 @@ import numpy as np
 
 # Small enough to compile and run in seconds on two CPU cores.
 DEFAULTS = {"layers": 2, "hidden": 128, "heads": 4, "prompt_tokens": 32, "decode_steps": 16, "vocab": 512}
-ENTRY = "prefill"  # the function a GPU's output is checked by is the whole generation (Generation)
+# The workload's entry function by name; what a call of it runs (timed, counted, instrumented,
+# its output checked, on a GPU against the CPU) is a whole generation: :class:`Generation`.
+ENTRY = "prefill"
 
 
 def options_of(options: dict) -> dict:

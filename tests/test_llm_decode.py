@@ -17,7 +17,7 @@ from conftest import live_server
 
 from abwatch.builders.metrics import GENERATION, Metric
 from abwatch.service.cli.main import main
-from abwatch.service.config import ConfigError, TvmWorkloadConfig
+from abwatch.service.config import TvmWorkloadConfig
 
 from tests.test_tvm import NEW, compare, no_workers_left, write
 
