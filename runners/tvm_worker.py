@@ -17,7 +17,7 @@ model's own imports): never abwatch, which lives in another environment. Protoco
        the kernel's preemptions of it and its peak memory (worker_usage.py); on the host CPU
        only, not over RPC or on a GPU; a model that generates tokens (worker_llm.py) times one
        generation a sample and adds "series": {"ttft": [ms, ...], "decode_latency": [ms, ...],
-       "tokens_per_s": [...]}, one value a sample)
+       "tokens_per_s": [...], and each on CPU time: "ttft_cpu", ...}, one value a sample)
     -> {"cmd": "count_run"}  <- {"instructions": {...}, "calls": N}  (N = number)
     -> {"cmd": "outputs"}  <- {"shape": [...], "dtype": "float32", "data": base64}
     -> {"cmd": "exit"}

@@ -17,7 +17,7 @@ from conftest import live_server
 
 from abwatch.builders.metrics import GENERATION, Metric
 from abwatch.service.cli.main import main
-from abwatch.service.config import TvmWorkloadConfig
+from abwatch.service.config import ConfigError, TvmWorkloadConfig, load_config
 
 from tests.test_tvm import NEW, compare, no_workers_left, write
 
@@ -122,3 +122,11 @@ def test_one_more_layer_is_a_decode_latency_and_a_tokens_per_s_regression(capsys
     assert code == 1 and result["regression_id"] is not None  # opened (by the first metric that regressed)
     assert "llm: tokens_per_s (runtime) regression" in err
     assert no_workers_left(tvm_cache)
+
+
+def test_a_generating_model_is_refused_over_rpc_when_the_config_is_read(tmp_path):
+    path = tmp_path / "rpc.toml"
+    path.write_text(f'cache_dir = "{tmp_path}"\n[build]\nkind = "tvm-wheel"\n[runner]\nkind = "rpc"\n'
+                    'tracker = "127.0.0.1:9190"\nkey = "board"\ntarget = "llvm"\n' + LLM)
+    with pytest.raises(ConfigError, match="times each decode step from the worker; it runs on the cpu and gpu"):
+        load_config(str(path))
