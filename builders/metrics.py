@@ -20,12 +20,20 @@ class Metric(str, enum.Enum):
     CPU_TIME = "cpu_time"  # user + system CPU time of each measured process (or timed region)
     MAX_RSS = "max_rss"  # peak resident memory of each measured process (or timed region)
     CODE_SIZE = "code_size"  # the size of what the compile produced (a TVM workload's library)
+    # a workload that generates tokens (builtin:llm-decode), what mlc-llm's benchmark reports:
+    TTFT = "ttft"  # time to first token: the prefill of the prompt (ms)
+    DECODE_LATENCY = "decode_latency"  # one decode step, per generated token (ms)
+    TOKENS_PER_S = "tokens_per_s"  # decode throughput (tokens per second; higher is better)
 
 
 # Metrics judged from the timed processes themselves (no processes of their own; the code size
 # is of the library the first timed process compiled): a workload measured by one of them is
 # timed too.
-FROM_TIMED_PROCESSES = (Metric.CPU_TIME, Metric.MAX_RSS, Metric.CODE_SIZE)
+FROM_TIMED_PROCESSES = (Metric.CPU_TIME, Metric.MAX_RSS, Metric.CODE_SIZE, Metric.TTFT, Metric.DECODE_LATENCY,
+                        Metric.TOKENS_PER_S)
+# What a token generation reports beside its samples (one value per generation): only a workload
+# that generates tokens is measured by them, and such a workload is by default.
+GENERATION = (Metric.TTFT, Metric.DECODE_LATENCY, Metric.TOKENS_PER_S)
 
 
 def series_name(metric: Metric, phase: str) -> str:

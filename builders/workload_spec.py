@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from abwatch.builders.metrics import FROM_TIMED_PROCESSES, Metric
+from abwatch.builders.metrics import FROM_TIMED_PROCESSES, GENERATION, Metric
 from abwatch.builders.spec import StrictModel
 
 # What one invocation of a command workload may print and report, unless its config says more.
@@ -59,6 +59,19 @@ class WorkloadSpec(StrictModel):
 
     _unique_metrics = field_validator("measure")(_unique)
 
+    def generates_tokens(self) -> bool:
+        """Whether its processes generate tokens, and so report the generation's metrics
+        (:data:`~abwatch.builders.metrics.GENERATION`): a built-in LLM's (``builtin:llm-decode``)."""
+        return False
+
+    @model_validator(mode="after")
+    def _generation_metrics_need_a_generation(self) -> WorkloadSpec:
+        listed = [m.value for m in self.measure if m in GENERATION]
+        if listed and not self.generates_tokens():
+            raise ValueError(f"measure: {', '.join(listed)} is reported by a workload that generates tokens "
+                             f"({', '.join(GENERATIVE_MODELS)}), not by this one")
+        return self
+
 
 class CommandWorkloadConfig(WorkloadSpec):
     """A workload run as a command, by default inside the build's artifact directory.
@@ -101,10 +114,14 @@ MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
     "builtin:cnn": ("classes", "weight_scale"),
     "builtin:resnet18": ("classes", "weight_scale"),
     "builtin:transformer": ("heads", "weight_scale"),
+    "builtin:llm-decode": ("layers", "hidden", "heads", "prompt_tokens", "decode_steps", "vocab", "weight_scale"),
     "te:matmul": ("m", "k", "n"),
     "te:conv2d": ("out_channels", "kernel"),
     "onnx": (),
 }
+# Built-in models that generate tokens: a prefill, then decode steps (runners/worker_llm.py); by
+# default measured by time (one whole generation a sample) and the generation's metrics.
+GENERATIVE_MODELS = ("builtin:llm-decode",)
 # Model sources whose options are the user's own (passed to their function as keywords).
 OPEN_OPTIONS = ("script",)
 SCRIPT_REPO = "script:repo:"  # a script read from the build's own source tree (tvm-source ``keep``)
@@ -115,7 +132,7 @@ TREATMENT_OVERRIDES = ("options", "dtype")
 class TvmWorkloadConfig(WorkloadSpec):
     """A TVM model compiled once per build and timed by the harness worker in that build.
 
-    ``model``: ``builtin:<mlp|cnn|resnet18|transformer>``, ``te:<matmul|conv2d>``,
+    ``model``: ``builtin:<mlp|cnn|resnet18|transformer|llm-decode>``, ``te:<matmul|conv2d>``,
     ``onnx:<path>`` (with ``md5``) or ``script:<path>``: a Python file defining
     ``workload(**options)`` that returns an ``IRModule`` or ``(IRModule, inputs)``
     (``script:repo:<path>`` reads it from the build's source tree; see docs/workloads.md).
@@ -161,6 +178,17 @@ class TvmWorkloadConfig(WorkloadSpec):
             raise ValueError("dtype: expected a string such as \"float16\"")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _generation_measured(cls, data: Any) -> Any:
+        # a model that generates tokens reports what mlc-llm's benchmark does unless told otherwise
+        if isinstance(data, dict) and data.get("model") in GENERATIVE_MODELS and "measure" not in data:
+            return {**data, "measure": [Metric.TIME, *GENERATION]}
+        return data
+
+    def generates_tokens(self) -> bool:
+        return self.model in GENERATIVE_MODELS
+
     def overrides(self, side: str) -> dict[str, Any]:
         """What ``side`` changes of the workload: ``treatment_options`` for the treatment, nothing
         for the control (the TVM worker merges them over the workload's own settings)."""
@@ -173,6 +201,9 @@ class TvmWorkloadConfig(WorkloadSpec):
         source = self.model.partition(":")[0]
         if source in OPEN_OPTIONS:
             return self
+        if self.model in GENERATIVE_MODELS and self.input_shape is not None:
+            raise ValueError(f"input_shape: {self.model} takes its shapes from its options "
+                             "(prompt_tokens, hidden, ...), not from input_shape")
         known = MODEL_OPTIONS.get("onnx" if source == "onnx" else self.model)
         if known is None:
             raise ValueError(f"model: unknown model {self.model!r} "

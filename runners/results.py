@@ -73,6 +73,9 @@ class InvocationResult:
     # region (TVM workers: the peak reset before the timing batch), or of the compile (a TVM
     # worker that only compiles); None where not measured
     max_rss_kb: int | None = None
+    # a process that generated tokens: each generation's figures by metric name (ttft,
+    # decode_latency, tokens_per_s: builtin:llm-decode), one value per sample
+    series: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # a counted process: the functions its count was spent in (runners.profiles.Profile.to_dict,
     # per call where its sample is), None where the counter counts no functions
     profile: dict[str, Any] | None = None

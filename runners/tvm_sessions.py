@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import queue
 import subprocess
@@ -260,6 +261,18 @@ def _ended(reply: dict, server: Worker) -> str:
     return f"counted worker ended with status {status}{hint}" + (f": {tail}" if tail else "")
 
 
+def _series(reply: dict) -> dict[str, tuple[float, ...]]:
+    """Each token generation's figures in a timing batch's reply (``series``: a workload that
+    generates tokens), checked: one finite, positive number per sample of each."""
+    out = {}
+    for name, values in (reply.get("series") or {}).items():
+        if not (isinstance(values, list) and len(values) == len(reply.get("samples", ())) and all(
+                isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values)):
+            raise WorkerError(f"worker broke the protocol: series {name!r} is not one positive number a sample")
+        out[str(name)] = tuple(float(v) for v in values)
+    return out
+
+
 class TvmSessions:
     """Runs TVM invocations for one runner; keeps each build's compiled library."""
 
@@ -324,6 +337,7 @@ class TvmSessions:
                 self.compiled.add(key)
             worker.send({"cmd": "run"})
             reply = worker.receive(timeout_s)
+            series = _series(reply)
         except WorkerError as exc:
             status = "timeout" if "timeout" in str(exc) else "error"
             return InvocationResult(status, (), time.monotonic() - start, str(exc))
@@ -335,7 +349,8 @@ class TvmSessions:
         usage = reply.get("usage") or {}  # the timing batch's, on the host CPU (absent over RPC, on a GPU)
         return InvocationResult("ok", tuple(reply["samples"]), time.monotonic() - start, "", (), metrics,
                                 cpu_s=usage.get("cpu_s"), involuntary_switches=usage.get("involuntary_switches"),
-                                usage_wall_s=usage.get("wall_s"), threads=threads, max_rss_kb=usage.get("max_rss_kb"))
+                                usage_wall_s=usage.get("wall_s"), threads=threads, max_rss_kb=usage.get("max_rss_kb"),
+                                series=series)
 
     def compile_time(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
                      side: str, side_options: dict) -> InvocationResult:

@@ -15,7 +15,9 @@ model's own imports): never abwatch, which lives in another environment. Protoco
                                "usage": {"wall_s", "cpu_s", "involuntary_switches", "max_rss_kb"} | null}
        (usage: the timing batch's wall time, this process's CPU time over it (all threads),
        the kernel's preemptions of it and its peak memory (worker_usage.py); on the host CPU
-       only, not over RPC or on a GPU)
+       only, not over RPC or on a GPU; a model that generates tokens (worker_llm.py) times one
+       generation a sample and adds "series": {"ttft": [ms, ...], "decode_latency": [ms, ...],
+       "tokens_per_s": [...], and each on CPU time: "ttft_cpu", ...}, one value a sample)
     -> {"cmd": "count_run"}  <- {"instructions": {...}, "calls": N}  (N = number)
     -> {"cmd": "outputs"}  <- {"shape": [...], "dtype": "float32", "data": base64}
     -> {"cmd": "exit"}
@@ -71,18 +73,27 @@ def _protocol_stream():
 
 
 def _relax_module(spec: dict, rng: np.random.Generator):
-    """(IRModule, parameter arrays, input arrays) for builtin: and onnx: models."""
+    """(IRModule, parameter arrays, input arrays, entry function, the module that times its
+    generations or None) for builtin: and onnx: models."""
     from tvm.relax.frontend import nn
 
     kind, _, name = spec["model"].partition(":")
     dtype = spec["dtype"]
-    if kind == "builtin":
-        module, shape = _sibling("worker_models").builtin(name, spec.get("input_shape"), dtype, spec.get("options", {}))
+    models = _sibling("worker_models") if kind == "builtin" else None
+    if models is not None and name in models.GENERATIVE:  # a model that generates tokens: its own module
+        if spec.get("rpc"):  # each decode step would be a round trip to the board: the network timed
+            raise ValueError(f"{spec['model']} is timed step by step from this process; it runs on this "
+                             "host's CPU or a GPU runner, not over RPC")
+        generative = _sibling(models.GENERATIVE[name])
+        mod, weights, inputs = generative.relax_module(spec, rng)
+        return mod, weights, inputs, generative.ENTRY, generative
+    if models is not None:
+        module, shape = models.builtin(name, spec.get("input_shape"), dtype, spec.get("options", {}))
         module.to(dtype)
         mod, params = module.export_tvm(spec={"forward": {"x": nn.spec.Tensor(shape, dtype)}})
         scale = float(spec.get("options", {}).get("weight_scale", 0.05))
         weights = [(rng.standard_normal([int(d) for d in p.shape]) * scale).astype(dtype) for _, p in params]
-        return mod, weights, [rng.standard_normal(shape).astype(dtype)], "forward"
+        return mod, weights, [rng.standard_normal(shape).astype(dtype)], "forward", None
     if kind == "onnx":
         import onnx
         from tvm.relax.frontend.onnx import from_onnx
@@ -98,7 +109,7 @@ def _relax_module(spec: dict, rng: np.random.Generator):
             shapes[inp.name] = spec.get("input_shape") or dims
         mod = from_onnx(graph, shape_dict=shapes, keep_params_in_input=False)
         inputs = [rng.standard_normal(s).astype(dtype) for s in shapes.values()]
-        return mod, [], inputs, "main"
+        return mod, [], inputs, "main", None
     raise ValueError(f"unknown model kind {kind!r}")
 
 
@@ -235,7 +246,7 @@ class Workload:
         self.target = str(target)
         kind = spec["model"].partition(":")[0]
         load, export = spec.get("load"), spec.get("export")
-        self.script_sha256 = None
+        self.script_sha256, self.generative = None, None
         if kind == "script":
             with target:  # current while the script runs: it may schedule its kernels for the device
                 mod, self.inputs, self.script_sha256 = _script_module(spec, rng)
@@ -255,7 +266,7 @@ class Workload:
             self.is_vm, self.entry, self.params = False, "main", []
             mod = tvm.IRModule({"main": func})
         else:
-            mod, self.params, self.inputs, self.entry = _relax_module(spec, rng)
+            mod, self.params, self.inputs, self.entry, self.generative = _relax_module(spec, rng)
             self.is_vm = True
         # the device's output is checked against this build's CPU output of the module before
         # any GPU schedule (a script that scheduled its kernels itself is checked against the
@@ -290,8 +301,9 @@ class Workload:
         self.args = [tvm.runtime.tensor(x, self.dev) for x in self.inputs + list(self.params)]
         if self.is_vm:
             self.vm = relax.VirtualMachine(lib, self.dev)
-            self.call = self.vm[self.entry]
-            self.timer = self.vm.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"])
+            self.call = self.callable(self.vm, self.dev)
+            self.timer = (None if self.generative is not None else
+                          self.vm.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"]))
         else:
             if kind == "script":
                 self.out = tvm.runtime.tensor(self.out_array, self.dev)
@@ -301,6 +313,11 @@ class Workload:
             lib = getattr(lib, "mod", lib)  # an Executable wraps the runtime module
             self.call = lib[self.entry]
             self.timer = lib.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"])
+
+    def callable(self, vm, dev):
+        """What one call of the workload is on the Relax VM ``vm`` of device ``dev``: its entry
+        function, or a whole generation (prefill and decode steps) of a model that generates tokens."""
+        return self.generative.Generation(vm, dev) if self.generative is not None else vm[self.entry]
 
     def _upload(self, lib, path: str | None):
         """Send the compiled library to a board through the tracker and load it there (a Relax
@@ -325,14 +342,18 @@ class Workload:
         """One timing batch: ``repeat`` samples of ``number`` calls each, and per-op times."""
         usage_of = _sibling("worker_usage")
         before = usage_of.start()
-        samples = [t * 1000.0 for t in self.timer(*self.args).results]
+        if self.generative is not None:  # one generation a sample, and its figures (ttft, ...)
+            samples, series = self.call.time(self.args, self.spec["repeat"])
+        else:
+            samples, series = [t * 1000.0 for t in self.timer(*self.args).results], None
         usage = usage_of.figures(*before) if self.spec["device"] == "cpu" and not self.spec.get("rpc") else None
         if not self.is_vm:  # a single operator: the whole call is the operator
             name = self.entry if self.script_sha256 else self.spec["model"].partition(":")[2]
             return {"samples": samples, "ops": {name: float(np.median(samples)) * 1000},
                     "op_features": {name: _sibling("worker_ops").features(self.args)}, "usage": usage}
         features: dict = {}
-        return {"samples": samples, "ops": self._ops(features), "op_features": features, "usage": usage}
+        return {"samples": samples, "ops": self._ops(features), "op_features": features, "usage": usage,
+                **({"series": series} if series else {})}
 
     def count_run(self) -> dict:
         """The instructions of ``number`` calls (one timed sample's worth), counted."""

@@ -50,6 +50,14 @@ class TvmKind(WorkloadKind):
             raise UsageError(f"model: {script} has SHA-256 {digest}, the config says {workload.script_sha256}")
         return workload.model_copy(update={"model": f"script:{script}", "script_sha256": digest})
 
+    def check_runner(self, workload: TvmWorkloadConfig, runner: str) -> str | None:
+        """A model that generates tokens is timed step by step from the worker: not over RPC,
+        where every decode step would be a round trip to the board (the network timed)."""
+        if runner == "rpc" and workload.generates_tokens():
+            return (f"workload {workload.name!r}: {workload.model} times each decode step from the worker; "
+                    "it runs on the cpu and gpu runners, not over rpc")
+        return super().check_runner(workload, runner)
+
     def check_build(self, workload: TvmWorkloadConfig, build: BuildSpec) -> str | None:
         """A ``script:repo:`` model needs a ``tvm-source`` build that keeps its file (``build.keep``)."""
         if not workload.model.startswith(SCRIPT_REPO):

@@ -126,7 +126,7 @@ def cpu_output(workload, mod) -> np.ndarray:
     if workload.is_vm:
         from tvm import relax
 
-        result = relax.VirtualMachine(lib, cpu)[workload.entry](*args)
+        result = workload.callable(relax.VirtualMachine(lib, cpu), cpu)(*args)  # a generation's too
         while not hasattr(result, "numpy"):  # tuples of outputs: the first, as the device's
             result = result[0]
     else:  # a PrimFunc writes into its last argument: start from what the device's started from

@@ -4,10 +4,16 @@ modules with seeded weights) and ``te:`` operators.
 Loaded by ``tvm_worker.py`` from its own directory, in the build's Python (as
 ``worker_region.py`` is): TVM and the standard library only, never abwatch. TVM is imported
 inside each function, so loading this file costs nothing before the worker needs a model.
-A new built-in model is a class and a branch in :func:`builtin`.
+A new built-in model is a class and a branch in :func:`builtin`; one that generates tokens (a
+prefill, then decode steps, timed as a generation) is a module of its own beside this one,
+named in :data:`GENERATIVE`.
 """
 
 from __future__ import annotations
+
+# Built-in models that generate tokens -> the module beside this file that builds and times them
+# (``relax_module``, ``Generation``; tvm_worker.py loads it): each one's own file, as the LLM's is.
+GENERATIVE = {"llm-decode": "worker_llm"}
 
 
 def builtin(name: str, shape, dtype: str, options: dict):  # noqa: C901 - the models' classes, where tvm is imported
@@ -94,7 +100,8 @@ def builtin(name: str, shape, dtype: str, options: dict):  # noqa: C901 - the mo
     if name == "transformer":
         shape = shape or [1, 32, 128]
         return Transformer(shape[-1], options.get("heads", 4)), shape
-    raise ValueError(f"unknown built-in model {name!r} (mlp, cnn, resnet18, transformer)")
+    raise ValueError(f"unknown built-in model {name!r} (mlp, cnn, resnet18, transformer, "
+                     f"{', '.join(GENERATIVE)})")
 
 
 def te_function(spec: dict):

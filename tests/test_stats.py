@@ -558,3 +558,55 @@ def test_the_fdr_correction_keeps_the_judged_figures():
     assert (adjusted.control_ms, adjusted.treatment_ms, adjusted.estimator) == (v.control_ms, v.treatment_ms,
                                                                                  v.estimator)
 
+
+
+def test_where_higher_is_better_a_drop_is_the_regression_and_a_rise_the_improvement():
+    """A rate (an LLM's tokens per second) judged with ``higher_is_better``: 5 % fewer is a
+    regression, 5 % more an improvement; the change keeps its sign (the treatment's over the
+    control's), and the same data judged as a time reads the other way."""
+    rng = np.random.default_rng(21)
+    for change, worse in ((-0.05, True), (0.05, False)):
+        a, b, ga, gb = _phased_pairs(rng, 16, 5, change)
+        common = dict(control_groups=ga, treatment_groups=gb, paired=True)
+        rate = compare(a, b, higher_is_better=True, **common)
+        assert rate.verdict == (Outcome.REGRESSION if worse else Outcome.IMPROVEMENT), rate.reason
+        assert rate.higher_is_better and 4.0 < abs(rate.change_pct) < 6.0 and (rate.change_pct < 0) == worse
+        assert rate.reason.startswith("lower by" if worse else "higher by")
+        assert "highest sample per process" in rate.estimator
+        as_time = compare(a, b, **common)
+        assert as_time.verdict == (Outcome.IMPROVEMENT if worse else Outcome.REGRESSION)
+        assert not as_time.higher_is_better and as_time.change_pct == pytest.approx(rate.change_pct, abs=1.5)
+
+
+def test_a_rate_and_its_time_are_judged_alike():
+    """Tokens per second is 1000 / ms per token, sample by sample: each process's highest rate is
+    its fastest time, so the two verdicts agree exactly, the changes are each other's reciprocal."""
+    rng = np.random.default_rng(22)
+    for change in (0.04, 0.0, -0.04):
+        a, b, ga, gb = _phased_pairs(rng, 12, 5, change)
+        common = dict(control_groups=ga, treatment_groups=gb, paired=True, threshold_pct=2.0)
+        time = compare(a, b, **common)
+        rate = compare([1000 / x for x in a], [1000 / x for x in b], higher_is_better=True, **common)
+        assert rate.verdict == time.verdict and rate.p_value == pytest.approx(time.p_value)
+        assert 1 + rate.change_pct / 100 == pytest.approx(1 / (1 + time.change_pct / 100))
+        assert rate.ci_pct[0] == pytest.approx((1 / (1 + time.ci_pct[1] / 100) - 1) * 100)
+        assert rate.control_ms == pytest.approx(1000 / time.control_ms, rel=1e-3)  # medians of an even count
+
+
+def test_the_direction_survives_the_fdr_correction_pooled_samples_and_json():
+    import json
+
+    from abwatch.service.stats import adjust_fdr
+    from abwatch.service.stats.verdict import Verdict
+
+    rng = np.random.default_rng(23)
+    a, b, ga, gb = _phased_pairs(rng, 16, 5, -0.05)
+    rate = compare(a, b, control_groups=ga, treatment_groups=gb, paired=True, higher_is_better=True)
+    (adjusted,) = adjust_fdr([rate])
+    assert adjusted.verdict == Outcome.REGRESSION and adjusted.higher_is_better
+    assert "lower by" in adjusted.reason and "BH-adjusted" in adjusted.reason
+    assert Verdict.from_dict(json.loads(json.dumps(rate.to_dict()))) == rate
+    # pooled samples (no processes): a rate judged by its high tail, a drop still the regression
+    pooled = compare(noisy(rng, 80, 500.0), noisy(rng, 80, 470.0), higher_is_better=True)
+    assert pooled.verdict == Outcome.REGRESSION and pooled.change_pct < -3
+    assert compare(noisy(rng, 80, 500.0), noisy(rng, 80, 470.0)).verdict == Outcome.IMPROVEMENT  # the default

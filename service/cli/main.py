@@ -106,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --device: which of its fingerprints (a hash prefix; default: the newest measured)")
     p.add_argument("--metric", choices=SERIES,
                    default="time", help="what the series follows: a metric of the run, or compile- of the compile "
-                        "(default: time; instructions, cpu-time, max-rss where measured)")
+                        "(default: time; instructions, cpu-time, max-rss, an LLM's ttft, decode-latency, tokens-per-s "
+                        "where measured)")
     p.add_argument("--max-pvalue", type=float, default=0.001,
                    help="largest p-value at which a step change is reported (default: 0.001)")
     p.add_argument("--series", type=int, metavar="ID",

@@ -13,6 +13,10 @@ result. The driver, verify and bisection go through this dictionary instead of n
   their verdicts rest on the confidence sequence (anytime-valid) at the point the timing stopped.
 - ``code_size``: the library the first timed process of each side compiled, judged exactly
   (a deterministic quantity: one value a side, no repetitions).
+- ``ttft``, ``decode_latency`` and ``tokens_per_s``: what mlc-llm's benchmark reports of a
+  workload that generates tokens (``builtin:llm-decode``), one value per generation a timed
+  process ran, judged like the run time (:class:`PerGeneration`); tokens per second is better
+  higher, so its drop is the regression.
 
 A new metric is one class here (its measuring, if the runners do not report it yet, goes to
 ``runners``) and its name in ``builders.metrics.Metric``. Every verdict is stored as a row of
@@ -31,7 +35,7 @@ from abwatch.builders.metrics import FROM_TIMED_PROCESSES, Metric
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
-from abwatch.service.compare import compile_time, instructions
+from abwatch.service.compare import compile_time, contended, instructions
 from abwatch.service.compare.outcome import MetricResult, WorkloadResult
 from abwatch.service.config import Config
 from abwatch.service.stats.verdict import RegressionKind
@@ -228,8 +232,82 @@ class CodeSize(Beside):
                              "elf .text")]
 
 
+class PerGeneration(Beside):
+    """A figure of each token generation a timed process ran (``builtin:llm-decode``: the
+    worker's ``series``, one value per generation, as many as its samples), judged like the run
+    time: each process by its best value, the control's i-th process paired with the treatment's
+    i-th, on the anytime-valid confidence sequence where the timing stopped, at the run time's
+    threshold unless ``[stats.thresholds]`` names the metric; and under heavy contention, as the
+    run time's look, on the CPU time of each generation's phase (one thread), or refused (several).
+    Its values are each process's best wall-clock figure."""
+
+    source: ClassVar[str] = "generation"
+    higher_is_better: ClassVar[bool] = False
+    cpu_unit: ClassVar[str]  # its unit when judged on CPU time
+
+    def threshold_pct(self, config: Config) -> float:
+        return config.stats.thresholds.get(self.metric, config.stats.threshold_pct)
+
+    def measure(self, ctx: Context) -> list[MetricResult]:
+        if self.metric not in ctx.workload.measure:
+            return []
+        s = ctx.config.stats
+        contention = contended.assessed(ctx.timed, ctx.config)
+        processes = [f for side in SIDES for f in ctx.timed.processes[side]]
+        on_cpu = contention.heavy and all(f.threads == 1 for f in processes)  # as contended.look decides
+        found, wall = ({side: [(f.position, f.series.get(self.metric.value + clock)) for f in ctx.timed.processes[side]]
+                        for side in SIDES} for clock in ("_cpu" if on_cpu else "", ""))
+        if not all(found[side] and all(values for _, values in found[side] + wall[side]) for side in SIDES):
+            why = f"{self.metric.value} was not reported by every process (a workload that generates tokens only)"
+            verdict = replace(stats.compare([], [], threshold_pct=self.threshold_pct(ctx.config)),
+                              reason=f"not judged: {why}", unit=self.unit, higher_is_better=self.higher_is_better)
+            return [MetricResult(self.metric.value, RUN.value, verdict, (), (), self.source, why)]
+        samples = {side: [v for _, values in found[side] for v in values] for side in SIDES}
+        groups = {side: [p for p, values in found[side] for _ in values] for side in SIDES}
+        verdict = stats.compare(
+            samples[CONTROL], samples[TREATMENT], threshold_pct=self.threshold_pct(ctx.config), alpha=s.alpha,
+            confidence=s.confidence, resamples=s.bootstrap_resamples, seed=ctx.seed, control_groups=groups[CONTROL],
+            treatment_groups=groups[TREATMENT], paired=True, equivalence_alpha=s.equivalence_alpha,
+            higher_is_better=self.higher_is_better)
+        verdict = replace(verdict, unit=self.unit, stop_reason="judged where the timing stopped")
+        if on_cpu:
+            verdict = replace(stats.on_cpu_time(verdict, contention), unit=self.cpu_unit,
+                              estimator=f"{verdict.estimator}; on each generation's CPU time")
+        elif contention.heavy:
+            verdict = stats.refused(verdict, contention, "processes ran on several threads, whose CPU time "
+                                    "waiting inflates too")
+        # the values kept (records, history) are the wall-clock figures, as the run time's samples are
+        pick = max if self.higher_is_better else min
+        best = {side: tuple(pick(values) for _, values in wall[side]) for side in SIDES}
+        return [MetricResult(self.metric.value, RUN.value, verdict, best[CONTROL], best[TREATMENT], self.source)]
+
+
+class Ttft(PerGeneration):
+    """Time to first token: the prefill of the prompt, one call (ms)."""
+
+    metric, unit, default_threshold_pct, cpu_unit = Metric.TTFT, "ms", 1.0, stats.CPU_UNIT
+    record_field = "ttft_ms"
+
+
+class DecodeLatency(PerGeneration):
+    """Per-token decode latency: the decode steps' time over the tokens they made (ms)."""
+
+    metric, unit, default_threshold_pct, cpu_unit = Metric.DECODE_LATENCY, "ms", 1.0, stats.CPU_UNIT
+    record_field = "decode_ms_per_token"
+
+
+class TokensPerS(PerGeneration):
+    """Decode throughput: tokens the decode steps made per second. Better higher: a drop is the
+    regression, a rise the improvement."""
+
+    metric, unit, default_threshold_pct, cpu_unit = Metric.TOKENS_PER_S, "tokens/s", 1.0, "tokens/cpu s"
+    record_field = "decode_tokens_per_s"
+    higher_is_better = True
+
+
 # name -> metric, as BUILDERS and RUNNERS: the one place a metric is registered
-METRICS: dict[Metric, MetricKind] = {m.metric: m for m in (Time(), Instructions(), CpuTime(), MaxRss(), CodeSize())}
+METRICS: dict[Metric, MetricKind] = {m.metric: m for m in (Time(), Instructions(), CpuTime(), MaxRss(), CodeSize(),
+                                                           Ttft(), DecodeLatency(), TokensPerS())}
 assert set(METRICS) == set(Metric), "every metric named in builders.metrics has its class here"
 
 

@@ -30,6 +30,10 @@ Decision rule, with ``t`` the threshold (the smallest change worth reporting):
   whole CI: any change is smaller than t, with confidence (an equivalence statement, not
   merely "nothing found");
 * ``unknown``     – anything else: not enough evidence either way.
+
+A quantity that is better higher (``higher_is_better``: an LLM's tokens per second) is judged
+the same way with the direction turned: each process counts by its highest sample, a pooled
+side by its 90th percentile, and a drop of at least t % is the ``regression``.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from scipy import stats as sps
 
 from abwatch.service.stats.verdict import DEFAULT_EQUIVALENCE_ALPHA, Outcome, Verdict
 from abwatch.service.stats.pooled import (
-    POOLED_METHOD, QUANTILE_MIN_SAMPLES, SMALL_POOLED_METHOD, hodges_lehmann, pct, quantile_shift,
+    POOLED_METHOD, QUANTILE, QUANTILE_MIN_SAMPLES, SMALL_POOLED_METHOD, hodges_lehmann, pct, quantile_shift,
 )
 
 DEFAULT_THRESHOLD_PCT = 1.0
@@ -171,8 +175,10 @@ def compare(
     plan_pairs: int = DEFAULT_PLAN_PAIRS,
     equivalence_alpha: float = DEFAULT_EQUIVALENCE_ALPHA,
     min_pairs: int = MIN_PAIRS,
+    higher_is_better: bool = False,
 ) -> Verdict:
-    """Judge ``treatment`` against ``control`` (both sequences of milliseconds).
+    """Judge ``treatment`` against ``control`` (both sequences of milliseconds, or of any
+    positive quantity).
 
     ``*_groups`` optionally label each sample with the process it came from (see the
     module docstring); with them, at least ``min_samples`` samples and 3 processes a side
@@ -181,7 +187,9 @@ def compare(
     was doing at that moment; the interval is then a confidence sequence tightest near
     ``plan_pairs`` pairs, valid however often the caller looks (:func:`sequential_look`).
     On that paired path `same` is decided by the interval at ``equivalence_alpha`` a side
-    (two one-sided tests); elsewhere by the reported interval.
+    (two one-sided tests); elsewhere by the reported interval. ``higher_is_better`` turns the
+    direction (module docstring): the change is still the treatment's over the control's, and a
+    drop is the regression.
     """
     if threshold_pct <= 0:
         raise ValueError("threshold_pct must be > 0")
@@ -190,7 +198,8 @@ def compare(
     a = _as_samples(control, "control")
     b = _as_samples(treatment, "treatment")
     params = dict(threshold_pct=threshold_pct, alpha=alpha, confidence=confidence)
-    base: dict[str, Any] = dict(control_n=len(a), treatment_n=len(b), equivalence_alpha=equivalence_alpha, **params)
+    base: dict[str, Any] = dict(control_n=len(a), treatment_n=len(b), equivalence_alpha=equivalence_alpha,
+                                higher_is_better=higher_is_better, **params)
     ca, cb = _clusters(a, control_groups, "control"), _clusters(b, treatment_groups, "treatment")
     min_clusters = 3 if control_groups is not None or treatment_groups is not None else min_samples
     if len(a) < min_samples or len(b) < min_samples or min(len(ca), len(cb)) < min_clusters:
@@ -215,17 +224,21 @@ def compare(
         ci, method = (change, change), "identical samples"
         p_value = 1.0 if med_a == med_b else 0.0
     elif paired and control_groups is not None and treatment_groups is not None and _positive(ca, cb):
-        change, ci, p_value, same_ci = _paired(ca, cb, confidence, plan_pairs, 2.0 * equivalence_alpha, min_pairs)
+        change, ci, p_value, same_ci = _paired(ca, cb, confidence, plan_pairs, 2.0 * equivalence_alpha, min_pairs,
+                                               higher_is_better)
+        best = float(np.median(_best(ca, higher_is_better)))
+        estimator = HIGHEST_ESTIMATOR if higher_is_better else FASTEST_ESTIMATOR
         if not all(math.isfinite(x) for x in ci):  # under MIN_PAIRS the sequence is unbounded: no interval
             pairs = min(len(ca), len(cb))
             return _figures(Verdict(Outcome.UNKNOWN, change, None, None, method=PAIRED_METHOD,
                                     reason=f"too few pairs for an interval ({pairs}; {min_pairs} are needed)",
-                                    **base), float(np.median(_fastest(ca))), FASTEST_ESTIMATOR)
+                                    **base), best, estimator)
         judged = replace(_decide(change, ci, p_value, base, same_ci=same_ci), method=PAIRED_METHOD)
-        return _figures(judged, float(np.median(_fastest(ca))), FASTEST_ESTIMATOR)
+        return _figures(judged, best, estimator)
     elif ca.shape[1] == 1 and cb.shape[1] == 1 and positive:  # one sample per unit: pooled samples
         if min(len(a), len(b)) >= QUANTILE_MIN_SAMPLES:
-            change, ci, p_value = quantile_shift(a, b, confidence)
+            # the clean tail: the fast one of times, the high one of a rate
+            change, ci, p_value = quantile_shift(a, b, confidence, 1.0 - QUANTILE if higher_is_better else QUANTILE)
             method = POOLED_METHOD
         else:
             change, ci, p_value = hodges_lehmann(a, b, confidence, np.random.default_rng(seed))
@@ -252,6 +265,8 @@ def compare(
 
 FASTEST_ESTIMATOR = ("fastest sample per process, median across the control's processes; "
                      "treatment = control x (1 + judged change)")
+HIGHEST_ESTIMATOR = ("highest sample per process, median across the control's processes; "
+                     "treatment = control x (1 + judged change)")
 MEDIAN_ESTIMATOR = "median of the control's samples; treatment = control x (1 + judged change)"
 
 
@@ -266,14 +281,21 @@ def _fastest(clusters: np.ndarray) -> np.ndarray:
     return np.nanmin(clusters, axis=1)
 
 
+def _best(clusters: np.ndarray, higher_is_better: bool) -> np.ndarray:
+    """Each process's best sample: its fastest, or its highest where higher is better (the
+    sample other processes' time slices took the least from, either way)."""
+    return np.nanmax(clusters, axis=1) if higher_is_better else _fastest(clusters)
+
+
 def _positive(ca: np.ndarray, cb: np.ndarray) -> bool:
     return bool((_fastest(ca) > 0).all() and (_fastest(cb) > 0).all())
 
 
 PAIRED_METHOD = ("paired process medians: trimmed mean of log ratios, "
                  "anytime-valid confidence sequence and p-value")
-def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float, plan: int,
-            same_alpha: float, min_pairs: int = MIN_PAIRS) -> tuple[float, tuple[float, float], float, tuple[float, float]]:
+def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float, plan: int, same_alpha: float,
+            min_pairs: int = MIN_PAIRS, higher_is_better: bool = False
+            ) -> tuple[float, tuple[float, float], float, tuple[float, float]]:
     """Change, confidence sequence, anytime p-value and the equivalence interval (at
     ``same_alpha``, for `same`) from the paired processes' log ratios, one estimate for all.
 
@@ -290,9 +312,11 @@ def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float, plan: int,
     bootstrap this replaces, at the extreme levels a multi-look correction asks for, picked
     its bound from the few resamples that drew an outlier pair three or four times — the
     +10 % change whose interval reached +48.7 %.
+
+    Where higher is better, each process is represented by its highest sample instead.
     """
     k = min(len(ca), len(cb))
-    d = np.log(_fastest(cb[:k]) / _fastest(ca[:k]))
+    d = np.log(_best(cb[:k], higher_is_better) / _best(ca[:k], higher_is_better))
     estimate, se = trimmed_mean_se(d)
     alpha = 1.0 - confidence
     if se == 0.0:
@@ -324,10 +348,14 @@ def _decide(change: float, ci: tuple[float, float], p_value: float, base: dict,
     p = p_value if p_decide is None else p_decide
     low, high = ci
     same_low, same_high = same_ci or ci
+    # a rise is the regression, unless higher is better: then a drop is
+    higher = bool(base.get("higher_is_better"))
+    rise, drop = (Outcome.IMPROVEMENT, Outcome.REGRESSION) if higher else (Outcome.REGRESSION, Outcome.IMPROVEMENT)
+    up, down = ("higher", "lower") if higher else ("slower", "faster")
     if low > 0 and p < alpha and change >= t:
-        outcome, reason = Outcome.REGRESSION, f"slower by {change:.2f}% (CI above 0, p={p:.2g})"
+        outcome, reason = rise, f"{up} by {change:.2f}% (CI above 0, p={p:.2g})"
     elif high < 0 and p < alpha and change <= -t:
-        outcome, reason = Outcome.IMPROVEMENT, f"faster by {-change:.2f}% (CI below 0, p={p:.2g})"
+        outcome, reason = drop, f"{down} by {-change:.2f}% (CI below 0, p={p:.2g})"
     elif -t < same_low and same_high < t:
         level = f"{100 * (1 - 2 * base['equivalence_alpha']):g}% CI" if same_ci else "CI"
         outcome, reason = Outcome.SAME, f"any change is within ±{t:g}% ({level} {same_low:.2f}..{same_high:.2f}%)"
@@ -354,7 +382,7 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
         base: dict[str, Any] = dict(control_n=v.control_n, treatment_n=v.treatment_n,
                     control_median_ms=v.control_median_ms, treatment_median_ms=v.treatment_median_ms,
                     threshold_pct=v.threshold_pct, alpha=v.alpha, confidence=v.confidence,
-                    equivalence_alpha=v.equivalence_alpha)
+                    equivalence_alpha=v.equivalence_alpha, higher_is_better=v.higher_is_better)
         decided = _decide(v.change_pct, v.ci_pct, v.p_value, base, p_decide=float(p_adj), same_ci=v.same_ci_pct)
         # the reason names the p that decided, so it is not mistaken for the raw one
         stop = v.stop_reason

@@ -68,6 +68,9 @@ class Verdict:
     # what a reader must know of how the verdict was taken (heavy contention); also at the head
     # of ``reason``, and kept there when the verdict is decided again (Benjamini-Hochberg)
     caveat: str = ""
+    # which way is worse: False (the default) for what is better lower (times, memory, counts),
+    # True for what is better higher (an LLM's tokens per second): a drop is then the regression
+    higher_is_better: bool = False
 
     def treatment_ci_ms(self) -> tuple[float, float] | None:
         """The interval of the change expressed in the treatment's milliseconds."""
