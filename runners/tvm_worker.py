@@ -342,7 +342,7 @@ class Workload:
         """One timing batch: ``repeat`` samples of ``number`` calls each, and per-op times."""
         usage_of = _sibling("worker_usage")
         before = usage_of.start()
-        if self.generative is not None:  # one generation a sample, and its figures (ttft, ...)
+        if self.timer is None:  # a model that generates: one generation a sample, and its figures (ttft, ...)
             samples, series = self.call.time(self.args, self.spec["repeat"])
         else:
             samples, series = [t * 1000.0 for t in self.timer(*self.args).results], None

@@ -262,8 +262,9 @@ class PerGeneration(Beside):
             verdict = replace(stats.compare([], [], threshold_pct=self.threshold_pct(ctx.config)),
                               reason=f"not judged: {why}", unit=self.unit, higher_is_better=self.higher_is_better)
             return [MetricResult(self.metric.value, RUN.value, verdict, (), (), self.source, why)]
-        samples = {side: [v for _, values in found[side] for v in values] for side in SIDES}
-        groups = {side: [p for p, values in found[side] for _ in values] for side in SIDES}
+        # every process reported (checked above): the Nones are gone
+        samples = {side: [v for _, values in found[side] for v in values or ()] for side in SIDES}
+        groups = {side: [p for p, values in found[side] for _ in values or ()] for side in SIDES}
         verdict = stats.compare(
             samples[CONTROL], samples[TREATMENT], threshold_pct=self.threshold_pct(ctx.config), alpha=s.alpha,
             confidence=s.confidence, resamples=s.bootstrap_resamples, seed=ctx.seed, control_groups=groups[CONTROL],
@@ -278,7 +279,7 @@ class PerGeneration(Beside):
                                     "waiting inflates too")
         # the values kept (records, history) are the wall-clock figures, as the run time's samples are
         pick = max if self.higher_is_better else min
-        best = {side: tuple(pick(values) for _, values in wall[side]) for side in SIDES}
+        best = {side: tuple(pick(values or ()) for _, values in wall[side]) for side in SIDES}
         return [MetricResult(self.metric.value, RUN.value, verdict, best[CONTROL], best[TREATMENT], self.source)]
 
 
