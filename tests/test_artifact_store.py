@@ -168,3 +168,18 @@ def test_a_wrong_password_is_a_refusal_and_the_password_is_never_shown(fleet, mo
     assert store.objects() == []
     status, said = build(engine, host("host-b"))  # the right one: built (no manifest yet) and pushed
     assert status == "success" and "pushed" in said.text() and store.objects()
+
+
+def test_the_store_url_holds_no_credentials_and_the_password_variable_is_a_secret(tmp_path):
+    from abwatch.service.config import ConfigError, parse_config
+
+    base = {"build": {"command": ["true"], "artifacts": "out"}, "repo": {"url": str(tmp_path)},
+            "workloads": [{"name": "w", "command": ["true"]}]}
+    for store, says in (("http://abwatch:pw@store:8080/x", "no credentials"), ("s3://bucket/x", "WebDAV"),
+                        ("http://store:8080/x?token=1", "no credentials")):
+        with pytest.raises(ConfigError, match=says):
+            parse_config({**base, "artifacts": {"store": store}}, "fleet.toml", tmp_path)
+    config = parse_config({**base, "artifacts": {"store": "http://store:8080/abwatch/", "user": "abwatch",
+                                                 "password_env": "STORE_PW"}}, "fleet.toml", tmp_path)
+    assert config.artifacts.store == "http://store:8080/abwatch" and "STORE_PW" in config.secret_variables()
+    assert make_builder(config).store is not None
