@@ -132,6 +132,7 @@ def _fetch(session: Session, builder: Builder, plan: Plan, sha: str, manifest: d
         if builder.cache.get(plan.key) is not None:  # another process of this host fetched it meanwhile
             plan.fetched = True
             return plan
+        builder.make_room(sha, keep={plan.key})  # [cache] limits hold for fetched artifacts as for built ones
         try:
             plan.store.fetch(builder.cache, plan.key, manifest, {"sha": sha, "builder": builder.kind,
                                                                  "fetched_from": plan.store.display})
