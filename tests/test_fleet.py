@@ -105,20 +105,24 @@ def jobs(engine, device: str | None = None) -> list[Job]:
         return list(session.scalars(query if device is None else query.where(Job.device == device)))
 
 
-def test_one_build_host_two_device_hosts_each_commit_built_once(tmp_path, fleet, fresh_pg_url):
+@pytest.mark.parametrize("build_host", [True, False], ids=["build-host", "no-build-host"])
+def test_two_device_hosts_each_commit_built_once(tmp_path, fleet, fresh_pg_url, build_host):
+    """With a build host the device hosts only fetch; without one they build what they need
+    themselves, yet each commit once: the other device host waits for it and fetches it."""
     repo, counts, store, engine, procs = fleet
     configs = {name: host_config(tmp_path, name, repo, store.url, counts) for name in ("builder", "dev-a", "dev-b")}
     assert main(["watch", "--config", str(configs["builder"]), "--once", "--no-work", "--db", fresh_pg_url]) == 0
     assert len(jobs(engine, BUILD_QUEUE)) == 3  # one build job per commit, whatever the number of devices
     assert len(jobs(engine, "box-a")) == len(jobs(engine, "box-b")) == 3
     logs = {name: tmp_path / f"{name}.log" for name in configs}
-    procs.append(start(configs["builder"], fresh_pg_url, logs["builder"], "--builds"))
+    if build_host:
+        procs.append(start(configs["builder"], fresh_pg_url, logs["builder"], "--builds"))
 
-    def serving() -> bool:
-        with Session(engine) as session:
-            return session.scalar(select(DeviceHost.id).where(DeviceHost.name == BUILD_QUEUE)) is not None
+        def serving() -> bool:
+            with Session(engine) as session:
+                return session.scalar(select(DeviceHost.id).where(DeviceHost.name == BUILD_QUEUE)) is not None
 
-    wait_for("the build host's registration", serving, 60, list(logs.values()))
+        wait_for("the build host's registration", serving, 60, list(logs.values()))
     procs.append(start(configs["dev-a"], fresh_pg_url, logs["dev-a"], "--device", "box-a"))
     procs.append(start(configs["dev-b"], fresh_pg_url, logs["dev-b"], "--device", "box-b"))
     wait_for("every job done", lambda: all(j.status in ("done", "failed") for j in jobs(engine)),
@@ -140,9 +144,13 @@ def test_one_build_host_two_device_hosts_each_commit_built_once(tmp_path, fleet,
                                    .join(Device, Device.id == Run.device_id)).all()
     assert {name for name, _ in verdicts} == {"box-a", "box-b"}  # both devices' verdicts stored
     assert all(verdict is not None for _, verdict in verdicts)
-    for name in ("dev-a", "dev-b"):  # the device hosts fetched, and never compiled anything
-        assert "fetched" in logs[name].read_text()
-        assert not (tmp_path / name / "checkouts").exists()
+    if build_host:
+        for name in ("dev-a", "dev-b"):  # the device hosts fetched, and never compiled anything
+            assert "fetched" in logs[name].read_text()
+            assert not (tmp_path / name / "checkouts").exists()
+    else:  # each commit built by one device host and fetched by the other
+        said = logs["dev-a"].read_text() + logs["dev-b"].read_text()
+        assert said.count("  fetched ") == 3 and "no build host is serving" in said
     assert store.requests("PUT") == len(store.objects())  # each object sent once
 
 
