@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
+from abwatch.builders.artifact_store import ArtifactStore
 from abwatch.builders.cache import ArtifactCache
 from abwatch.builders.spec import BuildSettings, BuildSpec, CacheConfig, CommitInfo
 
@@ -156,6 +157,10 @@ class Builder(abc.ABC):
 
     cache: ArtifactCache
     limits: CacheConfig = CacheConfig()  # the config's [cache] (builders set it from their settings)
+    # Whether an artifact of this builder works on another host once fetched into its cache (no
+    # absolute path of the build host in it); only such builders use the shared store.
+    shareable: ClassVar[bool] = False
+    store: ArtifactStore | None = None  # [artifacts] store: set by make_builder for shareable builders
 
     @abc.abstractmethod
     def produce(self, sha: str, key: str) -> Artifact:

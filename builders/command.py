@@ -22,6 +22,7 @@ class CommandBuilder(Builder):
     """Builds a commit by running ``build.command`` in a fresh worktree of it."""
 
     kind = "command"
+    shareable = True  # a directory the build command made in its checkout: nothing of the host in it
 
     def __init__(self, config: BuildSettings) -> None:
         self.config: CommandBuildConfig = section(config, CommandBuildConfig)

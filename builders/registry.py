@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abwatch.builders.artifact_store import ArtifactStore
 from abwatch.builders.base import Builder
 from abwatch.builders.command import CommandBuilder
 from abwatch.builders.spec import BuildSettings
@@ -16,5 +17,10 @@ BUILDERS: dict[str, type[Builder]] = {
 
 
 def make_builder(config: BuildSettings) -> Builder:
-    """The builder the config's ``build.kind`` names (``config``: the whole ``Config`` will do)."""
-    return BUILDERS[config.build.kind](config)
+    """The builder the config's ``build.kind`` names (``config``: the whole ``Config`` will do),
+    with the shared artifact store of ``[artifacts]`` where its artifacts can move between hosts."""
+    builder = BUILDERS[config.build.kind](config)
+    artifacts = getattr(config, "artifacts", None)  # settings other than a Config may have none
+    if artifacts is not None and builder.shareable:
+        builder.store = ArtifactStore.from_config(artifacts)
+    return builder

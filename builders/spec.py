@@ -330,6 +330,40 @@ class TvmSourceBuildConfig(BuildSpec):
         return self.model_copy(update={"untrusted": True, "ccache_remote": None, "ccache_remote_password_env": None})
 
 
+class ArtifactsConfig(StrictModel):
+    """``[artifacts]``: the artifact store build and device hosts share (:mod:`abwatch.builders.artifact_store`).
+
+    ``store`` is the base URL of a WebDAV server (nginx's ``dav_methods PUT``): objects go to
+    ``{store}/cas/<sha256>``; the manifests are in the database. No password in the URL: ``user``
+    with the password in the environment variable ``password_env`` (HTTP basic auth).
+    """
+
+    store: str | None = Field(default=None, description="http(s)://HOST[:PORT]/PREFIX of the shared store; "
+                              "none: every host builds for itself")
+    user: str | None = Field(default=None, min_length=1, pattern=r"^[^:\s]+$", description="basic auth user")
+    password_env: str | None = Field(default=None, pattern=ENV_NAME,
+                                     description="environment variable holding the store's password")
+    timeout_s: float = Field(default=30.0, gt=0, le=600, description="per request (connect and each read)")
+    wait_s: float = Field(default=7200.0, gt=0, description="how long a host waits for another host's build of "
+                          "a commit it needs before it builds the commit itself")
+
+    @field_validator("store")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not a URL: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r}: expected http(s)://HOST[:PORT]/PREFIX (a WebDAV server)")
+        if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+            raise ValueError("the URL holds no credentials: set user, and the password's variable in password_env")
+        return value.rstrip("/")
+
+
 BUILD_KINDS = ("command", "tvm-wheel", "tvm-source")
 
 

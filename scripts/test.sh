@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run abwatch's tests (README command 2; .ci/run calls it too). Installs what the tests need
 # when it is missing: ./.venv with abwatch and its test tools, a C compiler, Valgrind, Debian's Chromium
-# and ChromeDriver (the dashboard's browser tests; needs root for apt-get), a running Redis on
+# and ChromeDriver (the dashboard's browser tests; needs root for apt-get), nginx (the shared artifact store's
+# tests start its WebDAV module), a running Redis on
 # 127.0.0.1:6379 and a running PostgreSQL on 127.0.0.1:5432 (the tests use the real servers, never a mock).
 # Arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast subset.
 # pytest's exit status is passed through; "no tests ran" (5) is a failure.
@@ -19,6 +20,8 @@ apt_install() {
 command -v cc >/dev/null || apt_install gcc
 command -v valgrind >/dev/null || apt_install valgrind  # the instruction counter where perf cannot count
 command -v bwrap >/dev/null || apt_install bubblewrap  # the sandbox of code under test (tests/test_sandbox.py)
+# nginx's WebDAV module: the shared artifact store the fleet's tests start (tests/webdav.py)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt_install nginx
 # real non-CPU drivers for the gpu runner's tests: Mesa's lavapipe (Vulkan) and pocl (OpenCL),
 # both running on the CPU, with the tools that list their devices
 if ! command -v vulkaninfo >/dev/null || ! command -v clinfo >/dev/null || ! ls /usr/share/vulkan/icd.d/lvp_icd.* >/dev/null 2>&1; then

@@ -19,7 +19,7 @@ from abwatch.builders.metrics import Metric
 # The models builders and runners share live in builders.spec (the bottom layer); the
 # config re-uses them, and service code may import them from here or from there.
 from abwatch.builders.spec import (  # noqa: F401  (re-exported)
-    BUILD_KINDS, DURATION_OR_OFF, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig, SandboxConfig,
+    BUILD_KINDS, DURATION_OR_OFF, ArtifactsConfig, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig, SandboxConfig,
     TvmSourceBuildConfig, TvmWheelBuildConfig, UsageError, StrictModel, duration_s,
 )
 from abwatch.builders.workload_spec import (  # noqa: F401  (re-exported)
@@ -298,6 +298,7 @@ class Config(StrictModel):
     watch: WatchConfig = WatchConfig()
     cache_dir: Path = DEFAULT_CACHE_DIR
     cache: CacheConfig = CacheConfig()
+    artifacts: ArtifactsConfig = ArtifactsConfig()
     retention: RetentionConfig = RetentionConfig()
     _source: str | None = PrivateAttr(default=None)  # the file it was read from (load_config)
 
@@ -331,10 +332,12 @@ class Config(StrictModel):
     def secret_variables(self) -> list[str]:
         """The environment variables whose values this config makes secrets (masked wherever
         shown or stored): the API token, the alert secret, the GitHub token, ``env:`` webhooks, the
-        shared compiler cache's password."""
+        shared compiler cache's and the artifact store's passwords."""
         names = [self.server.token_env, self.alerts.secret_env]
         if isinstance(self.build, TvmSourceBuildConfig) and self.build.ccache_remote_password_env:
             names.append(self.build.ccache_remote_password_env)
+        if self.artifacts.password_env:
+            names.append(self.artifacts.password_env)
         names += [self.github.token_env, self.github.webhook_secret_env] if self.github else []
         names += [hook.removeprefix("env:") for hook in self.alerts.webhooks if hook.startswith("env:")]
         return names

@@ -230,7 +230,6 @@ def _try_command(call: Call) -> int:
 
 def _watch_command(args: argparse.Namespace, config, engine, err: Console) -> int:
     from abwatch.service.watch import daemon
-    from abwatch.service.watch.devices import device_names
 
     if config.repo is None:
         raise ConfigError(f"{args.config}: repo: a watch needs [repo]")
@@ -239,8 +238,9 @@ def _watch_command(args: argparse.Namespace, config, engine, err: Console) -> in
         if engine.dialect.name != "postgresql":
             raise ConfigError("abwatch worker needs PostgreSQL (--db or $ABWATCH_DATABASE_URL); "
                               "on SQLite `abwatch watch` runs the jobs itself")
-        device = args.device or device_names(config)[0]
-        return daemon.work(engine, config, device, progress=progress)
+        if args.builds:  # a build host (the parser refuses --device with it)
+            return daemon.work_builds(engine, config, progress=progress)
+        return daemon.work(engine, config, args.device or daemon.device_names(config)[0], progress=progress)
     if args.once:
         return daemon.once(engine, config, work=not args.no_work, progress=progress)
     return daemon.forever(engine, config, work=not args.no_work, progress=progress)

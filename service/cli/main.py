@@ -68,7 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-work", action="store_true", help="only poll and queue; workers run the jobs")
     p = with_db(sub.add_parser("worker", help="run queued watch jobs of one device (PostgreSQL)"))
     p.add_argument("--config", required=True, type=Path, help="the watch's TOML config file")
-    p.add_argument("--device", help="device whose jobs to take (default: the config's runner device)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--device", help="device whose jobs to take (default: the config's runner device)")
+    which.add_argument("--builds", action="store_true",
+                   help="take build jobs instead (a build host: pushes to [artifacts] store)")
     p = with_db(sub.add_parser("try", help="queue an A/B comparison on a watch device; its workers run it"))
     p.add_argument("--config", required=True, type=Path, help="the watch's TOML config file")
     p.add_argument("--device", help="the device to run on (default: the watch's first device)")

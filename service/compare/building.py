@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from abwatch.builders import Artifact, Builder, BuildFailed
 from abwatch.builders.spec import CommitInfo
 from abwatch.service.store.models import Build, BuildStatus, Run, RunStatus, Side, utcnow
+from abwatch.service.compare import shared
 from abwatch.service.compare.progress import NullProgress, Progress
 from abwatch.service.store.rows import get_commits, get_repository, get_success_build
 
@@ -58,24 +59,40 @@ class BuiltPair:
 
 
 def build_commit(session: Session, builder: Builder, commit_id: int, info: CommitInfo,
-                 progress: Progress, label: str) -> tuple[Build, Artifact | None, str]:
+                 progress: Progress, label: str, *, claimed: bool = False) -> tuple[Build, Artifact | None, str]:
     """Build ``info`` (or take it from the cache) and store its build row (flushed, not committed).
 
-    Returns the row, the artifact (None when the build failed) and the failure's message.
+    With a shared artifact store (:mod:`.shared`) the artifact may come from the store or from
+    another host's build instead, and one built here is pushed; ``claimed``: this process runs
+    the artifact's build job (a build host). Returns the row, the artifact (None when the build
+    failed) and the failure's message.
     """
     progress.message(f"building {label} ({info.sha[:12]}) ...")
+    plan = shared.prepare(session, builder, info.sha, progress, claimed=claimed)
     try:
-        artifact = builder.build(info.sha)
-    except BuildFailed as exc:
-        # the log's last line says what failed and why: its tail, wherever shown, starts there
-        build = Build(commit_id=commit_id, builder=builder.kind, config_hash=builder.config_hash(),
-                      status=BuildStatus.BUILD_FAILED, log=f"{exc.log.rstrip()}\n{FAILURE_PREFIX}{exc}\n",
-                      duration_s=exc.duration_s)
-        session.add(build)
-        session.flush()
-        progress.message(f"  {label}: build FAILED: {exc}")
-        return build, None, str(exc)
-    build = _success_row(session, commit_id, builder, artifact)
+        if plan is not None and plan.failed is not None:  # a build host found it does not build: not again here
+            message = build_failure(plan.failed.log) or "the build failed on a build host"
+            progress.message(f"  {label}: build FAILED (build row {plan.failed.id}): {message}")
+            return plan.failed, None, message
+        try:
+            artifact = builder.build(info.sha)
+        except BuildFailed as exc:
+            # the log's last line says what failed and why: its tail, wherever shown, starts there
+            build = Build(commit_id=commit_id, builder=builder.kind, config_hash=builder.config_hash(),
+                          status=BuildStatus.BUILD_FAILED, log=f"{exc.log.rstrip()}\n{FAILURE_PREFIX}{exc}\n",
+                          duration_s=exc.duration_s)
+            session.add(build)
+            session.flush()
+            shared.release(session, plan, build)
+            progress.message(f"  {label}: build FAILED: {exc}")
+            return build, None, str(exc)
+        artifact = shared.noted(plan, artifact)
+        build = _success_row(session, commit_id, builder, artifact)
+        shared.publish(session, builder, plan, artifact, build, progress)
+        shared.release(session, plan, build)
+    except BaseException as exc:
+        shared.give_back(plan, exc)
+        raise
     if artifact.healed:
         progress.message(f"  {label}: WARNING: cached build {artifact.key} was damaged ({artifact.healed}); "
                          f"built again in {artifact.duration_s:.1f}s")
@@ -86,7 +103,7 @@ def build_commit(session: Session, builder: Builder, commit_id: int, info: Commi
 
 
 def build_commits(session: Session, builder: Builder, refs: list[str],
-                  progress: Progress | None = None) -> list[BuildOutcome]:
+                  progress: Progress | None = None, *, claimed: bool = False) -> list[BuildOutcome]:
     """Build each of ``refs`` apart from any run (a build worker's job); a row for each, committed.
 
     Refs are resolved first, so an unknown ref fails before anything is built. The
@@ -99,7 +116,8 @@ def build_commits(session: Session, builder: Builder, refs: list[str],
     session.commit()
     outcomes = []
     for ref, info in infos:
-        build, artifact, message = build_commit(session, builder, commits[info.sha].id, info, progress, ref)
+        build, artifact, message = build_commit(session, builder, commits[info.sha].id, info, progress, ref,
+                                                claimed=claimed)
         session.commit()
         outcomes.append(BuildOutcome("", ref, info.sha, build.status.value,
                                      artifact is not None and artifact.cached, build.id, message))

@@ -32,7 +32,7 @@ from abwatch.builders.redact import mask_url
 from abwatch.service.compare import liveness
 from abwatch.service.notify import alerts
 from abwatch.service.store import db
-from abwatch.service.watch import presence, pulls, queue, retention, retry, tryjob, poll as watch
+from abwatch.service.watch import builds, presence, pulls, queue, retention, retry, tryjob, poll as watch
 from abwatch.service.watch.devices import device_names
 from abwatch.service.config import Config, cron_trigger
 from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_INTERNAL, EXIT_OK, EXIT_REGRESSION
@@ -248,6 +248,28 @@ def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
         worker.close()
         with contextlib.suppress(Exception):  # the database gone: the heartbeat's age tells the same
             presence.stopped(engine, [device])
+    return EXIT_OK
+
+
+def work_builds(engine: Engine, config: Config, *, poll_s: float = 2.0, progress: Progress | None = None) -> int:
+    """``abwatch worker --builds``: take build jobs until SIGTERM/SIGINT (:mod:`.builds`); the build
+    hosts' heartbeat (device ``@builds``) beaten all the while, so device hosts know to wait for them."""
+    progress = progress or NullProgress()
+    builds.check(config)
+    stopper = Stopper()
+    stopper.install()
+    worker = queue.Worker(engine, builds.BUILD_QUEUE, {builds.KIND: lambda session, job: builds.run_build(
+        session, config, job, progress)}, exclusive=False)
+    stopper.workers.append(worker)
+    progress.message(f"build worker {worker.name}, pushing to {mask_url(config.artifacts.store or '')}")
+    try:
+        presence.register(engine, builds.BUILD_QUEUE, None, None, config)
+        with presence.DeviceHeartbeat(engine, [builds.BUILD_QUEUE], config, progress):
+            _work_loop(engine, config, worker, stopper, progress, poll_s)
+    finally:
+        worker.close()
+        with contextlib.suppress(Exception):
+            presence.stopped(engine, [builds.BUILD_QUEUE])
     return EXIT_OK
 
 

@@ -23,19 +23,20 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from abwatch.service.compare import driver, lifecycle, outcome, verify
+from abwatch.service.compare import building, driver, lifecycle, outcome, verify
 from abwatch.service.notify import alerts, github
 from abwatch.service.watch import bisect, queue, retry, upkeep
 from abwatch.service.config import Config
 from abwatch.service.watch.controls import control_rule
 from abwatch.service.watch.devices import device_names, for_device
 from abwatch.service.store.models import (
-    Commit, CommitStatus, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
+    BuildStatus, Commit, CommitStatus, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
 )
 from abwatch.service.stats.verdict import RegressionState
 from abwatch.builders import BuildFailed, make_builder
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.builders.spec import CommitInfo, spec_hash, storable
+from abwatch.service.store import build_jobs
 from abwatch.service.store.rows import get_commit, get_repository, insert_ignoring_conflict
 
 OK, BUILD_FAILED, FAILED, QUEUED, BASELINE, SKIPPED = (
@@ -169,6 +170,10 @@ def _take_up(session: Session, config: Config, mirror: RepoMirror, repository: R
                 "tested_at": utcnow()}, ["progress_id", "commit_id"])
         return
     job = queue.enqueue(session, "test", device, {"progress_id": row.id, "sha": sha}, f"test:{row.id}:{sha}")
+    if job is not None and config.artifacts.store and session.get_bind().dialect.name == "postgresql":
+        builder = make_builder(config)  # a fleet: the commit's one build job, which every device's job waits for
+        if builder.store is not None:
+            build_jobs.enqueue(session, sha, builder.cache_key(sha))
     if job is not None:
         session.add(WatchedCommit(progress_id=row.id, commit_id=commit.id, status=QUEUED))
         github.enqueue(session, config.github, sha, "pending", device, f"queued for {device}")
@@ -221,7 +226,7 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
             control = pick_control(session, config, mirror, row, info)
             watched.control_sha, watched.tested_at = control, utcnow()
             if control is None:  # the first commit of a watch: built so later ones can be compared with it
-                watched.status = _baseline(config, sha, progress)
+                watched.status = _baseline(session, config, sha, progress)
                 if watched.status == BASELINE:
                     row.last_tested_sha = sha
                 session.commit()
@@ -310,11 +315,16 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
     return confirmed
 
 
-def _baseline(config: Config, sha: str, progress: driver.Progress) -> CommitStatus:
-    """Build the watch's first commit; its status."""
+def _baseline(session: Session, config: Config, sha: str, progress: driver.Progress) -> CommitStatus:
+    """Build the watch's first commit; its status. With a shared artifact store the build takes
+    the store's path (:mod:`service.compare.shared`: fetched, waited for, or built and pushed)."""
     progress.message(f"baseline {sha[:12]}: building")
+    builder = make_builder(config)
+    if builder.store is not None:
+        built = building.build_commits(session, builder, [sha], progress)
+        return BASELINE if built[0].status == BuildStatus.SUCCESS.value else BUILD_FAILED
     try:
-        make_builder(config).build(sha)
+        builder.build(sha)
     except BuildFailed as exc:
         progress.message(f"baseline {sha[:12]}: build FAILED: {exc}")
         return BUILD_FAILED

@@ -1,0 +1,221 @@
+"""The artifact store build and device hosts share: content-addressed objects on a WebDAV server.
+
+The server is an existing one (nginx's WebDAV module, ``dav_methods PUT``: docs/fleet.md says
+why and how it is configured); this module is its client, through ``requests``. Every file of an
+artifact is an object named by its SHA-256, ``{store}/cas/<sha256>``: pushed once (a ``HEAD``
+first, skipped when the object is there), so neighbouring commits that share a library share
+its object. What files make an artifact — each path with its hash, size and mode, its symbolic
+links and empty directories — is its manifest (:func:`manifest_of`), which the service keeps in
+the database, not here: a manifest is recorded only after all its objects were pushed.
+
+A host that lacks an artifact fetches its objects into a staging directory of its own artifact
+cache, hashing each as it arrives: an object whose bytes do not match its name is refused
+(:class:`CorruptObject`) and nothing of the artifact is used. The store being down, refusing
+the credentials or missing an object is :class:`StoreUnavailable`: the caller builds locally.
+The password comes only from the environment variable ``[artifacts] password_env`` names and
+goes only into the Authorization header; it is masked wherever abwatch prints or stores text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import requests
+
+from abwatch.builders.cache import BOOKKEEPING, OBJECTS, ArtifactCache
+from abwatch.builders.objects import sha256_file
+from abwatch.builders.redact import mask_url, register_secrets
+from abwatch.builders.spec import ArtifactsConfig
+
+CONNECT_TIMEOUT_S = 3.0
+CHUNK = 1 << 20
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be used right now (unreachable, refused, an object missing): build locally."""
+
+
+class CorruptObject(Exception):
+    """An object the store returned does not match its hash: refused, never used."""
+
+    def __init__(self, sha: str, got: str, path: str) -> None:
+        super().__init__(f"object {sha[:12]} ({path}) from the store hashes to {got[:12]}: corrupt, refused")
+        self.sha, self.got, self.path = sha, got, path
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """What one push did: objects sent, objects the store had already."""
+
+    sent: int
+    present: int
+
+
+def manifest_of(cache: ArtifactCache, key: str) -> dict:
+    """The manifest of the complete cache entry ``key``: ``files`` ({path: [sha256, size, mode]}),
+    ``links`` ({path: target}) and ``dirs`` (empty directories). Packed files are rebuilt first."""
+    entry = cache.materialize(key)
+    listing_path = entry / OBJECTS
+    known = json.loads(listing_path.read_text()) if listing_path.is_file() else {}
+    files, links, dirs = {}, {}, []
+    for dirpath, dirnames, filenames in os.walk(entry):
+        here = Path(dirpath)
+        rel_dir = here.relative_to(entry)
+        if not dirnames and not filenames and here != entry:
+            dirs.append(str(rel_dir))
+        for name in dirnames:
+            if (here / name).is_symlink():
+                links[str(rel_dir / name)] = os.readlink(here / name)
+        for name in filenames:
+            rel = str(rel_dir / name)
+            if rel in BOOKKEEPING:
+                continue
+            path = here / name
+            if path.is_symlink():
+                links[rel] = os.readlink(path)
+                continue
+            st = path.stat()
+            files[rel] = [known.get(rel) or sha256_file(path), st.st_size, st.st_mode & 0o7777]
+    return {"files": files, "links": links, "dirs": sorted(dirs)}
+
+
+def _safe(rel: str) -> PurePosixPath:
+    """A manifest path as a relative path that stays inside the entry (else ValueError)."""
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise ValueError(f"manifest path {rel!r} leaves the artifact")
+    return path
+
+
+class ArtifactStore:
+    """A client of one WebDAV store: ``has``, ``push`` and ``fetch`` of content-addressed objects."""
+
+    def __init__(self, url: str, user: str | None = None, password_env: str | None = None,
+                 timeout_s: float = 30.0, wait_s: float = 7200.0) -> None:
+        self.url, self.user, self.password_env, self.timeout_s = url.rstrip("/"), user, password_env, timeout_s
+        self.wait_s = wait_s  # how long a host waits for another host's build before it builds itself
+        self.display = mask_url(self.url)  # what logs, rows and pages name
+        if password_env:
+            register_secrets([password_env])  # masked in whatever this process prints or stores
+        self._http = requests.Session()
+
+    @classmethod
+    def from_config(cls, config: ArtifactsConfig) -> ArtifactStore | None:
+        """The store ``[artifacts]`` names, or None when it names none."""
+        if not config.store:
+            return None
+        return cls(config.store, config.user, config.password_env, config.timeout_s, config.wait_s)
+
+    def object_url(self, sha: str) -> str:
+        """Where object ``sha`` lives in the store."""
+        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            raise ValueError(f"not a SHA-256: {sha!r}")
+        return f"{self.url}/cas/{sha}"
+
+    def _auth(self) -> tuple[str, str] | None:
+        if not self.user:
+            return None
+        return self.user, os.environ.get(self.password_env, "") if self.password_env else ""
+
+    def _request(self, method: str, url: str, **kw) -> requests.Response:
+        try:
+            response = self._http.request(method, url, auth=self._auth(), timeout=(CONNECT_TIMEOUT_S, self.timeout_s),
+                                          allow_redirects=False, **kw)
+        except requests.RequestException as exc:
+            raise StoreUnavailable(f"{self.display} is unreachable ({type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0][:200]})") from None
+        if response.status_code in (401, 403):
+            response.close()
+            raise StoreUnavailable(f"{self.display} refused {method} ({response.status_code}): check user and "
+                                   f"${self.password_env or '(no password_env)'}")
+        if response.status_code >= 500:
+            response.close()
+            raise StoreUnavailable(f"{self.display} failed {method} ({response.status_code})")
+        return response
+
+    def reach(self) -> str | None:
+        """None when the store answers a request now; else why not (said in the build's log)."""
+        try:
+            self.has("0" * 64)  # an object nobody has: 404 says the store is there and lets us in
+        except StoreUnavailable as exc:
+            return str(exc)
+        return None
+
+    def has(self, sha: str) -> bool:
+        """Whether the store holds object ``sha`` (StoreUnavailable when it cannot say)."""
+        response = self._request("HEAD", self.object_url(sha))
+        response.close()
+        if response.status_code == 200:
+            return True
+        if response.status_code == 404:
+            return False
+        raise StoreUnavailable(f"{self.display} answered HEAD with {response.status_code}")
+
+    def push(self, entry: Path, manifest: dict, replace: frozenset[str] = frozenset()) -> Pushed:
+        """Put every object of ``manifest`` (files under ``entry``) the store lacks; objects in
+        ``replace`` (found corrupt there) are put again whatever the store says it has."""
+        sent = present = 0
+        done: set[str] = set()
+        for rel, (sha, _size, _mode) in sorted(manifest["files"].items()):
+            if sha in done:
+                continue
+            done.add(sha)
+            if sha not in replace and self.has(sha):
+                present += 1
+                continue
+            with open(entry / _safe(rel), "rb") as body:
+                response = self._request("PUT", self.object_url(sha), data=body)
+            response.close()
+            if response.status_code not in (200, 201, 204):
+                raise StoreUnavailable(f"{self.display} answered PUT with {response.status_code}")
+            sent += 1
+        return Pushed(sent, present)
+
+    def fetch(self, cache: ArtifactCache, key: str, manifest: dict, info: dict) -> Path:
+        """Fetch the artifact ``manifest`` describes into ``cache`` as ``key`` (call with the key's
+        lock held); every object checked against its hash, the entry complete only when all are.
+
+        :class:`CorruptObject` for an object whose bytes do not match, :class:`StoreUnavailable`
+        for one the store cannot give; either way nothing is left in the cache.
+        """
+        staging = cache.staging(key)
+        try:
+            for rel, (sha, size, mode) in sorted(manifest["files"].items()):
+                target = staging / _safe(rel)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self._get(sha, target, rel)
+                if target.stat().st_size != size:  # the hash matched, so the manifest is at odds with itself
+                    raise CorruptObject(sha, "size mismatch", rel)
+                os.chmod(target, mode)
+            for rel in manifest.get("dirs", []):
+                (staging / _safe(rel)).mkdir(parents=True, exist_ok=True)
+            for rel, link in sorted(manifest.get("links", {}).items()):
+                path = staging / _safe(rel)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(link, path)
+            return cache.adopt(key, staging, info)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def _get(self, sha: str, target: Path, rel: str) -> None:
+        response = self._request("GET", self.object_url(sha), stream=True)
+        with response:
+            if response.status_code != 200:
+                raise StoreUnavailable(f"{self.display} has no object {sha[:12]} ({rel}): GET answered "
+                                       f"{response.status_code}")
+            digest = hashlib.sha256()
+            try:
+                with open(target, "wb") as out:
+                    for block in response.iter_content(CHUNK):
+                        digest.update(block)
+                        out.write(block)
+            except requests.RequestException as exc:
+                raise StoreUnavailable(f"{self.display}: object {sha[:12]} cut off ({type(exc).__name__})") from None
+        if digest.hexdigest() != sha:
+            raise CorruptObject(sha, digest.hexdigest(), rel)
