@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import git
@@ -22,9 +23,12 @@ from abwatch.service.cli.demo import make_demo_repo
 from abwatch.service.cli.main import main
 from abwatch.service.stats.verdict import RegressionState
 from abwatch.service.store import db
-from abwatch.service.store.models import Invocation, Job, Regression, Run, RunStatus
+from abwatch.service.store.build_jobs import BUILD_QUEUE
+from abwatch.service.store.models import Build, Comparison, Device, Invocation, Job, Regression, Run, RunStatus
 from tests.netns import Host, Network, missing
+from tests.test_fleet import THREE as FLEET_HISTORY, built, host_config as fleet_config
 from tests.test_watch_workers import HISTORY, all_done, jobs, wait_for, write_config
+from tests.webdav import WebDav
 
 pytestmark = pytest.mark.slow  # real namespaces, builds, runs and processes
 
@@ -120,3 +124,54 @@ def test_two_device_hosts_on_a_network_survive_a_kill_and_a_cut_link(tmp_path, f
     for device in hosts:
         assert any((configs[device].parent / "cache" / "artifacts").iterdir())
 
+
+
+def test_a_build_host_and_two_device_hosts_on_a_network(tmp_path, fresh_pg_url, network):
+    """Three hosts, each its own namespace, address, hostname and cache_dir; PostgreSQL and the
+    artifact store (nginx) reached over the veth network. Each commit is built once, on the build
+    host; the device hosts fetch and never compile; box-b's link goes down mid-measurement and
+    comes back; both devices' verdicts are stored."""
+    repo = tmp_path / "repo"
+    make_demo_repo(repo, FLEET_HISTORY)
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    store = WebDav(tmp_path / "store").start()
+    try:
+        remote_store = store.url.replace(f"127.0.0.1:{store.port}", network.forward(store.port))
+        remote_url = fresh_pg_url.replace("127.0.0.1", network.address)
+        configs = {name: fleet_config(tmp_path, name, repo, remote_store, counts) for name in ("builder", "dev-a", "dev-b")}
+        assert main(["watch", "--config", str(configs["builder"]), "--once", "--no-work", "--db", fresh_pg_url]) == 0
+        engine = db.make_engine(fresh_pg_url)
+        hosts = {name: network.host(f"host-{name}") for name in configs}
+        logs = {name: tmp_path / f"{name}.log" for name in configs}
+        worker = [sys.executable, "-m", "abwatch.service.cli.main", "worker", "--db", remote_url, "--config"]
+        hosts["builder"].popen([*worker, str(configs["builder"]), "--builds"], logs["builder"])
+        for name, device in (("dev-a", "box-a"), ("dev-b", "box-b")):
+            hosts[name].popen([*worker, str(configs[name]), "--device", device], logs[name])
+        wait_for("box-b mid-run", mid_run(engine, "box-b"), 600, list(logs.values()))
+        hosts["dev-b"].cut()
+        time.sleep(15)
+        hosts["dev-b"].restore()
+        wait_for("every job done", lambda: all_done(engine), 900, list(logs.values()))
+        everything = jobs(engine)
+        assert [j for j in everything if j.status != "done"] == [], [(j.kind, j.device, j.error) for j in everything]
+        shas = {j.payload["sha"] for j in everything if j.device == BUILD_QUEUE}
+        assert len(shas) == len(FLEET_HISTORY)
+        assert built(counts) == Counter({sha: 1 for sha in shas})  # the build command ran once per commit
+        with Session(engine) as session:
+            builds = session.scalars(select(Build)).all()
+            assert len(builds) == len(shas) and len({b.artifact_key for b in builds}) == len(shas)
+            verdicts = session.execute(select(Device.name, Comparison.verdict).join(Run, Run.id == Comparison.run_id)
+                                       .join(Device, Device.id == Run.device_id)).all()
+            assert {name for name, _ in verdicts} == {"box-a", "box-b"} and all(v for _, v in verdicts)
+            completed = [r for r in session.scalars(select(Run)) if r.status == RunStatus.COMPLETED]
+            assert {r.host for r in completed} == {"host-dev-a", "host-dev-b"}  # measured on the device hosts
+            keys = [(r.device.name, r.control_commit.sha, r.treatment_commit.sha, r.run_type.value) for r in completed]
+            assert len(keys) == len(set(keys))  # nothing measured twice to completion
+        assert {j.worker.partition(":")[0] for j in everything if j.device == BUILD_QUEUE} == {"host-builder"}
+        for name in ("dev-a", "dev-b"):  # the device hosts fetched over the network and compiled nothing
+            assert "fetched" in logs[name].read_text()
+            assert not (tmp_path / name / "checkouts").exists()
+        engine.dispose()
+    finally:
+        store.stop()
