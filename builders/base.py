@@ -162,6 +162,11 @@ class Builder(abc.ABC):
     shareable: ClassVar[bool] = False
     store: ArtifactStore | None = None  # [artifacts] store: set by make_builder for shareable builders
 
+    def portable(self, artifact: Path) -> bool:
+        """Whether this built artifact (a cache entry) works on another host: pushed to the store
+        only then. Every artifact of a shareable builder, unless the builder says otherwise."""
+        return self.shareable
+
     @abc.abstractmethod
     def produce(self, sha: str, key: str) -> Artifact:
         """Build ``sha`` now and store it in the cache as ``key`` (called with the key locked)."""

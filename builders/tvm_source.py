@@ -7,7 +7,8 @@ workspace) shares object files across workspaces, and with ``ccache_remote`` acr
 (``builders.compiler_cache``). The result — the libraries as ``lib/`` and
 the ``python/`` package — goes into the artifact cache with every file stored once by content,
 so neighbouring commits share their unchanged libraries. The artifact runs with
-``PYTHONPATH=<artifact>/python TVM_LIBRARY_PATH=<artifact>/lib`` in a venv holding the
+``PYTHONPATH=<artifact>/python TVM_LIBRARY_PATH=<artifact>/lib`` in ``<artifact>/venv``, a copy
+of the workspace's shared venv made relocatable (``builders.venv_copy``), holding the
 apache-tvm-ffi release of the ``3rdparty/tvm-ffi`` submodule's tag, or, when the submodule sits
 between tags, that package built from the submodule's own source (``builders.tvm_ffi``); after
 each build the build's Python imports TVM and compiles a small module (``check_import``).
@@ -33,16 +34,19 @@ from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, 
     repo_url, section
 from abwatch.builders.cache import ArtifactCache, flocked
 from abwatch.builders.compiler_cache import STATS_LOG, CompilerCache, parse_stats
-from abwatch.builders.environment import build_environment, build_python
+from abwatch.builders.environment import ArtifactInfoError, artifact_info, build_environment, build_python
 from abwatch.builders.procs import child_env, cut_log, run_process
 from abwatch.builders.repo import RepoMirror
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmSourceBuildConfig
 from abwatch.builders.tvm_ffi import FfiState, Step, ffi_state, install_package, package_settings, \
     update_submodules
+from abwatch.builders.venv_copy import copy_venv
 
 LOG_LIMIT = 400_000
 RUNTIME_TARGET = "tvm_runtime"
+VENV_DIR = "venv"  # the build's venv, inside the artifact
+RPATH_ORIGIN = "CMAKE_BUILD_RPATH_USE_ORIGIN:BOOL=ON"
 
 
 def tool(name: str) -> str | None:
@@ -55,6 +59,7 @@ class TvmSourceBuilder(Builder):
     """Checks out a commit (with submodules) and builds it with CMake + Ninja."""
 
     kind = "tvm-source"
+    shareable = True  # the venv travels inside the artifact (builders.venv_copy); see portable()
 
     def __init__(self, config: BuildSettings) -> None:
         self.config: TvmSourceBuildConfig = section(config, TvmSourceBuildConfig)
@@ -191,10 +196,15 @@ class TvmSourceBuilder(Builder):
             self.compiler_cache.begin(log)
         env = self._ccache_env()
         incremental = (build / "build.ninja").exists()
-        if not incremental:
+        # the libraries find each other by $ORIGIN, not by the build directory's path: an artifact
+        # runs on another host, and never loads a library of whatever commit the workspace holds
+        # now (a workspace configured before this is configured again: its libraries relink)
+        cache = build / "CMakeCache.txt"
+        if not incremental or not cache.exists() or RPATH_ORIGIN not in cache.read_text(errors="replace"):
             launcher = [f"-DCMAKE_C_COMPILER_LAUNCHER={ccache}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={ccache}"] if ccache else []
             self._run([cmake, "-G", "Ninja", "-S", str(src), "-B", str(build), f"-DCMAKE_MAKE_PROGRAM={ninja}",
-                       "-DCMAKE_BUILD_TYPE=Release", *launcher], log, "configure", env=env, deadline=deadline)
+                       "-DCMAKE_BUILD_TYPE=Release", f"-D{RPATH_ORIGIN}", *launcher], log, "configure", env=env,
+                      deadline=deadline)
         # this build's own ccache counts: a stats log of its compiles (concurrent builds in other
         # workspaces keep theirs; the cache's lifetime counters are never zeroed)
         stats_log = self.workspace / STATS_LOG
@@ -229,9 +239,16 @@ class TvmSourceBuilder(Builder):
             for kept in self.config.keep:  # scripts of script:repo: and command workloads
                 _copy_into(src, kept, staging / "src")
             ffi = ffi_state(src)
-            python = self._venv(ffi, log)
-            info = {"python": python, "env_paths": {"PYTHONPATH": "python", "TVM_LIBRARY_PATH": "lib"},
+            # the venv travels inside the artifact (its files stored once by content, as the
+            # libraries are), so the artifact runs on another host: see builders.venv_copy
+            venv = Path(self._venv(ffi, log)).parent.parent
+            host_paths = copy_venv(venv, staging / VENV_DIR)
+            if host_paths:
+                log.append(f"note: the build's venv names paths of this host ({'; '.join(host_paths)[:500]}): "
+                           "the artifact is not shared with other hosts\n")
+            info = {"python": f"{VENV_DIR}/bin/python", "env_paths": {"PYTHONPATH": "python", "TVM_LIBRARY_PATH": "lib"},
                     "sha": sha, "libraries": [p.name for p in libraries],
+                    **({"host_paths": host_paths} if host_paths else {}),
                     **({"tvm_ffi_submodule": ffi.describe} if ffi else {})}
             (staging / ARTIFACT_INFO).write_text(json.dumps(info, sort_keys=True))
             self._check(staging, ffi, log)
@@ -239,8 +256,17 @@ class TvmSourceBuilder(Builder):
             series = self.config.workspace_hash() if self.config.pack_deltas else None
             return self.cache.put_deduplicated(key, staging, {"sha": sha, "builder": self.kind}, series=series)
 
+    def portable(self, artifact: Path) -> bool:
+        """An artifact with its venv inside (a relative ``python``) and no path of this host in
+        it; an older artifact, whose ``python`` is the workspace's venv, runs here only."""
+        try:
+            info = artifact_info(artifact)
+        except ArtifactInfoError:
+            return False
+        return info is not None and not Path(info["python"]).is_absolute() and not info.get("host_paths")
+
     def _venv(self, ffi: FfiState | None, log: list[str]) -> str:
-        """The shared venv with ``python_packages``; its python path.
+        """The shared venv with ``python_packages`` (copied into each artifact); its python path.
 
         ``{ffi_version}`` in a requirement becomes the submodule's release when the submodule
         sits at a release tag; between tags the package is built from the submodule's own

@@ -18,6 +18,7 @@ import pytest
 
 from abwatch.builders import BuildFailed, TvmSourceBuilder
 from abwatch.builders.base import failure_lines
+from abwatch.builders.environment import build_python
 from abwatch.builders.spec import ARTIFACT_INFO
 from abwatch.service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
 
@@ -132,8 +133,7 @@ def _builder(project, cache: Path, **build) -> TvmSourceBuilder:
 
 
 def _python(artifact: Path, code: str) -> str:
-    python = json.loads((artifact / ARTIFACT_INFO).read_text())["python"]
-    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run([str(build_python(artifact)), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def test_package_between_tags_installs_with_its_version_and_nested_submodules(project, tmp_path):
@@ -147,6 +147,7 @@ def test_package_between_tags_installs_with_its_version_and_nested_submodules(pr
     tag, distance, _ = ffi.git.describe("--tags", "--long", pinned.hexsha).rsplit("-", 2)
     major, minor, patch = tag.lstrip("v").split(".")
     version = _python(artifact.path, "import importlib.metadata as m; print(m.version('apache-tvm-ffi'))")
+    assert builder.portable(artifact.path)  # a package built from a local source tree is installed, not linked
     public, _, local = version.partition("+g")
     assert public == f"{major}.{minor}.{int(patch) + 1}.dev{distance}"
     assert len(local) >= 7 and pinned.hexsha.startswith(local)

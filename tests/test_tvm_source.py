@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import select
 
 from abwatch.builders import BuildFailed, TvmSourceBuilder
+from abwatch.builders.environment import build_python
 from abwatch.builders.spec import ARTIFACT_INFO
 from abwatch.service.store import db
 from abwatch.service.cli.main import main
@@ -102,7 +103,7 @@ def make_config(project, cache: Path, **build) -> Config:
 def run_python(artifact: Path, code: str) -> str:
     info = json.loads((artifact / ARTIFACT_INFO).read_text())
     env = dict(os.environ, **{k: str(artifact / v) for k, v in info["env_paths"].items()})
-    return subprocess.run([info["python"], "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    return subprocess.run([str(build_python(artifact)), "-c", code], env=env, capture_output=True, text=True, check=True).stdout
 
 
 def test_clean_then_cached_then_incremental_and_shared(project, tmp_path):
@@ -201,8 +202,11 @@ def test_runtime_only_builds_just_the_runtime(project, tmp_path):
 def test_least_recently_used_artifacts_are_evicted(project, tmp_path):
     _, _, shas = project
     probe = TvmSourceBuilder(make_config(project, tmp_path / "probe"))
-    size = sum(p.stat().st_size for p in probe.build(shas["first"]).path.rglob("*") if p.is_file())
-    limit_gb = 1.5 * size / 2**30  # room for one artifact and a bit, not for two distinct ones
+    probe.build(shas["first"])
+    size = probe.cache.size_bytes()  # one artifact, its files counted once as the cache counts them
+    # room for one artifact and a bit, not for two: the second shares its venv with the first
+    # (stored once), but not its changed library
+    limit_gb = (size + 4096) / 2**30
     builder = TvmSourceBuilder(make_config(project, tmp_path / "lru", cache_limit_gb=limit_gb))
     first = builder.build(shas["first"])
     compiler = builder.build(shas["compiler"])

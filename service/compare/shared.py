@@ -165,6 +165,9 @@ def publish(session: Session, builder: Builder, plan: Plan | None, artifact: Art
     have = session.execute(select(ArtifactManifest.id).where(ArtifactManifest.artifact_key == artifact.key)).first()
     if have is not None and not plan.corrupt:
         return
+    if not builder.portable(artifact.path):  # e.g. a tvm-source artifact built before its venv moved inside
+        progress.message(f"  {artifact.key} names paths of this host: it stays on this host only")
+        return
     manifest = manifest_of(builder.cache, artifact.key)
     try:
         pushed = plan.store.push(builder.cache.path(artifact.key), manifest, replace=plan.corrupt)

@@ -1,0 +1,86 @@
+"""A venv copied into an artifact so that it runs from wherever the artifact is.
+
+A venv made by ``python -m venv`` is nearly relocatable: ``bin/python`` is a symbolic link to the
+system interpreter and ``pyvenv.cfg``'s ``home`` names that interpreter's directory (the same on
+every host with the same toolchain), and Python finds the venv from the path it was started by.
+What names the venv's own path is fixed here: ``pyvenv.cfg``'s ``command`` line (informational)
+is dropped, so are the ``activate`` scripts, the ``#!`` line of each script in ``bin/`` becomes one that starts the ``python``
+beside the script, and a ``.pth`` line naming a directory in the venv becomes relative to
+its ``site-packages``. What names the build host outside the venv — a ``.pth`` line or an
+editable install's finder pointing at a local package directory — cannot travel: it is
+returned, and the artifact is kept on its host (``TvmSourceBuilder.portable``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+# starts the python beside the script, wherever the venv is (sh runs the first two lines; for
+# Python they are a string): the form pip writes for interpreters on too long a path
+RELATIVE_SHEBANG = "#!/bin/sh\n'''exec' \"$(dirname -- \"$0\")/python\" \"$0\" \"$@\"\n' '''\n"
+# abwatch never activates a build's venv (build_environment sets PATH and VIRTUAL_ENV), and the
+# activate scripts name the venv's path: not copied
+ACTIVATE = ("activate", "activate.*", "Activate.ps1")
+
+
+def copy_venv(source: Path, target: Path) -> list[str]:
+    """Copy the venv ``source`` to ``target`` (without byte code and abwatch's own marker files),
+    made independent of ``source``'s path; the paths of the build host outside the venv that
+    its imports still need (empty when the copy works on any host with the same interpreter)."""
+    shutil.copytree(source, target, symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".abwatch-*", *ACTIVATE))
+    old = str(source.resolve())
+    cfg = target / "pyvenv.cfg"
+    if cfg.is_file():
+        cfg.write_text("".join(line for line in cfg.read_text().splitlines(keepends=True)
+                               if not line.startswith("command =")))
+    for script in sorted((target / "bin").iterdir()):
+        if script.is_symlink() or not script.is_file():
+            continue  # the interpreter's links
+        _relative_shebang(script, old)
+    host_paths: list[str] = []
+    for site in target.glob("lib*/python*/site-packages"):
+        if site.parent.parent.is_symlink():
+            continue  # lib64 -> lib: the same directory
+        for pth in sorted(site.glob("*.pth")):
+            host_paths += _relative_pth(pth, site, old, str(source))
+        # setuptools' editable installs map packages to their source directory in a finder module
+        host_paths += [str(finder.relative_to(target)) for finder in sorted(site.glob("__editable__*finder.py"))]
+    return host_paths
+
+
+def _relative_shebang(script: Path, old: str) -> None:
+    try:
+        text = script.read_text()
+    except (UnicodeDecodeError, OSError):
+        return  # a binary: not a script
+    first, _, rest = text.partition("\n")
+    if first.startswith("#!") and "/bin/python" in first and old in first:
+        mode = script.stat().st_mode
+        script.write_text(RELATIVE_SHEBANG + rest)
+        os.chmod(script, mode)
+
+
+def _relative_pth(pth: Path, site: Path, old: str, unresolved: str) -> list[str]:
+    """Rewrite ``pth``'s lines naming a directory of the old venv relative to ``site``; the lines
+    naming anything else on the build host (absolute paths, or code mentioning the old venv)."""
+    lines, outside, changed = [], [], False
+    old_site = Path(old) / site.relative_to(site.parents[2])
+    for line in pth.read_text().splitlines(keepends=True):
+        text = line.strip()
+        if text.startswith("import"):
+            if old in text or unresolved in text:
+                outside.append(f"{pth.name}: {text[:200]}")
+        elif text.startswith("/"):
+            inside = next((base for base in (old, unresolved) if text == base or text.startswith(base + "/")), None)
+            if inside is None:
+                outside.append(f"{pth.name}: {text}")
+            else:
+                line = os.path.relpath(Path(old) / Path(text).relative_to(inside), old_site) + "\n"
+                changed = True
+        lines.append(line)
+    if changed:
+        pth.write_text("".join(lines))
+    return outside

@@ -1,0 +1,138 @@
+"""A tvm-source build shared through the artifact store: host A builds the TVM-shaped project
+(real CMake, Ninja, ccache) and pushes it to a real nginx WebDAV store, with its manifest in a
+real PostgreSQL database; host B, another cache directory at another path, fetches it without
+compiling anything and runs it after host A's directories are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from abwatch.builders import make_builder
+from abwatch.builders.spec import ARTIFACT_INFO, ArtifactsConfig
+from abwatch.service.compare.building import build_commits
+from abwatch.service.store import db
+from abwatch.service.store.models import ArtifactManifest
+
+import test_tvm_source
+from test_tvm_source import make_config, run_python
+from webdav import WebDav
+
+pytestmark = pytest.mark.slow  # real builds and real servers
+
+project = test_tvm_source.project  # the TVM-shaped project's fixture, built once per module here too
+VERSION = "import tvmshaped; print(tvmshaped.version())"
+
+
+class Said:
+    """Progress that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.lines.append(text)
+
+    def invocation(self, workload: str, done: int, total: int) -> None:
+        pass
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def host(project, cache: Path, url: str):
+    return make_builder(make_config(project, cache).model_copy(update={"artifacts": ArtifactsConfig(store=url)}))
+
+
+def build(engine, builder, sha: str) -> tuple[Path, Said]:
+    said = Said()
+    with Session(engine, expire_on_commit=False) as session:
+        [outcome] = build_commits(session, builder, [sha], said)
+    assert outcome.status == "success", said.text()
+    return builder.cache.get(builder.cache_key(sha)), said
+
+
+def stored(store: WebDav) -> tuple[int, int]:
+    objects = store.objects()
+    return len(objects), sum(p.stat().st_size for p in objects)
+
+
+def test_a_tvm_source_build_is_fetched_and_runs_on_another_host(project, tmp_path, fresh_pg_url):
+    _, _, shas = project
+    store = WebDav(tmp_path / "store").start()
+    db.upgrade(fresh_pg_url)
+    engine = db.make_engine(fresh_pg_url)
+    try:
+        a = host(project, tmp_path / "host-a", store.url)
+        assert a.shareable and a.store is not None
+        first_a, said_a = build(engine, a, shas["first"])
+        assert "pushed" in said_a.text() and a.portable(first_a)
+        info = json.loads((first_a / ARTIFACT_INFO).read_text())
+        assert info["python"] == "venv/bin/python" and "host_paths" not in info
+        first_objects, first_bytes = stored(store)
+        # the next commit changes one library: its objects are that library and the artifact's
+        # description; the venv and the unchanged library are in the store already
+        build(engine, a, shas["compiler"])
+        objects, size = stored(store)
+        added_objects, added_bytes = objects - first_objects, size - first_bytes
+        print(f"store: first commit {first_objects} objects, {first_bytes} bytes; "
+              f"second commit added {added_objects} objects, {added_bytes} bytes")
+        assert 1 <= added_objects <= 3 and added_bytes < first_bytes / 20
+
+        b_cache = tmp_path / "elsewhere" / "host-b"
+        b = host(project, b_cache, store.url)
+        first_b, said_b = build(engine, b, shas["first"])
+        assert "fetched" in said_b.text(), said_b.text()
+        assert first_b.is_relative_to(b_cache)
+        assert not list(b_cache.glob("tvm-source*")) and not (b_cache / "ccache").exists()  # nothing compiled
+        with Session(engine) as session:
+            assert len(session.scalars(select(ArtifactManifest)).all()) == 2
+        shutil.rmtree(tmp_path / "host-a")  # the build host's workspace, venv and cache are gone
+        assert run_python(first_b, VERSION).strip() == "43"
+        assert run_python(first_b, "import sys; print(sys.prefix)").strip() == str(first_b / "venv")
+        assert "46" not in run_python(first_b, VERSION)
+        # no file of the fetched artifact names host A
+        for path in first_b.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                assert str(tmp_path / "host-a").encode() not in path.read_bytes(), path
+        pip = first_b / "venv" / "bin" / "pip"
+        assert pip.exists() and str(tmp_path / "host-a") not in pip.read_text()
+    finally:
+        store.stop()
+        engine.dispose()
+
+
+def test_an_older_artifact_naming_the_workspace_venv_stays_local(project, tmp_path):
+    """An artifact built before the venv moved inside names the workspace's python by absolute
+    path: it still runs here, and is never pushed."""
+    builder = make_builder(make_config(project, tmp_path))
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / ARTIFACT_INFO).write_text(json.dumps({"python": "/usr/bin/python3", "env_paths": {}}))
+    assert not builder.portable(old)
+    (old / ARTIFACT_INFO).write_text(json.dumps({"python": "venv/bin/python", "host_paths": ["x.pth: /src"]}))
+    assert not builder.portable(old)
+    (old / ARTIFACT_INFO).write_text(json.dumps({"python": "venv/bin/python"}))
+    assert builder.portable(old)
+
+
+def test_a_workspace_configured_before_origin_rpaths_is_configured_again(project, tmp_path):
+    """A workspace configured without CMAKE_BUILD_RPATH_USE_ORIGIN (before artifacts were shared)
+    is configured again once: its libraries then name no path of the build directory."""
+    _, _, shas = project
+    builder = make_builder(make_config(project, tmp_path))
+    builder.build(shas["first"])
+    cache = builder.workspace / "build" / "CMakeCache.txt"
+    cache.write_text(cache.read_text().replace("CMAKE_BUILD_RPATH_USE_ORIGIN:BOOL=ON", "CMAKE_BUILD_RPATH_USE_ORIGIN:BOOL=OFF"))
+    artifact = builder.build(shas["compiler"])
+    assert artifact.metrics["incremental"] is True and "-DCMAKE_BUILD_RPATH_USE_ORIGIN:BOOL=ON" in artifact.log
+    assert "CMAKE_BUILD_RPATH_USE_ORIGIN:BOOL=ON" in cache.read_text()
+    for library in (artifact.path / "lib").iterdir():
+        assert str(builder.workspace).encode() not in library.read_bytes(), library
+    assert run_python(artifact.path, VERSION).strip() == "44"
