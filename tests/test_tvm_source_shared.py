@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -101,8 +102,9 @@ def test_a_tvm_source_build_is_fetched_and_runs_on_another_host(project, tmp_pat
         for path in first_b.rglob("*"):
             if path.is_file() and not path.is_symlink():
                 assert str(tmp_path / "host-a").encode() not in path.read_bytes(), path
-        pip = first_b / "venv" / "bin" / "pip"
-        assert pip.exists() and str(tmp_path / "host-a") not in pip.read_text()
+        pip = first_b / "venv" / "bin" / "pip"  # a script of the venv starts the python beside it
+        shown = subprocess.run([str(pip), "--version"], capture_output=True, text=True, check=True).stdout
+        assert str(first_b / "venv") in shown, shown
     finally:
         store.stop()
         engine.dispose()
