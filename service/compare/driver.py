@@ -330,7 +330,7 @@ def _store_result(session: Session, config: Config, run: Run, workload: Workload
     for (metric, phase), j in own.items():
         if j is not None and (found := metrics.METRICS[metric].shown(phase, j)) is not None:
             keys[metric, phase], shown[found[0]], kept[found[0]] = found
-        if j is not None and (metric, phase) != (Metric.TIME, metrics.COMPILE):  # that one is said once judged
+        if j is not None:
             progress.message(f"  {workload.name}: {metrics.METRICS[metric].said(phase, j)}")
     if extra is not None and "compile" in shown:  # a compile is shown with a TVM workload's details
         extra["compile"] = shown["compile"]
@@ -379,8 +379,6 @@ def _store_result(session: Session, config: Config, run: Run, workload: Workload
         shown[key]["regression_id"] = compile_id  # the compile's verdict that opened it says so
         kept[key] = {**kept[key], "regression_id": compile_id}
         comparison.details = {**comparison.details, key: kept[key]}  # a new dict, so the JSON column sees it
-    if (judged := own.get((Metric.TIME, metrics.COMPILE))) is not None:
-        progress.message(f"  {workload.name}: {metrics.METRICS[Metric.TIME].said(metrics.COMPILE, judged)}")
     for b in beside:
         progress.message(f"  {workload.name}: {b.metric} ({b.phase}) {b.verdict.verdict.value} — {b.verdict.reason}")
     if extra is not None and extra["error"]["mismatch"]:
@@ -396,10 +394,11 @@ def _store_result(session: Session, config: Config, run: Run, workload: Workload
     if verdict.verdict == stats.Outcome.SAME:
         noise.learn(session, row.id, run.device_id, m.samples, m.groups)
     counts, compile_counts = shown.get("instructions"), shown.get("compile_instructions")
-    write_records(session, config, run, workload, m, device_info, extra, counts, compile_counts, beside)
+    # a metric of processes of its own shown with the others (none of today's: time and instructions have keys)
+    others = tuple(r for r in metrics.own_results(own) if Metric(r.metric) not in SHOWN_APART)
+    write_records(session, config, run, workload, m, device_info, extra, counts, compile_counts, beside + others)
     session.commit()
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
-    others = tuple(r for r in metrics.own_results(own) if Metric(r.metric) not in SHOWN_APART)
     return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,
                           correctness_id, extra, workload_id=row.id, instructions=counts,
                           compile_instructions=compile_counts, contention=measured.get("contention"),
