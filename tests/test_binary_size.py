@@ -117,7 +117,9 @@ def test_a_library_that_grows_is_a_binary_size_regression(tmp_path, sqlite_url, 
     config = _config(tmp_path, repo)
     code, grew = _compare(capsys, config, sqlite_url, "v1", "v2")
     (size,) = grew["build_metrics"]
-    print(f"libgrow.so .text: {size['control']:,.0f} -> {size['treatment']:,.0f} bytes ({size['change_pct']:+.1f}%)")
+    with capsys.disabled():  # the figures, in the test log
+        print(f"\nlibgrow.so .text: {size['control']:,.0f} -> {size['treatment']:,.0f} bytes "
+              f"({size['change_pct']:+.1f}%)")
     assert size["metric"] == "binary_size" and size["phase"] == "build" and size["source"] == "elf .text"
     assert size["verdict"] == "regression" and size["treatment"] > size["control"] > 0
     assert size["change_pct"] == pytest.approx((size["treatment"] / size["control"] - 1) * 100)
@@ -225,10 +227,12 @@ def test_two_apache_tvm_releases_compared_by_size(capsys, tmp_path, tvm_cache, s
     for version in (OLD, NEW):
         files = ", ".join(f"{Path(name).name} .text {s['text_bytes']:,} file {s['file_bytes']:,}"
                           for name, s in kept[version]["files"].items())
-        print(f"apache-tvm {version}: .text {kept[version]['text_bytes']:,} bytes; {files}")
+        with capsys.disabled():
+            print(f"\napache-tvm {version}: .text {kept[version]['text_bytes']:,} bytes; {files}")
         assert kept[version]["text_bytes"] > 1_000_000 and kept[version]["file_bytes"] > kept[version]["text_bytes"]
         assert all(Path(name).name.startswith("libtvm") for name in kept[version]["files"])
-    print(f"binary_size {OLD} -> {NEW}: {size['change_pct']:+.2f}% ({size['verdict']}); {size['reason']}")
+    with capsys.disabled():
+        print(f"\nbinary_size {OLD} -> {NEW}: {size['change_pct']:+.2f}% ({size['verdict']}); {size['reason']}")
     assert size["source"] == "elf .text"
     assert (size["control"], size["treatment"]) == (kept[OLD]["text_bytes"], kept[NEW]["text_bytes"])
     change = (size["treatment"] / size["control"] - 1) * 100
