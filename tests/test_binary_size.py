@@ -7,6 +7,7 @@ shown by ``compare --json``, ``show``, the API and the run page, and followed by
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import git
@@ -17,8 +18,10 @@ from sqlalchemy import select
 from conftest import live_server
 
 from abwatch.service.cli.main import main
+from abwatch.service.compare.outcome import CompareOutcome, MetricResult
 from abwatch.service.config import ConfigError, load_config
 from abwatch.service.store import db
+from abwatch.service.stats.exact import compare_exact
 from abwatch.service.store.models import Build, BuildMeasurement, Comparison, MetricMeasurement
 
 # A shared library of FUNCS functions (each its own code: ``.text`` grows with FUNCS) and a
@@ -240,3 +243,16 @@ def test_two_apache_tvm_releases_compared_by_size(capsys, tmp_path, tvm_cache, s
     assert size["verdict"] == ("regression" if change > 1 else "improvement" if change < -1 else "same")
     if size["verdict"] == "regression":
         assert code == 1
+
+
+def test_a_larger_build_is_exit_1_unless_a_workload_left_the_run_incomplete():
+    """The builds are judged before any workload runs: an incomplete run says so first (4), and
+    a workload's regression wins as before."""
+    grew = MetricResult("binary_size", "build", compare_exact(100.0, 110.0, threshold_pct=1.0, unit="bytes"),
+                        (100.0,), (110.0,), "elf .text")
+    same = replace(grew, verdict=compare_exact(100.0, 100.0, threshold_pct=1.0, unit="bytes"))
+    assert grew.verdict.verdict.value == "regression" and same.verdict.verdict.value == "same"
+    assert CompareOutcome(1, "benchmark", "completed", [], [], (grew,)).exit_code == 1
+    assert CompareOutcome(1, "benchmark", "completed", [], [], (same,)).exit_code == 0
+    assert CompareOutcome(1, "benchmark", "incomplete", [], [], (grew,)).exit_code == 4
+    assert CompareOutcome(1, "benchmark", "build_failed", [], [], (grew,)).exit_code == 3

@@ -96,15 +96,19 @@ class CompareOutcome:
 
     @property
     def exit_code(self) -> int:
-        """3 if a build failed, 1 if any regression (time, instructions, output, or a compile's
-        time or instructions, or the builds' size), 4 if a workload could not be judged, else 0."""
+        """3 if a build failed, 1 if any regression of a workload (time, instructions, output, or
+        a compile's time or instructions), 4 if a workload could not be judged, 1 if the builds
+        regressed (their size), else 0. An incomplete run stays 4 whatever its builds' verdict:
+        the builds are judged before any workload runs, so a run that must be looked at again
+        says so first, and its report and JSON show the builds' verdict."""
         if self.status == RunStatus.BUILD_FAILED.value:
             return EXIT_BUILD_FAILED
-        if any(regressed(r) for r in self.results) or any(
-                m.verdict.verdict == Outcome.REGRESSION for m in self.build_metrics):
+        if any(regressed(r) for r in self.results):
             return EXIT_REGRESSION
         if self.status == RunStatus.INCOMPLETE.value:
             return EXIT_INCOMPLETE
+        if any(m.verdict.verdict == Outcome.REGRESSION for m in self.build_metrics):
+            return EXIT_REGRESSION
         return EXIT_OK
 
     def to_json(self) -> dict:
