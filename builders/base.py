@@ -13,6 +13,7 @@ from typing import ClassVar, TypeVar
 
 from abwatch.builders.artifact_store import ArtifactStore
 from abwatch.builders.cache import ArtifactCache
+from abwatch.builders.sizes import BinarySize, binary_size
 from abwatch.builders.spec import BuildSettings, BuildSpec, CacheConfig, CommitInfo
 
 GB = 2**30
@@ -203,6 +204,15 @@ class Builder(abc.ABC):
                 self.cache.evict(limit, keep={key})
             damage = self.cache.healed.pop(key, None)  # get() found the entry damaged and dropped it
             return replace(artifact, healed=damage) if damage else artifact
+
+    def binary_files(self, path: Path) -> list[Path]:
+        """The files of the artifact at ``path`` whose sizes are the build's ``binary_size`` (its
+        libraries); none unless the builder knows them."""
+        return []
+
+    def binary_size(self, path: Path) -> BinarySize | None:
+        """The sizes of the artifact's :meth:`binary_files`; None where it names none."""
+        return binary_size(path, self.binary_files(path))
 
     def cache_limit_bytes(self) -> int | None:
         """The artifact cache's size limit (``cache.max_gb``), None for none."""

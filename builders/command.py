@@ -60,6 +60,10 @@ class CommandBuilder(Builder):
                 path = self.cache.put(key, artifacts, {"sha": sha, "builder": self.kind})
         return Artifact(key=key, path=path, cached=False, log=log, duration_s=duration)
 
+    def binary_files(self, path: Path) -> list[Path]:
+        # a project's artifacts are whatever it makes: which of them are its binaries, the config says
+        return [f for pattern in self.config.binary_size for f in path.glob(pattern)]
+
     def _run(self, sha: str, checkout: Path) -> tuple[str, float]:
         env = child_env(self.config.env, {"ABWATCH_COMMIT": sha})
         try:

@@ -24,6 +24,7 @@ class Metric(str, enum.Enum):
     TTFT = "ttft"  # time to first token: the prefill of the prompt (ms)
     DECODE_LATENCY = "decode_latency"  # one decode step, per generated token (ms)
     TOKENS_PER_S = "tokens_per_s"  # decode throughput (tokens per second; higher is better)
+    BINARY_SIZE = "binary_size"  # the size of the build itself (its libraries): one value per build
 
 
 # Metrics judged from the timed processes themselves (no processes of their own; the code size
@@ -36,11 +37,24 @@ FROM_TIMED_PROCESSES = (Metric.CPU_TIME, Metric.MAX_RSS, Metric.CODE_SIZE, Metri
 GENERATION = (Metric.TTFT, Metric.DECODE_LATENCY, Metric.TOKENS_PER_S)
 
 
+# Metrics whose verdicts a workload's result shows under keys of their own (compile, instructions,
+# compile_instructions: shapes older than the registry); every other metric's are its ``metrics``.
+SHOWN_APART = (Metric.TIME, Metric.INSTRUCTIONS)
+
+# Metrics of the build itself, not of a workload: judged once per run between its two builds, a
+# series per build configuration (never in a workload's ``measure``).
+OF_BUILDS = (Metric.BINARY_SIZE,)
+# what a workload's ``measure`` may name
+OF_WORKLOADS = tuple(m for m in Metric if m not in OF_BUILDS)
+
+
 def series_name(metric: Metric, phase: str) -> str:
     """A metric's series as ``abwatch history --metric`` names it: ``max-rss`` for the run's,
     ``compile-max-rss`` for the compile's (phase ``compile-time``)."""
     return ("compile-" if phase == "compile-time" else "") + metric.value.replace("_", "-")
 
 
-# every series name, for the command line's choices
-SERIES = [series_name(metric, phase) for phase in ("runtime", "compile-time") for metric in Metric]
+# every series name, for the command line's choices: a workload's, of the run and of the compile,
+# then the builds' (``binary-size``)
+SERIES = ([series_name(metric, phase) for phase in ("runtime", "compile-time") for metric in OF_WORKLOADS]
+          + [series_name(metric, "build") for metric in OF_BUILDS])

@@ -174,6 +174,9 @@ class CommandBuildConfig(BuildSpec):
     artifacts: str = "."
     timeout_s: float = Field(default=1800.0, gt=0)
     env: dict[str, str] = Field(default_factory=dict)
+    # globs in the artifacts whose sizes are the build's binary_size (none: not measured)
+    binary_size: list[str] = Field(default_factory=list, description="globs in the artifacts directory "
+                                   "(e.g. lib/*.so) whose sizes are the build's binary_size, judged by every run")
 
     @field_validator("artifacts")
     @classmethod
@@ -182,9 +185,17 @@ class CommandBuildConfig(BuildSpec):
             raise ValueError("must be a path inside the checkout")
         return value
 
+    @field_validator("binary_size")
+    @classmethod
+    def _inside(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not pattern or Path(pattern).is_absolute() or ".." in Path(pattern).parts:
+                raise ValueError(f"{pattern!r} must be a glob inside the artifacts directory")
+        return value
+
     def hashed(self) -> dict[str, Any]:
         """Everything that changes what a build produces (not its time limit)."""
-        return self.model_dump(exclude={"timeout_s"})
+        return self.model_dump(exclude={"timeout_s", "binary_size"})  # measuring builds nothing
 
 
 class TvmWheelBuildConfig(BuildSpec):

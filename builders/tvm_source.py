@@ -130,6 +130,10 @@ class TvmSourceBuilder(Builder):
         return Artifact(key=key, path=path, cached=False, log=cut_log("".join(log), LOG_LIMIT),
                         duration_s=metrics["duration_s"], metrics=metrics)
 
+    def binary_files(self, path: Path) -> list[Path]:
+        # the libraries the build kept (``libraries``): TVM's, and tvm-ffi's where built with it
+        return list(path.glob("lib/*.so"))
+
     def _workspace_lock(self):
         self.workspace.mkdir(parents=True, exist_ok=True)
         return flocked(self.workspace / "workspace.lock")

@@ -15,6 +15,7 @@ import platform
 import shutil
 import sys
 import time
+from pathlib import Path
 
 from abwatch.builders.base import Artifact, Builder, BuildFailed, section
 from abwatch.builders.cache import ArtifactCache
@@ -74,6 +75,10 @@ class TvmWheelBuilder(Builder):
         duration = time.monotonic() - start
         path = self.cache.adopt(key, staging, {"sha": sha, "builder": self.kind})
         return Artifact(key=key, path=path, cached=False, log=log, duration_s=duration)
+
+    def binary_files(self, path: Path) -> list[Path]:
+        # the wheel's TVM libraries (libtvm.so, or libtvm_compiler.so and libtvm_runtime.so)
+        return list(path.glob("lib/python*/site-packages/tvm/**/libtvm*.so"))
 
     def _install(self, version: str, venv) -> str:
         steps = [

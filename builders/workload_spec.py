@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from abwatch.builders.metrics import FROM_TIMED_PROCESSES, GENERATION, Metric
+from abwatch.builders.metrics import FROM_TIMED_PROCESSES, GENERATION, OF_BUILDS, OF_WORKLOADS, Metric
 from abwatch.builders.spec import StrictModel
 
 # What one invocation of a command workload may print and report, unless its config says more.
@@ -29,7 +29,7 @@ MAX_SAMPLES = 100_000
 # verdict and threshold (service.compare.metrics).
 def _measure_field():
     return Field(default_factory=lambda: [Metric.TIME], min_length=1,
-                 description='metrics measured, of ' + ", ".join(m.value for m in Metric) + ': e.g. ["time"], '
+                 description='metrics measured, of ' + ", ".join(m.value for m in OF_WORKLOADS) + ': e.g. ["time"], '
                              '["time", "instructions", "max_rss"] or ["instructions"]; the first decides the '
                              "comparison's verdict (time or instructions)")
 
@@ -38,6 +38,9 @@ def _unique(value: list[Metric]) -> list[Metric]:
     names = [m.value for m in value]
     if len(set(names)) != len(names):
         raise ValueError(f"lists a metric twice: {names}")
+    if any(m in OF_BUILDS for m in value):  # every build is measured so, whatever the workloads say
+        raise ValueError(f"{', '.join(m.value for m in value if m in OF_BUILDS)} is a metric of the build, not "
+                         "of a workload: each run judges it between its two builds by itself")
     if value[0] in FROM_TIMED_PROCESSES:
         raise ValueError(f"{value[0].value} is judged from the timed processes and cannot decide the "
                          f'comparison: list "time" (or "instructions") first, e.g. ["time", "{value[0].value}"]')

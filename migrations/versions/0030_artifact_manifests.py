@@ -1,7 +1,7 @@
 """The shared artifact store's manifests: one row per artifact pushed to ``[artifacts] store``.
 
 Revision ID: 0030
-Revises: 0028
+Revises: 0029
 Create Date: 2026-11-26 04:00:00
 """
 from alembic import op
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 
 revision = '0030'
-down_revision = '0028'
+down_revision = '0029'
 branch_labels = None
 depends_on = None
 

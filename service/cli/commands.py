@@ -162,10 +162,8 @@ def _regressions_command(call: Call) -> int:
     if call.args.state:
         query = query.where(Regression.state == RegressionState(call.args.state))
     regressions = list(call.session.scalars(query))
-    if call.args.json:
-        print(json.dumps([report.regression_json(call.session, r) for r in regressions]))
-    else:
-        report.print_regressions(call.out, regressions)
+    print(json.dumps([report.regression_json(call.session, r) for r in regressions])) if call.args.json \
+        else report.print_regressions(call.out, regressions)
     return 0
 
 
@@ -201,10 +199,8 @@ def _report_command(call: Call) -> int:
     except triage_report.ReportError as exc:
         raise UsageError(str(exc)) from None
     data = triage_report.build(call.session, since, dashboard_url=call.args.dashboard_url)
-    if call.args.json:
-        print(json.dumps(data, indent=2))
-    else:
-        print(triage_report.to_markdown(data) if call.args.markdown else triage_report.to_text(data))
+    print(json.dumps(data, indent=2) if call.args.json
+          else triage_report.to_markdown(data) if call.args.markdown else triage_report.to_text(data))
     return 0
 
 
@@ -405,8 +401,12 @@ def _records_command(args: argparse.Namespace, session, err: Console) -> int:
 
 
 def _history_command(args: argparse.Namespace, session, out: Console, err: Console) -> int:
-    from abwatch.service.read import history
+    from abwatch.service.read import build_series, history
 
+    if args.metric == "binary-size":  # the builds' own series, per build configuration
+        return report.print_build_series(out, build_series.found(session, args.builder, args.config_hash), args.json)
+    if not args.workload:
+        raise UsageError(f"history --metric {args.metric} needs a workload")
     # One series only: a workload of this name in another repository, or with another spec, is another series.
     found = history.series_of(session, args.workload)
     chosen = next((w for w in found if w.id == args.series), None) if args.series else (found[0] if found else None)

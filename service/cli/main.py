@@ -102,8 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--state", choices=[s.value for s in RegressionState], help="only regressions in this state")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
 
-    p = with_db(sub.add_parser("history", help="a workload's per-commit series and its step changes"))
-    p.add_argument("workload", help="workload name, as in the config")
+    p = with_db(sub.add_parser("history", help="a workload's per-commit series and its step changes; "
+                               "--metric binary-size: each build configuration's"))
+    p.add_argument("workload", nargs="?", help="workload name, as in the config (none with --metric binary-size)")
     p.add_argument("--device", help="device (record 'hardware') to restrict to")
     p.add_argument("--fingerprint", metavar="HASH",
                    help="with --device: which of its fingerprints (a hash prefix; default: the newest measured)")
@@ -117,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="which series of the name (one per repository and spec; default: the newest measured)")
     p.add_argument("--all-branches", action="store_true",
                    help="every measured commit, not only the configured branch's first-parent line")
+    p.add_argument("--builder", help="with --metric binary-size: only this builder's configurations")
+    p.add_argument("--config-hash", metavar="HASH", help="with --metric binary-size: only this configuration "
+                   "(a prefix of its hash)")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
 
     p = with_db(sub.add_parser("triage", help="record a decision about a regression"))

@@ -22,6 +22,7 @@ from abwatch.service.read.serialize import (  # noqa: F401 - re-exported: comman
     LOG_TAIL_LINES, builds_json, cache_json, compiler_cache_json, decisive_p, history_json, log_tail, outcome_json,
     regression_json, pruned_note, runs_json, short_sha,
 )
+from abwatch.service.read.build_series import series_json
 from abwatch.service.read.stored import StoredRun
 from datetime import UTC
 
@@ -89,6 +90,13 @@ def print_outcome(out: Console, stored: StoredRun, as_json: bool, ops: bool = Fa
         out.print(f"run {outcome.run_id}: {pruned_note(stored.samples_pruned_at)}", markup=False)
     if stored.error and outcome.status == "failed":
         out.print(f"run {outcome.run_id} stopped: {stored.error}", markup=False)
+    for m in outcome.build_metrics:  # the builds themselves (binary_size)
+        v = m.verdict
+        out.print(f"builds: {m.metric.replace('_', ' ')} {v.verdict.value}"
+                  + (f" {v.change_pct:+.2f}%" if v.change_pct is not None else "")
+                  + (f"; {v.control_median_ms:,.0f} -> {v.treatment_median_ms:,.0f} {v.unit} ({m.source})"
+                     if v.control_median_ms is not None and v.treatment_median_ms is not None else "")
+                  + (f"; {m.failure}" if m.failure else f" — {v.reason}"), markup=False)
     if outcome.results:
         out.print(verdict_table(outcome, out.width))
         for line in _footnotes(outcome):
@@ -331,6 +339,28 @@ def print_history(out: Console, workload: str, points, found, skipped: int = 0, 
     out.print(table)
     out.print("runs: the runs that measured the commit (median of their medians); ◆: a step change "
               "starts at this commit", markup=False)
+
+
+def print_build_series(out: Console, found, as_json: bool = False) -> int:
+    """``abwatch history --metric binary-size``: its JSON, or one table per build configuration,
+    a row per commit with its libraries' sizes and the change from the row before; exit 0."""
+    if as_json:
+        print(json.dumps(series_json(found)))
+        return 0
+    for s in found:
+        table = Table(title=f"{s.builder} {s.config_hash} ({s.repository}): {len(s.points)} builds",
+                      box=box.SIMPLE_HEAD)
+        for name in ("commit", "date", "bytes", "read", "change", "files", "summary"):
+            table.add_column(name, justify="right" if name in ("bytes", "change", "files") else "left",
+                             overflow="fold", no_wrap=name in ("commit", "date", "bytes"))
+        before = None
+        for p in s.points:
+            change = f"{(p.value / before - 1) * 100:+.2f}%" if before else ""
+            table.add_row(short_sha(p.sha), f"{p.committed_at:%Y-%m-%d %H:%M}" if p.committed_at else "-",
+                          f"{p.value:,}", p.source, change, str(len(p.files)), p.summary)
+            before = p.value
+        out.print(table)
+    return 0
 
 
 def print_cache(out: Console, cache, entries, size: int, compiler: dict | None = None) -> None:

@@ -88,6 +88,8 @@ def build_commit(session: Session, builder: Builder, commit_id: int, info: Commi
             return build, None, str(exc)
         artifact = shared.noted(plan, artifact)
         build = _success_row(session, commit_id, builder, artifact)
+        if not artifact.cached:  # whole in the cache now (a cached one is measured once held: build_pair)
+            measure_size(build, builder, artifact.path)
         shared.publish(session, builder, plan, artifact, build, progress)
         shared.release(session, plan, build)
     except BaseException as exc:
@@ -139,6 +141,7 @@ def build_pair(session: Session, builder: Builder, run: Run, sides: dict[Side, t
         if artifact is not None:
             # held, the other side's build cannot pack or evict this one while it is measured
             paths[side] = held.enter_context(builder.cache.hold(artifact.key))
+            measure_size(build, builder, paths[side])  # a build stored before sizes were kept
         outcomes.append(BuildOutcome(side.value, ref, info.sha, build.status.value,
                                      artifact is not None and artifact.cached, build.id, message))
         setattr(run, f"{side.value}_build_id", build.id)
@@ -150,6 +153,17 @@ def build_pair(session: Session, builder: Builder, run: Run, sides: dict[Side, t
         run.finished_at = utcnow()
         session.commit()
     return pair
+
+
+def measure_size(build: Build, builder: Builder, path: Path) -> None:
+    """Keep the sizes of the build's libraries (``binary_size``: the files its builder names)
+    on its row, once: the files of one artifact do not change."""
+    metrics = build.metrics or {}
+    if "binary_size" in metrics:
+        return
+    sizes = builder.binary_size(path)
+    if sizes is not None:
+        build.metrics = {**metrics, "binary_size": sizes}  # a new dict, so the JSON column sees the change
 
 
 def _success_row(session: Session, commit_id: int, builder: Builder, artifact: Artifact) -> Build:

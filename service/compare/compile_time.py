@@ -78,14 +78,13 @@ def details(judged: CompileJudged) -> dict:
     }
 
 
-def open_if_slower(session: Session, run: Run, comparison: Comparison, judged: CompileJudged | None,
-                   attach=None, beside: Sequence[tuple[Metric, stats.Verdict | None]] = ()
-                   ) -> tuple[int | None, Metric]:
+def open_if_slower(session: Session, run: Run, comparison: Comparison, attach=None,
+                   verdicts: Sequence[tuple[Metric, stats.Verdict | None]] = ()) -> tuple[int | None, Metric]:
     """Open a ``compile-time`` regression when a benchmark run found compiles slower (or note it
-    on the open one ``attach`` finds it the same as): by wall time, or else by another metric of
-    the compile (``beside``: its instructions, its peak memory), the first that regressed. The
-    regression's id (None when none) and the metric that opened it."""
-    opener = next(((metric, v) for metric, v in ((Metric.TIME, None if judged is None else judged.verdict), *beside)
+    on the open one ``attach`` finds it the same as): by the first of the compile's ``verdicts``
+    that regressed, in the metric registry's order (its wall time, its instructions, its peak
+    memory). The regression's id (None when none) and the metric that opened it."""
+    opener = next(((metric, v) for metric, v in verdicts
                    if v is not None and v.verdict == stats.Outcome.REGRESSION), None)
     if opener is None or run.run_type != RunType.BENCHMARK:
         return None, Metric.TIME

@@ -26,21 +26,23 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from abwatch.builders import Builder, make_builder
+from abwatch.builders.metrics import SHOWN_APART
 from abwatch.builders.redact import mask_url
 from abwatch.runners import WORKLOAD_KINDS, DeviceInfo, Runner, make_runner
 from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
 from abwatch.service import stats
-from abwatch.service.compare import attribution, compile_time, contended, infra, instructions, lifecycle, liveness
-from abwatch.service.compare import metrics, noise
+from abwatch.service.compare import attribution, compile_time, contended, infra, lifecycle, liveness
+from abwatch.service.compare import measured_rows, metrics, noise
 from abwatch.service.notify import alerts
 from abwatch.service.store import locks
 from abwatch.service.compare.building import build_pair
 from abwatch.service.compare.outcome import (
-    CompareOutcome, DriverError, MetricResult, WorkloadResult, verdict_json,
+    CompareOutcome, DriverError, MetricResult, WorkloadResult, build_result, verdict_json,
 )
 from abwatch.service.config import Config, WorkloadSpec
 from abwatch.service.store.models import (
-    Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, Side, utcnow,
+    Build, BuildMeasurement, Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, Side,
+    utcnow,
 )
 from abwatch.service.stats.verdict import Metric, RegressionKind
 from abwatch.service.compare.progress import NullProgress, Progress
@@ -50,7 +52,6 @@ from abwatch.service.store.rows import (
 )
 
 MAX_REF_LENGTH = 256  # the refs' column width
-WHATS = ("run", "compile")  # what instructions are counted of, each its own family and verdict
 
 
 # Given the run, the comparison, the regression kind and the least change (%) the run's evidence
@@ -136,7 +137,10 @@ def run_compare(
                 if not pair.ok:  # build_pair finished the run as build_failed
                     return CompareOutcome(run.id, run_type.value, run.status.value, pair.builds)
                 results = measure_pair(session, config, runner, run, device_info, pair.paths, progress, attach)
-                return CompareOutcome(run.id, run_type.value, run.status.value, pair.builds, results)
+                judged = session.scalars(select(BuildMeasurement).where(BuildMeasurement.run_id == run.id)
+                                         .order_by(BuildMeasurement.id))
+                return CompareOutcome(run.id, run_type.value, run.status.value, pair.builds, results,
+                                      tuple(build_result(row) for row in judged))
         except BaseException as exc:
             # Whatever stopped the run (Ctrl-C, SIGTERM, a bug), it must not stay 'running'
             # forever; every invocation that finished is committed already and stays.
@@ -167,6 +171,7 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
     progress = progress or NullProgress()
     for path in artifacts.values():  # a build the device cannot run at all is refused, not timed as failing
         runner.check_build(path)
+    judge_builds(session, config, run, progress)
     rng = random.Random(run.seed)
     device = device_info.name
     # Two measurements on one device at once corrupt each other: one measuring phase per
@@ -182,34 +187,31 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
             else:  # counted only: no timed invocations
                 m, verdict = Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []},
                                          {CONTROL: [], TREATMENT: []}), None
-            judged = None if m.failure else compile_time.measure(
-                runner, workload, artifacts, config, run.seed, rng, progress, timeout)
-            counted, counted_compile = (None, None) if m.failure else (instructions.measure(
-                runner, workload, artifacts, config, run.seed, rng, progress, timeout, what) for what in WHATS)
-            failures = [f for f in (m.failure, *(x.failure for x in (judged, counted, counted_compile) if x)) if f]
+            # what each metric measures in processes of its own (the compiles, the counted processes)
+            own = {} if m.failure else metrics.measure_own(
+                metrics.Job(runner, workload, artifacts, config, run.seed, rng, progress, timeout))
+            failures = [f for f in (m.failure, *(x.failure for x in own.values() if x)) if f]
             if failures:  # a full disk fails a workload's processes too; that is no verdict on the commit
                 infra.check_measuring(workload.name, failures[0], config.cache_dir, config.cache)
             # the metrics of the timed processes themselves (CPU time, peak memory): no process more
-            beside = [] if m.failure else metrics.measure(metrics.Context(workload, config, m, judged, run.seed))
-            measured.append((workload, m, verdict, judged, (counted, counted_compile), beside))
+            beside = [] if m.failure else metrics.measure(metrics.Context(
+                workload, config, m, own.get((Metric.TIME, metrics.COMPILE)), run.seed))
+            measured.append((workload, m, verdict, own, beside))
     # each metric is a family of its own for Benjamini-Hochberg
     timed = iter(stats.adjust_fdr([verdict for _, _, verdict, *_ in measured if verdict is not None]))
-    compiles = compile_time.adjust([judged for _, _, _, judged, *_ in measured])
-    counts = instructions.adjust([c[0] for *_, c, _ in measured])
-    compile_counts = instructions.adjust([c[1] for *_, c, _ in measured])
+    owns = metrics.adjust_own([own for *_, own, _ in measured])
     besides = metrics.adjust([beside for *_, beside in measured])
     results = []
-    for (workload, m, verdict, *_), judged, counted, counted_compile, beside in zip(
-            measured, compiles, counts, compile_counts, besides, strict=True):
+    for (workload, m, verdict, *_), own, beside in zip(measured, owns, besides, strict=True):
         if verdict is not None:
             verdict = next(timed)
-        if instructions.primary(workload) is Metric.INSTRUCTIONS:
-            assert counted is not None  # measured: instructions is one of its metrics
-            verdict = counted.verdict
-            m = replace(m, failure=counted.failure)
+        first = own.get((Metric(workload.measure[0]), metrics.RUN))
+        if first is not None:  # the first metric was measured in processes of its own (instructions)
+            verdict = first.verdict
+            m = replace(m, failure=first.failure)
         assert verdict is not None
-        results.append(_store_result(session, config, run, workload, m, verdict, device_info, progress, judged,
-                                     attach, counted, counted_compile, tuple(beside)))
+        results.append(_store_result(session, config, run, workload, m, verdict, device_info, progress, own,
+                                     attach, tuple(beside)))
     unjudged = [r.workload for r in results if r.failure]
     run.status = RunStatus.INCOMPLETE if unjudged else RunStatus.COMPLETED
     if unjudged:
@@ -217,6 +219,26 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
     run.finished_at = utcnow()
     session.commit()
     return results
+
+
+def judge_builds(session: Session, config: Config, run: Run, progress: Progress) -> list[MetricResult]:
+    """Judge the metrics of the builds themselves (``binary_size``) between the run's two builds,
+    from the sizes kept on their rows, and store a ``build_measurements`` row each (committed).
+    A run judged already (a worker measuring again after a restart) keeps its rows."""
+    if session.scalar(select(BuildMeasurement.id).where(BuildMeasurement.run_id == run.id).limit(1)) is not None:
+        return []
+    ids = (run.control_build_id, run.treatment_build_id)
+    builds = [b for b in (session.get(Build, i) for i in ids if i is not None) if b is not None]
+    if len(builds) != 2:
+        return []
+    control, treatment = (b.metrics for b in builds)
+    judged = metrics.measure_builds(control, treatment, config)
+    session.add_all(measured_rows.build_rows(run.id, (builds[0].id, builds[1].id), judged))
+    session.commit()
+    for r in judged:
+        progress.message(f"builds: {r.metric.replace('_', ' ')} ({r.source or 'not read'}) {r.verdict.verdict.value}"
+                         f" — {r.failure or r.verdict.reason}")
+    return judged
 
 
 def _measure_workload(session: Session, config: Config, run: Run, runner: Runner,
@@ -291,9 +313,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
 
 def _store_result(session: Session, config: Config, run: Run, workload: WorkloadSpec,
                   m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress,
-                  judged: compile_time.CompileJudged | None = None, attach: Attach | None = None,
-                  counted: instructions.CountJudged | None = None,
-                  counted_compile: instructions.CountJudged | None = None,
+                  own: metrics.Own, attach: Attach | None = None,
                   beside: tuple[MetricResult, ...] = ()) -> WorkloadResult:
     """Store the comparison and a ``measurements`` row per metric, open regressions (speed,
     compile time, output; by the first metric of ``measure`` that regressed) if found, write the
@@ -301,12 +321,19 @@ def _store_result(session: Session, config: Config, run: Run, workload: Workload
     row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
     error = WORKLOAD_KINDS[workload.kind].check_outputs(workload, m.metrics) if m.failure is None else None
     extra = attribution.tvm_details(m.metrics, error) if error is not None else None
-    if extra is not None and judged is not None:
-        extra["compile"] = compile_time.details(judged)
-    for label, c in (("compile instructions", counted_compile), ("instructions", counted)):
-        if c is not None:
-            progress.message(f"  {workload.name}: {label} ({c.source}) {c.verdict.verdict.value} — {c.verdict.reason}")
-    counts, compile_counts = (instructions.details(c) if c is not None else None for c in (counted, counted_compile))
+    # what the registry's metrics of their own processes show under keys of their own (compile,
+    # instructions, compile_instructions), whole; comparisons.details keeps only what their
+    # measurements rows do not hold (the profiles, the compile-time regression opened)
+    shown: dict[str, dict] = {}
+    kept: dict[str, dict] = {}
+    keys: dict[tuple[Metric, RegressionKind], str] = {}
+    for (metric, phase), j in own.items():
+        if j is not None and (found := metrics.METRICS[metric].shown(phase, j)) is not None:
+            keys[metric, phase], shown[found[0]], kept[found[0]] = found
+        if j is not None:
+            progress.message(f"  {workload.name}: {metrics.METRICS[metric].said(phase, j)}")
+    if extra is not None and "compile" in shown:  # a compile is shown with a TVM workload's details
+        extra["compile"] = shown["compile"]
     contention = contended.assessed(m, config)
     measured = {"contention": contention.to_dict()} if contention.cpu_share is not None else {}
     timed = verdict.unit != "instructions"  # on CPU time too, the plain medians are the timing samples
@@ -315,24 +342,25 @@ def _store_result(session: Session, config: Config, run: Run, workload: Workload
         change_pct=verdict.change_pct,
         ci_low_pct=verdict.ci_pct[0] if verdict.ci_pct else None,
         ci_high_pct=verdict.ci_pct[1] if verdict.ci_pct else None,
-        # the ms columns hold times only: a row decided on instructions keeps its counts in details
+        # the ms columns hold times only: a row decided on instructions keeps its counts in measurements
         p_value=verdict.p_value, control_median_ms=verdict.control_median_ms if timed else None,
         treatment_median_ms=verdict.treatment_median_ms if timed else None,
         control_fastest_ms=stats.fastest_median(m.samples[CONTROL], m.groups[CONTROL]),
         treatment_fastest_ms=stats.fastest_median(m.samples[TREATMENT], m.groups[TREATMENT]),
         control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
         error=m.failure,
-        details={"verdict": verdict.to_dict(), **measured, **(extra or {}), **({"instructions": counts} if counts else {}),
-                 **({"compile_instructions": compile_counts} if compile_counts else {})},
+        details={"verdict": verdict.to_dict(), **measured,
+                 **({k: v for k, v in extra.items() if k != "compile"} if extra else {}),
+                 **{key: value for key, value in kept.items() if value}},
     )
     session.add(comparison)
     session.flush()
-    session.add_all(metrics.rows(comparison.id, instructions.primary(workload), verdict, m.failure, judged,
-                                 counted, counted_compile, beside))
+    first = Metric(workload.measure[0])
+    session.add_all(measured_rows.rows(comparison.id, first, verdict, m.failure, own, beside))
     regression_id = correctness_id = None
     # the first metric's verdict opens the regression; another metric's, where the first's did not
     opener = metrics.opening(workload.measure, [
-        (instructions.primary(workload), verdict), (Metric.INSTRUCTIONS, counted.verdict if counted else None),
+        (first, verdict), *metrics.own_verdicts(own, metrics.RUN),
         *((Metric(b.metric), b.verdict) for b in beside if b.phase == metrics.RUN.value)])
     if opener is not None and run.run_type == RunType.BENCHMARK:
         metric, opening = opener
@@ -344,17 +372,13 @@ def _store_result(session: Session, config: Config, run: Run, workload: Workload
             progress.message(f"  {workload.name}: regression {regression.id} (run {regression.run_id}) "
                              "is open for this pair (or is this slowdown, seen again) already")
         regression_id = regression.id
-    compile_id, compile_metric = compile_time.open_if_slower(session, run, comparison, judged, attach, [
-        (Metric.INSTRUCTIONS, counted_compile.verdict if counted_compile else None),
+    compile_id, compile_metric = compile_time.open_if_slower(session, run, comparison, attach, [
+        *metrics.own_verdicts(own, metrics.COMPILE),
         *((Metric(b.metric), b.verdict) for b in beside if b.phase == metrics.COMPILE.value)])
-    if compile_id is not None and compile_metric is Metric.TIME and extra is not None:
-        extra["compile"] = {**extra["compile"], "regression_id": compile_id}
-        comparison.details = {**comparison.details, **extra}  # a new dict, so the JSON column sees the change
-    elif compile_id is not None and compile_metric is Metric.INSTRUCTIONS and compile_counts is not None:
-        compile_counts = {**compile_counts, "regression_id": compile_id}
-        comparison.details = {**comparison.details, "compile_instructions": compile_counts}
-    if judged is not None:
-        progress.message(f"  {workload.name}: compile time {judged.verdict.verdict.value} — {judged.verdict.reason}")
+    if compile_id is not None and (key := keys.get((compile_metric, metrics.COMPILE))) in shown:
+        shown[key]["regression_id"] = compile_id  # the compile's verdict that opened it says so
+        kept[key] = {**kept[key], "regression_id": compile_id}
+        comparison.details = {**comparison.details, key: kept[key]}  # a new dict, so the JSON column sees it
     for b in beside:
         progress.message(f"  {workload.name}: {b.metric} ({b.phase}) {b.verdict.verdict.value} — {b.verdict.reason}")
     if extra is not None and extra["error"]["mismatch"]:
@@ -369,9 +393,13 @@ def _store_result(session: Session, config: Config, run: Run, workload: Workload
                                                        reason=why).id
     if verdict.verdict == stats.Outcome.SAME:
         noise.learn(session, row.id, run.device_id, m.samples, m.groups)
-    write_records(session, config, run, workload, m, device_info, extra, counts, compile_counts, beside)
+    counts, compile_counts = shown.get("instructions"), shown.get("compile_instructions")
+    # a metric of processes of its own shown with the others (none of today's: time and instructions have keys)
+    others = tuple(r for r in metrics.own_results(own) if Metric(r.metric) not in SHOWN_APART)
+    write_records(session, config, run, workload, m, device_info, extra, counts, compile_counts, beside + others)
     session.commit()
     progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
     return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,
                           correctness_id, extra, workload_id=row.id, instructions=counts,
-                          compile_instructions=compile_counts, contention=measured.get("contention"), measured=beside)
+                          compile_instructions=compile_counts, contention=measured.get("contention"),
+                          measured=beside + others)

@@ -20,14 +20,16 @@ result. The driver, verify and bisection go through this dictionary instead of n
 
 A new metric is one class here (its measuring, if the runners do not report it yet, goes to
 ``runners``) and its name in ``builders.metrics.Metric``. Every verdict is stored as a row of
-``measurements`` (:func:`rows`).
+``measurements``, a verdict on the builds as one of ``build_measurements``
+(``service.compare.measured_rows``).
 """
 
 from __future__ import annotations
 
 import abc
+import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -39,11 +41,32 @@ from abwatch.service.compare import compile_time, contended, instructions
 from abwatch.service.compare.outcome import MetricResult, WorkloadResult
 from abwatch.service.config import Config
 from abwatch.service.stats.verdict import RegressionKind
-from abwatch.service.store.models import MetricMeasurement
 
 RUN, COMPILE = RegressionKind.RUNTIME, RegressionKind.COMPILE_TIME
 SIDES = (CONTROL, TREATMENT)
 Judgement = tuple[stats.Verdict, str | None]  # a verdict, and why it was not judged (None when it was)
+
+
+# what a metric judged in processes of its own: a compile_time.CompileJudged or an
+# instructions.CountJudged (a verdict, each side's values, a failure; a CountJudged its source)
+Judged = Any
+# (metric, phase) -> what it judged in processes of its own, in registry order
+Own = dict[tuple[Metric, RegressionKind], Judged]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a metric measuring in processes of its own is given: the runner, the workload and
+    the built pair, and the run's seed, generator, progress and time limit per process."""
+
+    runner: Any  # a runners.base.Runner
+    workload: Any
+    artifacts: Mapping[Any, Any]  # side -> the artifact's directory
+    config: Config
+    seed: int
+    rng: random.Random
+    progress: Any
+    timeout_s: float
 
 
 @dataclass(frozen=True)
@@ -71,9 +94,38 @@ class MetricKind(abc.ABC):
         return config.stats.thresholds.get(self.metric, self.default_threshold_pct)
 
     def measure(self, ctx: Context) -> list[MetricResult]:
-        """Its verdicts (one per phase it applies to) from what was measured; none where it is
-        measured elsewhere (time, instructions) or not asked for."""
+        """Its verdicts (one per phase it applies to) from what the timed processes produced;
+        none where it is measured in processes of its own (:meth:`own`) or not asked for."""
         return []
+
+    def own(self, job: Job) -> dict[RegressionKind, Judged | None]:
+        """What it measures in processes of its own, per phase (the compile's time, the counted
+        processes), judged; None where a phase was not measured. Called in registry order, each
+        workload, after its timed invocations (they draw on one seeded generator in turn)."""
+        return {}
+
+    def result(self, phase: RegressionKind, judged: Judged) -> MetricResult:
+        """One phase of :meth:`own` as a verdict with each side's values (a ``measurements`` row)."""
+        return MetricResult(self.metric.value, phase.value, judged.verdict, tuple(judged.samples[CONTROL]),
+                            tuple(judged.samples[TREATMENT]), getattr(judged, "source", ""), judged.failure)
+
+    def shown(self, phase: RegressionKind, judged: Judged) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+        """Where a workload's result shows one phase of :meth:`own` under a key of its own (the
+        JSON shapes that predate the registry): (key, the whole object, what of it the
+        ``measurements`` row does not hold, which ``comparisons.details`` keeps); None: shown
+        with the other metrics (``WorkloadResult.measured``)."""
+        return None
+
+    def said(self, phase: RegressionKind, judged: Judged) -> str:
+        """The progress line of one phase of :meth:`own`."""
+        v = judged.verdict
+        return f"{self.metric.value} ({phase.value}) {v.verdict.value} — {v.reason}"
+
+    def measure_builds(self, control: Mapping[str, Any] | None, treatment: Mapping[str, Any] | None,
+                       config: Config) -> MetricResult | None:
+        """Its verdict between a run's two builds, from their rows' ``metrics``, for a metric of
+        the builds (``OF_BUILDS``); None for a metric of workloads, or where neither build has it."""
+        return None
 
     @abc.abstractmethod
     def judged(self, result: WorkloadResult, phase: RegressionKind) -> Judgement:
@@ -82,12 +134,26 @@ class MetricKind(abc.ABC):
 
 
 class Time(MetricKind):
-    """Wall time: the timed calls' samples, and the compile's own time in fresh processes."""
+    """Wall time: the timed calls' samples (the driver's own loop), and the compile's own time
+    in fresh processes (``service.compare.compile_time``)."""
 
     metric, unit, default_threshold_pct = Metric.TIME, "ms", 1.0
 
     def threshold_pct(self, config: Config) -> float:
         return config.stats.threshold_pct
+
+    def own(self, job: Job) -> dict[RegressionKind, Judged | None]:
+        return {COMPILE: compile_time.measure(job.runner, job.workload, job.artifacts, job.config, job.seed, job.rng,
+                                              job.progress, job.timeout_s)}
+
+    def result(self, phase: RegressionKind, judged: Judged) -> MetricResult:
+        return replace(super().result(phase, judged), source="fresh process")
+
+    def shown(self, phase: RegressionKind, judged: Judged) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        return "compile", compile_time.details(judged), {}  # a TVM workload's details (attribution)
+
+    def said(self, phase: RegressionKind, judged: Judged) -> str:
+        return f"compile time {judged.verdict.verdict.value} — {judged.verdict.reason}"
 
     def judged(self, result: WorkloadResult, phase: RegressionKind) -> Judgement:
         if phase is COMPILE:
@@ -102,6 +168,20 @@ class Instructions(MetricKind):
 
     def threshold_pct(self, config: Config) -> float:
         return config.stats.instructions_threshold_pct
+
+    def own(self, job: Job) -> dict[RegressionKind, Judged | None]:
+        return {phase: instructions.measure(job.runner, job.workload, job.artifacts, job.config, job.seed, job.rng,
+                                            job.progress, job.timeout_s, what)
+                for phase, what in ((RUN, "run"), (COMPILE, "compile"))}
+
+    def shown(self, phase: RegressionKind, judged: Judged) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        whole = instructions.details(judged)
+        return instructions.WHAT["compile" if phase is COMPILE else "run"], whole, {"profile": whole["profile"]}
+
+    def said(self, phase: RegressionKind, judged: Judged) -> str:
+        v = judged.verdict
+        label = "compile instructions" if phase is COMPILE else "instructions"
+        return f"{label} ({judged.source}) {v.verdict.value} — {v.reason}"
 
     def judged(self, result: WorkloadResult, phase: RegressionKind) -> Judgement:
         return instructions.judged_compile(result) if phase is COMPILE else instructions.judged(result)
@@ -306,15 +386,53 @@ class TokensPerS(PerGeneration):
     higher_is_better = True
 
 
+class BinarySize(MetricKind):
+    """The size of the build itself: its libraries as its builder names them
+    (``Builder.binary_files``: a TVM build's ``libtvm*.so``, a command build's ``[build]
+    binary_size`` globs), read when it was built and kept on its row (``builds.metrics``). One
+    value a build: the ``.text`` bytes of its libraries, or their file bytes where they are no
+    ELF files; judged exactly between a run's two builds, like the code size."""
+
+    metric, unit, default_threshold_pct = Metric.BINARY_SIZE, "bytes", 1.0
+    phase: ClassVar[str] = "build"  # of the builds, not of a workload's run or compile
+
+    def measure_builds(self, control: Mapping[str, Any] | None, treatment: Mapping[str, Any] | None,
+                       config: Config) -> MetricResult | None:
+        sizes = [(found or {}).get(self.metric.value) for found in (control, treatment)]
+        if sizes == [None, None]:
+            return None  # the builder names no libraries (a command build without [build] binary_size)
+        if None in sizes:
+            why = f"the {SIDES[sizes.index(None)]}'s build has no libraries the builder names"
+            verdict = replace(stats.compare([], []), reason=f"not judged: {why}", unit=self.unit)
+            return MetricResult(self.metric.value, self.phase, verdict, (), (), "", why)
+        known = [size for size in sizes if size is not None]  # both, checked above
+        on_text = all(size.get("text_bytes") is not None for size in known)
+        key, source = ("text_bytes", "elf .text") if on_text else ("file_bytes", "file bytes")
+        values = [float(size[key]) for size in known]
+        verdict = stats.compare_exact(values[0], values[1], threshold_pct=self.threshold_pct(config), unit=self.unit)
+        return MetricResult(self.metric.value, self.phase, verdict, (values[0],), (values[1],), source)
+
+    def judged(self, result: WorkloadResult, phase: RegressionKind) -> Judgement:
+        why = "binary_size is judged between a run's builds, not per workload"
+        return replace(stats.compare([], []), reason=f"not judged: {why}", unit=self.unit), why
+
+
 # name -> metric, as BUILDERS and RUNNERS: the one place a metric is registered
 METRICS: dict[Metric, MetricKind] = {m.metric: m for m in (Time(), Instructions(), CpuTime(), MaxRss(), CodeSize(),
-                                                           Ttft(), DecodeLatency(), TokensPerS())}
+                                                           Ttft(), DecodeLatency(), TokensPerS(), BinarySize())}
 assert set(METRICS) == set(Metric), "every metric named in builders.metrics has its class here"
 
 
 def measure(ctx: Context) -> list[MetricResult]:
     """Every verdict of the metrics judged from ``ctx``'s timed processes, in registry order."""
     return [r for name in FROM_TIMED_PROCESSES for r in METRICS[name].measure(ctx)]
+
+
+def measure_builds(control: Mapping[str, Any] | None, treatment: Mapping[str, Any] | None,
+                   config: Config) -> list[MetricResult]:
+    """Every verdict of the metrics of the builds between a run's two builds (their rows'
+    ``metrics``), in registry order."""
+    return [r for kind in METRICS.values() if (r := kind.measure_builds(control, treatment, config)) is not None]
 
 
 def record_fields(side: str, measured: Sequence[MetricResult]) -> dict[str, float]:
@@ -357,34 +475,32 @@ def opening(measure_order: Sequence[Metric], verdicts: Sequence[tuple[Metric, st
     return min(found, key=lambda mv: rank.get(mv[0], len(rank)), default=None)
 
 
-def rows(comparison_id: int, first: Metric, verdict: stats.Verdict, failure: str | None,
-         compiled: compile_time.CompileJudged | None, counted: instructions.CountJudged | None,
-         counted_compile: instructions.CountJudged | None, beside: Sequence[MetricResult]) -> list[MetricMeasurement]:
-    """The ``measurements`` rows of one comparison: its own verdict (``first``, the first metric
-    of ``measure``: time, whose values are the samples, or instructions), the compile's time,
-    the instructions of the run (where not the first) and of the compile, and ``beside``."""
-    listed: list[tuple[RegressionKind, Metric, stats.Verdict, Sequence[float] | None, Sequence[float] | None,
-                       str | None, str | None]] = []
-    on_counts = first is Metric.INSTRUCTIONS and counted is not None
-    listed.append((RUN, first, verdict, counted.samples[CONTROL] if on_counts and counted else None,
-                   counted.samples[TREATMENT] if on_counts and counted else None,
-                   counted.source if on_counts and counted else None, failure))
-    if compiled is not None:
-        listed.append((COMPILE, Metric.TIME, compiled.verdict, compiled.samples[CONTROL], compiled.samples[TREATMENT],
-                       "fresh process", compiled.failure))
-    for phase, c in ((RUN, None if on_counts else counted), (COMPILE, counted_compile)):
-        if c is not None:
-            listed.append((phase, Metric.INSTRUCTIONS, c.verdict, c.samples[CONTROL], c.samples[TREATMENT], c.source,
-                           c.failure))
-    listed += [(RegressionKind(b.phase), Metric(b.metric), b.verdict, b.control_values, b.treatment_values,
-                b.source, b.failure) for b in beside]
-    return [MetricMeasurement(
-        comparison_id=comparison_id, phase=phase, metric=metric, unit=v.unit, verdict=v.verdict,
-        change_pct=v.change_pct, ci_low_pct=v.ci_pct[0] if v.ci_pct else None,
-        ci_high_pct=v.ci_pct[1] if v.ci_pct else None, p_value=v.p_value, control_value=v.control_median_ms,
-        treatment_value=v.treatment_median_ms, control_values=list(control) if control is not None else None,
-        treatment_values=list(treatment) if treatment is not None else None, source=source, failure=failed,
-        judged=v.to_dict()) for phase, metric, v, control, treatment, source, failed in listed]
+def measure_own(job: Job) -> Own:
+    """What every metric measures in processes of its own for one workload, in registry order
+    (time's compiles, then the counted processes), each phase judged (None: not measured)."""
+    return {(kind.metric, phase): judged for kind in METRICS.values() for phase, judged in kind.own(job).items()}
+
+
+def adjust_own(per_workload: Sequence[Own]) -> list[Own]:
+    """Benjamini-Hochberg across one run's workloads, each (metric, phase) of :func:`measure_own`
+    a family of its own."""
+    out = [dict(own) for own in per_workload]
+    for family in dict.fromkeys(key for own in out for key in own):
+        where = [i for i, own in enumerate(out) if own.get(family) is not None]
+        adjusted = stats.adjust_fdr([out[i][family].verdict for i in where])
+        for i, verdict in zip(where, adjusted, strict=True):
+            out[i][family] = replace(out[i][family], verdict=verdict)
+    return out
+
+
+def own_results(own: Own) -> list[MetricResult]:
+    """The verdicts of :func:`measure_own` (those measured), in registry order."""
+    return [METRICS[metric].result(phase, j) for (metric, phase), j in own.items() if j is not None]
+
+
+def own_verdicts(own: Own, phase: RegressionKind) -> list[tuple[Metric, stats.Verdict]]:
+    """(metric, verdict) of each metric measured in processes of its own in ``phase``, in registry order."""
+    return [(metric, j.verdict) for (metric, p), j in own.items() if p is phase and j is not None]
 
 
 def _process_medians(samples: Sequence[float], groups: Sequence[int]) -> dict[int, float]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from abwatch.service.exits import EXIT_BUILD_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_REGRESSION
-from abwatch.service.store.models import RunStatus
+from abwatch.service.store.models import BuildMeasurement, RunStatus
 from abwatch.builders.spec import UsageError
 from abwatch.service.stats.verdict import Outcome, Verdict
 
@@ -36,12 +36,13 @@ class AlreadyVerifying(NothingToVerify):
 
 @dataclass(frozen=True)
 class MetricResult:
-    """One metric's verdict of one workload in one phase (the run, or the compile), as the
-    metric registry (``service.compare.metrics``) judged it and ``measurements`` stores it:
-    each side's values (one per process, in the interleaved order) and who measured them."""
+    """One metric's verdict of one workload in one phase (the run, or the compile), or of a
+    run's two builds (phase ``build``), as the metric registry (``service.compare.metrics``)
+    judged it and ``measurements`` (``build_measurements``) stores it: each side's values (one
+    per process, in the interleaved order; one per build) and who measured them."""
 
     metric: str  # a builders.metrics.Metric value
-    phase: str  # a RegressionKind value: runtime or compile-time
+    phase: str  # a RegressionKind value (runtime or compile-time), or "build" for a metric of the builds
     verdict: Verdict
     control_values: tuple[float, ...]
     treatment_values: tuple[float, ...]
@@ -90,17 +91,24 @@ class CompareOutcome:
     status: str
     builds: list[BuildOutcome]
     results: list[WorkloadResult] = field(default_factory=list)
+    # the verdicts on the two builds themselves (binary_size), where measured
+    build_metrics: tuple[MetricResult, ...] = ()
 
     @property
     def exit_code(self) -> int:
-        """3 if a build failed, 1 if any regression (time, instructions, output, or a compile's
-        time or instructions), 4 if a workload could not be judged, else 0."""
+        """3 if a build failed, 1 if any regression of a workload (time, instructions, output, or
+        a compile's time or instructions), 4 if a workload could not be judged, 1 if the builds
+        regressed (their size), else 0. An incomplete run stays 4 whatever its builds' verdict:
+        the builds are judged before any workload runs, so a run that must be looked at again
+        says so first, and its report and JSON show the builds' verdict."""
         if self.status == RunStatus.BUILD_FAILED.value:
             return EXIT_BUILD_FAILED
         if any(regressed(r) for r in self.results):
             return EXIT_REGRESSION
         if self.status == RunStatus.INCOMPLETE.value:
             return EXIT_INCOMPLETE
+        if any(m.verdict.verdict == Outcome.REGRESSION for m in self.build_metrics):
+            return EXIT_REGRESSION
         return EXIT_OK
 
     def to_json(self) -> dict:
@@ -110,11 +118,20 @@ class CompareOutcome:
             "run_type": self.run_type,
             "status": self.status,
             "results": [result_json(r) for r in self.results],
+            "build_metrics": [m.to_json() for m in self.build_metrics],
             "builds": [
                 {"ref": b.ref, "sha": b.sha, "status": b.status, "cached": b.cached, "side": b.side}
                 for b in self.builds
             ],
         }
+
+
+def build_result(row: BuildMeasurement) -> MetricResult:
+    """A ``build_measurements`` row as the verdict the driver judged (``CompareOutcome.build_metrics``)."""
+    control = (row.control_value,) if row.control_value is not None else ()
+    treatment = (row.treatment_value,) if row.treatment_value is not None else ()
+    return MetricResult(row.metric.value, "build", Verdict.from_dict(row.judged), control, treatment,
+                        row.source or "", row.failure)
 
 
 def regressed(result: WorkloadResult) -> bool:

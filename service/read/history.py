@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
 from abwatch.service import stats
-from abwatch.builders.metrics import Metric, series_name
+from abwatch.builders.metrics import OF_WORKLOADS, Metric, series_name
 from abwatch.service.compare.metrics import METRICS as REGISTRY
 from abwatch.service.stats.verdict import RegressionKind
 from abwatch.service.store.models import Commit, Comparison, Device, MetricMeasurement, Record, Run, Workload
@@ -106,9 +106,10 @@ def pick_device(session: Session, workload: str, series_id: int | None, name: st
 # run time).
 RECORDED = {"time": ("runtime_ms_fastest", "runtime_ms_median"), "compile-time": ("compilation_ms",)}
 MEASURED = {series_name(metric, phase.value): (metric, phase)
-            for phase in (RegressionKind.RUNTIME, RegressionKind.COMPILE_TIME) for metric in Metric
+            for phase in (RegressionKind.RUNTIME, RegressionKind.COMPILE_TIME) for metric in OF_WORKLOADS
             if metric is not Metric.TIME}
-UNITS = {series_name(metric, phase): kind.unit for metric, kind in REGISTRY.items()
+# a workload's series (the builds' own, binary-size, are service.read.build_series)
+UNITS = {series_name(metric, phase): kind.unit for metric, kind in REGISTRY.items() if metric in OF_WORKLOADS
          for phase in ("runtime", "compile-time")}
 assert set(UNITS) == set(RECORDED) | set(MEASURED)
 

@@ -16,10 +16,10 @@ from sqlalchemy.orm import Session
 
 from abwatch.builders.redact import mask_secrets
 from abwatch.service.compare.building import BuildOutcome
-from abwatch.builders.metrics import FROM_TIMED_PROCESSES
-from abwatch.service.compare.outcome import CompareOutcome, DriverError, MetricResult, WorkloadResult
+from abwatch.builders.metrics import SHOWN_APART
+from abwatch.service.compare.outcome import CompareOutcome, DriverError, MetricResult, WorkloadResult, build_result
 from abwatch.service.store.models import (
-    Build, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType,
+    Build, BuildMeasurement, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType,
 )
 from abwatch.service.stats.verdict import Verdict, RegressionKind
 
@@ -33,6 +33,11 @@ LEGACY_VERDICT_KEYS = frozenset({
     "verdict", "reason", "threshold_pct", "alpha", "confidence", "p_adjusted", "correction", "stop_reason",
     "method", "looks", "elapsed_s",
 })
+# The verdicts a workload's result shows under keys of their own, and the measurements row each
+# is (phase, metric): since 0029 comparisons.details keeps of them only what the row does not
+# hold (the instruction profiles, the compile-time regression a run opened); before, whole.
+SHOWN = {"compile": ("compile-time", "time"), "instructions": ("runtime", "instructions"),
+         "compile_instructions": ("compile-time", "instructions")}
 
 
 @dataclass(frozen=True)
@@ -73,31 +78,66 @@ def load_outcome(session: Session, run_id: int) -> StoredRun:
     results = []
     comparisons = session.scalars(select(Comparison).where(Comparison.run_id == run.id).order_by(Comparison.id))
     for c in comparisons:
+        shown = _shown(c)
         results.append(WorkloadResult(
             c.workload.name, _verdict(c), c.id, speed.get(c.workload_id), c.error,
-            correctness.get(c.workload_id), _tvm_details(c), workload_id=c.workload_id,
-            instructions=(c.details or {}).get("instructions"),
-            compile_instructions=(c.details or {}).get("compile_instructions"),
+            correctness.get(c.workload_id), _tvm_details(c, shown.get("compile")), workload_id=c.workload_id,
+            instructions=shown.get("instructions"), compile_instructions=shown.get("compile_instructions"),
             contention=(c.details or {}).get("contention"), measured=_measured(c),
         ))
-    outcome = CompareOutcome(run.id, run.run_type.value, run.status.value, builds, results)
+    judged = session.scalars(select(BuildMeasurement).where(BuildMeasurement.run_id == run.id)
+                             .order_by(BuildMeasurement.id))
+    outcome = CompareOutcome(run.id, run.run_type.value, run.status.value, builds, results,
+                             tuple(build_result(row) for row in judged))
     return StoredRun(outcome, run.control_ref, run.treatment_ref, run.started_at, run.finished_at,
                      run.error, run.parent_run_id, logs, run.samples_pruned_at)
 
 
 def _measured(c: Comparison) -> tuple[MetricResult, ...]:
-    """The verdicts of the metrics judged from the timed processes, as the driver returned them."""
+    """The verdicts of the metrics shown with the others (all but time's and instructions'), as
+    the driver returned them."""
     return tuple(MetricResult(row.metric.value, row.phase.value, Verdict.from_dict(row.judged),
                               tuple(row.control_values or ()), tuple(row.treatment_values or ()), row.source or "",
                               row.failure)
-                 for row in c.measurements if row.metric in FROM_TIMED_PROCESSES)
+                 for row in c.measurements if row.metric not in SHOWN_APART)
 
 
-def _tvm_details(c: Comparison) -> TvmDetails | None:
-    """The TVM details a comparison row stores beside its verdict, if it has them."""
+def _shown(c: Comparison) -> dict[str, dict]:
+    """The compile's time and the instructions verdicts as the driver showed them
+    (``service.compare.compile_time.details``, ``service.compare.instructions.details``): from
+    the comparison's ``measurements`` rows with what ``details`` keeps beside them, or whole from
+    ``details`` (rows written before 0029)."""
+    details, shown = c.details or {}, {}
+    rows = {(row.phase.value, row.metric.value): row for row in c.measurements}
+    for key, (phase, metric) in SHOWN.items():
+        found = details.get(key)
+        kept: dict = found if isinstance(found, dict) else {}
+        row = rows.get((phase, metric))
+        if kept.get("verdict") or row is None:  # whole (written before 0029), or nothing measured
+            if kept:
+                shown[key] = kept
+            continue
+        control, treatment = list(row.control_values or []), list(row.treatment_values or [])
+        whole = {**row.judged, "n": [len(control), len(treatment)], "failure": row.failure}
+        if metric == "instructions":
+            whole.update(source=row.source, control_counts=[int(v) for v in control],
+                         treatment_counts=[int(v) for v in treatment])
+        else:
+            whole.update(control_ms=control, treatment_ms=treatment)
+        shown[key] = {**whole, **kept}
+    return shown
+
+
+def _tvm_details(c: Comparison, compiled: dict | None = None) -> TvmDetails | None:
+    """The TVM details a comparison row stores beside its verdict, if it has them, with its
+    compile's verdict (``compiled``: :func:`_shown`'s)."""
     extra = {k: v for k, v in (c.details or {}).items() if k not in LEGACY_VERDICT_KEYS}
+    if "compile_ms" not in extra:
+        return None
+    if compiled is not None:
+        extra["compile"] = compiled
     # written by the driver from a TvmDetails; the row's JSON is that dict again
-    return cast("TvmDetails", extra) if "compile_ms" in extra else None
+    return cast("TvmDetails", extra)
 
 
 def _verdict(c: Comparison) -> Verdict:

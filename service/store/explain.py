@@ -80,4 +80,17 @@ def _operators(ops: Any) -> dict[str, Any]:
 def of_regression(session: Session, regression: Regression) -> dict[str, Any]:
     """The explanation of ``regression``, from the comparison that opened it."""
     comparison = session.get(Comparison, regression.comparison_id)
-    return explain(regression.kind, regression.metric, comparison.details if comparison is not None else None)
+    return explain(regression.kind, regression.metric, _with_counters(comparison) if comparison is not None else None)
+
+
+def _with_counters(comparison: Comparison) -> dict[str, Any]:
+    """The comparison's details, each instruction profile with the counter that counted it: its
+    ``measurements`` row's (since 0029 details keep the profile alone; before, the whole verdict)."""
+    details = dict(comparison.details or {})
+    for key, phase in (("instructions", "runtime"), ("compile_instructions", "compile-time")):
+        kept = details.get(key)
+        row = next((r for r in comparison.measurements
+                    if r.phase.value == phase and r.metric.value == "instructions"), None)
+        if isinstance(kept, Mapping) and "source" not in kept and row is not None:
+            details[key] = {**kept, "source": row.source}
+    return details

@@ -35,6 +35,7 @@ from abwatch.service.store.base import Base, _enum, utcnow  # noqa: F401 - utcno
 # The tables every other one points at, and the watch's tables: re-exported so that ``models``
 # names the whole schema (jobs needs only the first, so neither imports this module).
 from abwatch.service.store.artifacts import ArtifactManifest  # noqa: F401 - re-exported
+from abwatch.service.store.build_measurements import BuildMeasurement  # noqa: F401 - re-exported
 from abwatch.service.store.commits import Commit, Repository
 from abwatch.service.store.devices import Device, DeviceHost  # noqa: F401 - DeviceHost: re-exported
 from abwatch.service.store.jobs import (  # noqa: F401

@@ -25,7 +25,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from abwatch.builders.spec import UsageError
-from abwatch.service.read import devices, queries, serialize, triage as triage_mod, triage_report
+from abwatch.service.read import build_series, devices, queries, serialize, triage as triage_mod, triage_report
 from abwatch.service.config import ServerConfig
 from abwatch.service.watch import tryjob
 from abwatch.service.watch.devices import device_names
@@ -238,6 +238,12 @@ def _read_routes(app: FastAPI) -> None:
         """One run's full A/B report: builds, per-workload verdicts with CIs, per-operator
         attribution, compile times, output error, per-process medians, regressions."""
         return queries.run_report(session, run_id)
+
+    @app.get("/api/builds/series", tags=["series"])
+    def build_sizes(session: SessionDep, builder: OptName = None, config_hash: OptName = None) -> dict[str, Any]:
+        """Each build configuration's binary size per commit (its libraries' .text or file bytes),
+        as `abwatch history --metric binary-size --json` gives it."""
+        return build_series.series_json(build_series.series(session, builder, config_hash))
 
     @app.get("/api/builds/{build_id}", tags=["runs"], responses=ERRORS)
     def build(build_id: Id, session: SessionDep) -> dict[str, Any]:
