@@ -23,28 +23,13 @@ from abwatch.service.store.models import ArtifactManifest
 
 import test_tvm_source
 from test_tvm_source import make_config, run_python
+from test_artifact_store import Said
 from webdav import WebDav
 
 pytestmark = pytest.mark.slow  # real builds and real servers
 
 project = test_tvm_source.project  # the TVM-shaped project's fixture, built once per module here too
 VERSION = "import tvmshaped; print(tvmshaped.version())"
-
-
-class Said:
-    """Progress that keeps what it was told."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def message(self, text: str) -> None:
-        self.lines.append(text)
-
-    def invocation(self, workload: str, done: int, total: int) -> None:
-        pass
-
-    def text(self) -> str:
-        return "\n".join(self.lines)
 
 
 def host(project, cache: Path, url: str):
