@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from abwatch.builders import sandbox
 from abwatch.builders.redact import mask_secrets, mask_url, register_secrets
 from abwatch.builders.spec import SandboxConfig, UsageError
-from abwatch.service.cli import report
+from abwatch.service.cli import history_command, report
 from abwatch.service.compare import liveness
 from abwatch.service.read import stored, triage_report
 from abwatch.service.store import db
@@ -186,7 +186,7 @@ SESSION_COMMANDS: dict[str, Callable[[Call], int]] = {
     "status": _status_command,
     "records": lambda c: _records_command(c.args, c.session, c.err),
     "triage": lambda c: _triage_command(c.args, c.session, c.out),
-    "history": lambda c: _history_command(c.args, c.session, c.out, c.err),
+    "history": lambda c: history_command.run(c.args, c.session, c.out, c.err),
     "try": lambda c: _try_command(c),
     "report": lambda c: _report_command(c),
 }
@@ -279,7 +279,10 @@ def _builds_command(args: argparse.Namespace, session, out: Console) -> int:
         sys.stdout.write(log if log.endswith("\n") or not log else log + "\n")
         return 0
     rows = stored.list_builds(session, args.failed, args.limit)
-    print(json.dumps(report.builds_json(rows))) if args.json else report.print_builds(out, rows)
+    if args.json:
+        print(json.dumps(report.builds_json(rows)))
+    else:
+        report.print_builds(out, rows)
     return 0
 
 
@@ -398,53 +401,3 @@ def _records_command(args: argparse.Namespace, session, err: Console) -> int:
         count = export_records(session, sys.stdout, args.run_id, args.workload)
     err.print(f"exported {count} record(s)", markup=False)
     return 0
-
-
-def _history_command(args: argparse.Namespace, session, out: Console, err: Console) -> int:
-    from abwatch.service.read import build_series, history
-
-    if args.metric == "binary-size":  # the builds' own series, per build configuration
-        return report.print_build_series(out, build_series.found(session, args.builder, args.config_hash), args.json)
-    if not args.workload:
-        raise UsageError(f"history --metric {args.metric} needs a workload")
-    # One series only: a workload of this name in another repository, or with another spec, is another series.
-    found = history.series_of(session, args.workload)
-    chosen = next((w for w in found if w.id == args.series), None) if args.series else (found[0] if found else None)
-    if args.series and chosen is None:
-        raise DriverError(f"workload {args.workload!r} has no series {args.series}; its series: "
-                          + (", ".join(str(w.id) for w in found) or "none"))
-    if len(found) > 1 and chosen is not None:
-        err.print(f"{args.workload}: {len(found)} series (repository, spec); showing {chosen.id}, choose with "
-                  "--series: " + "; ".join(f"{w.id}: {w.repository.url} spec {w.spec_hash[:12]}" for w in found),
-                  markup=False)
-    series_id = chosen.id if chosen else None
-    device_id, said = history.pick_device(session, args.workload, series_id, args.device, args.fingerprint)
-    err.print(said, markup=False) if said else None
-    points = history.series(session, args.workload, args.device, series_id, args.metric, device_id)
-    if not points:
-        raise DriverError(f"no history for workload {args.workload!r}"
-                          + (f" on device {args.device!r}" if args.device else "")
-                          + (f" on {args.metric} (it is recorded only where measured)" if args.metric != "time" else ""))
-    skipped = 0
-    line = None if args.all_branches else history.first_parent_line(session, args.workload, series_id)
-    if line is not None:
-        kept = history.on_line(points, line[1])
-        skipped, points = len(points) - len(kept), kept
-        if not points:
-            raise DriverError(f"no measured commit of {args.workload!r} is on {line[0]}'s first-parent "
-                                     "line; --all-branches shows them all")
-    note = None
-    try:
-        steps = history.steps(points, max_pvalue=args.max_pvalue)
-    except ImportError as exc:  # Apache Otava is installed apart: the series stands without its steps
-        steps, note = [], str(exc)
-        err.print(f"abwatch: no step changes: {note}", markup=False)
-    if args.json:
-        print(json.dumps({**report.history_json(args.workload, points, steps), "left_out": skipped, "note": note,
-                          "metric": args.metric, "unit": history.UNITS[args.metric],
-                          "series_id": series_id, "repository": chosen.repository.url if chosen else None,
-                          "spec_hash": chosen.spec_hash if chosen else None, "device_id": device_id}))
-        return 0
-    report.print_history(out, args.workload, points, steps, skipped, history.UNITS[args.metric])
-    return 0
-
