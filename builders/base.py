@@ -168,6 +168,11 @@ class Builder(abc.ABC):
         only then. Every artifact of a shareable builder, unless the builder says otherwise."""
         return self.shareable
 
+    def runs_here(self, artifact: Path) -> str | None:
+        """Why an artifact fetched from the store cannot run on this host (its interpreter or
+        libraries are not here), or None. Every artifact runs, unless the builder says otherwise."""
+        return None
+
     @abc.abstractmethod
     def produce(self, sha: str, key: str) -> Artifact:
         """Build ``sha`` now and store it in the cache as ``key`` (called with the key locked)."""

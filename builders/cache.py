@@ -96,7 +96,7 @@ class ArtifactCache:
             reason = f"cannot rebuild its packed files: {exc}"
         if reason is not None:
             self.healed[key] = reason
-            self._discard(key)
+            self.discard(key)
             return None
         return path
 
@@ -128,7 +128,7 @@ class ArtifactCache:
         """Whether ``key`` was stored with a manifest (entries from before it are not checked)."""
         return (self.path(key) / MANIFEST).is_file()
 
-    def _discard(self, key: str) -> None:
+    def discard(self, key: str) -> None:
         """Make ``key`` incomplete (marker first), then remove what is left of it."""
         entry = self.path(key)
         (entry / MARKER).unlink(missing_ok=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 from abwatch.builders.spec import ARTIFACT_INFO
@@ -60,3 +61,20 @@ def build_environment(artifact: Path) -> dict[str, str]:
     env.update({name: str(artifact / rel) for name, rel in info.get("env_paths", {}).items()})
     env.update(info.get("env", {}))
     return env
+
+
+def missing_libraries(libraries: list[Path], timeout_s: float = 60.0) -> list[str]:
+    """The shared libraries ``libraries`` link against that this host lacks (``ldd``'s ``not
+    found``), each named once: e.g. the LLVM a TVM build links, installed on its build host only.
+    Empty where ``ldd`` is not installed (nothing can be said)."""
+    missing: list[str] = []
+    for library in libraries:
+        try:
+            out = subprocess.run(["ldd", str(library)], capture_output=True, text=True, timeout=timeout_s).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return missing
+        for line in out.splitlines():
+            name, arrow, where = line.strip().partition("=>")
+            if arrow and where.strip() == "not found" and name.strip() not in missing:
+                missing.append(name.strip())
+    return missing

@@ -34,14 +34,15 @@ from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, 
     repo_url, section
 from abwatch.builders.cache import ArtifactCache, flocked
 from abwatch.builders.compiler_cache import STATS_LOG, CompilerCache, parse_stats
-from abwatch.builders.environment import ArtifactInfoError, artifact_info, build_environment, build_python
-from abwatch.builders.procs import child_env, cut_log, run_process
+from abwatch.builders.environment import ArtifactInfoError, artifact_info, build_environment, build_python, \
+    missing_libraries
+from abwatch.builders.procs import ProcessResult, child_env, cut_log, run_process
 from abwatch.builders.repo import RepoMirror
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmSourceBuildConfig
 from abwatch.builders.tvm_ffi import FfiState, Step, ffi_state, install_package, package_settings, \
     update_submodules
-from abwatch.builders.venv_copy import copy_venv
+from abwatch.builders.venv_copy import copy_venv, interpreter_problem
 
 LOG_LIMIT = 400_000
 RUNTIME_TARGET = "tvm_runtime"
@@ -140,6 +141,11 @@ class TvmSourceBuilder(Builder):
 
     def _run(self, argv: list[str], log: list[str], what: str, cwd: Path | None = None,
              env: dict | None = None, deadline: float | None = None) -> str:
+        return self._run_process(argv, log, what, cwd=cwd, env=env, deadline=deadline).stdout
+
+    def _run_process(self, argv: list[str], log: list[str], what: str, cwd: Path | None = None,
+                     env: dict | None = None, deadline: float | None = None) -> ProcessResult:
+        """Run one step of the build (its output into ``log``); a failure raises, naming ``what``."""
         log.append(f"$ {' '.join(argv)}\n")
         timeout = max(1.0, (deadline or time.monotonic() + self.config.timeout_s) - time.monotonic())
         try:
@@ -156,7 +162,7 @@ class TvmSourceBuilder(Builder):
         if proc.returncode != 0:
             why = " | ".join(failure_lines(proc.stdout)) or "it printed nothing"
             raise self.failed(f"{what} failed (status {proc.returncode}): {why}", "", 0.0)
-        return proc.stdout
+        return proc
 
     def _step(self, log: list[str], deadline: float, env: dict | None = None) -> Step:
         """``_run`` as the one-step callable ``builders.tvm_ffi`` takes."""
@@ -216,10 +222,14 @@ class TvmSourceBuilder(Builder):
         targets = self.config.targets or ([RUNTIME_TARGET] if self.config.runtime_only else [])
         jobs = str(self.config.jobs or os.cpu_count() or 1)
         started = time.monotonic()
-        out = self._run([cmake, "--build", str(build), "--parallel", jobs,
-                         *(["--target", *targets] if targets else [])], log, f"compile of {sha[:12]}",
-                        env=self._ccache_env(stats_log), deadline=deadline)
+        compiled = self._run_process([cmake, "--build", str(build), "--parallel", jobs,
+                                      *(["--target", *targets] if targets else [])], log, f"compile of {sha[:12]}",
+                                     env=self._ccache_env(stats_log), deadline=deadline)
+        out = compiled.stdout
+        # CPU seconds of the compilers and linkers (Ninja waits for them all): what a fleet saves
+        # by building a commit once, whatever the load made of the wall time
         metrics = {"incremental": incremental, "compile_s": time.monotonic() - started,
+                   "compile_cpu_s": compiled.cpu_s,
                    "steps": len(re.findall(r"^\[\d+/\d+\]", out, flags=re.M)), "jobs": int(jobs),
                    "toolchain": self.toolchain()}
         if ccache:
@@ -268,6 +278,15 @@ class TvmSourceBuilder(Builder):
         except ArtifactInfoError:
             return False
         return info is not None and not Path(info["python"]).is_absolute() and not info.get("host_paths")
+
+    def runs_here(self, artifact: Path) -> str | None:
+        """The venv's interpreter (same path, same ``X.Y``) and the libraries' dependencies (the
+        build host's LLVM, say) must be on this host: neither is part of the artifact key."""
+        problem = interpreter_problem(artifact / VENV_DIR) if (artifact / VENV_DIR).is_dir() else None
+        missing = missing_libraries(sorted((artifact / "lib").glob("*.so")))
+        if missing:
+            problem = (f"{problem}; " if problem else "") + f"its libraries need {', '.join(missing)}, not on this host"
+        return problem
 
     def _venv(self, ffi: FfiState | None, log: list[str]) -> str:
         """The shared venv with ``python_packages`` (copied into each artifact); its python path.

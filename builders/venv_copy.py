@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 # starts the python beside the script, wherever the venv is (sh runs the first two lines; for
@@ -84,3 +85,42 @@ def _relative_pth(pth: Path, site: Path, old: str, unresolved: str) -> list[str]
     if changed:
         pth.write_text("".join(lines))
     return outside
+
+
+def interpreter_problem(venv: Path, timeout_s: float = 30.0) -> str | None:
+    """Why the copied ``venv`` cannot run on this host, or None.
+
+    Its ``bin/python`` links to the build host's interpreter, and its ``site-packages`` (compiled
+    extensions included) is for that interpreter's ``X.Y``: the interpreter must be at the same
+    path here, with the same version (``pyvenv.cfg``'s ``version``). The artifact key does not
+    name the interpreter, so a host with another one finds the artifact yet cannot use it.
+    """
+    python = venv / "bin" / "python"
+    target = Path(os.path.realpath(python))
+    if not target.is_file():
+        return f"its interpreter {os.readlink(python) if python.is_symlink() else python} is not on this host"
+    wanted = _cfg_version(venv / "pyvenv.cfg")
+    try:
+        out = subprocess.run([str(target), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"its interpreter {target} does not start here ({exc})"
+    have = out.stdout.strip()
+    if out.returncode != 0 or not have:
+        return f"its interpreter {target} does not start here (status {out.returncode})"
+    if wanted is not None and have != wanted:
+        return f"it was built for Python {wanted}; {target} here is Python {have}"
+    return None
+
+
+def _cfg_version(cfg: Path) -> str | None:
+    """``X.Y`` of ``pyvenv.cfg``'s ``version`` (``version_info`` in newer venvs), or None."""
+    try:
+        lines = cfg.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, _, value = line.partition("=")
+        if name.strip() in ("version", "version_info"):
+            return ".".join(value.strip().split(".")[:2]) or None
+    return None

@@ -19,8 +19,10 @@ from sqlalchemy.orm import Session
 from abwatch.builders import make_builder, sandbox
 from abwatch.builders.spec import SandboxConfig
 from abwatch.service.cli.demo import make_demo_repo
+from abwatch.service.cli.main import main
 from abwatch.service.compare.building import build_commits
 from abwatch.service.config import load_config
+from abwatch.service.read.queries import build_detail
 from abwatch.service.store import db
 from abwatch.service.store.models import ArtifactManifest, Build, BuildStatus
 
@@ -183,3 +185,28 @@ def test_the_store_url_holds_no_credentials_and_the_password_variable_is_a_secre
                                                  "password_env": "STORE_PW"}}, "fleet.toml", tmp_path)
     assert config.artifacts.store == "http://store:8080/abwatch" and "STORE_PW" in config.secret_variables()
     assert make_builder(config).store is not None
+
+
+def test_cache_and_the_build_page_say_what_the_store_holds(fleet, capsys):
+    """``abwatch cache`` lists which local entries are in the store and whether it answers; the
+    build page names where the build's artifact was pushed, by which host."""
+    store, engine, host, _ = fleet
+    config = host("host-a")
+    assert build(engine, config)[0] == "success"
+    url = engine.url.render_as_string(hide_password=False)
+    capsys.readouterr()
+    assert main(["cache", "--config", str(config), "--db", url, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["artifact_store"]
+    [key] = shown["shared"]  # the one local entry, in the store
+    assert shown["store"] == store.url and shown["reachable"] is True and shown["manifests"] == 1
+    assert shown["shared"][key]["objects"] == len(store.objects()) and shown["shared"][key]["build_id"] is not None
+    assert main(["cache", "--config", str(config), "--db", url]) == 0
+    text = capsys.readouterr().out
+    assert "in store" in text and f"artifact store {store.url}: reachable; 1 artifact(s) in it" in text
+    with Session(engine) as session:
+        detail = build_detail(session, shown["shared"][key]["build_id"])
+    assert detail["store"]["store"] == store.url and detail["store"]["objects"] == len(store.objects())
+    store.stop()  # the store gone: said, and the entries' rows still read
+    assert main(["cache", "--config", str(config), "--db", url, "--json"]) == 0
+    gone = json.loads(capsys.readouterr().out)["artifact_store"]
+    assert gone["reachable"] is False and gone["problem"] and key in gone["shared"]

@@ -123,3 +123,60 @@ def test_a_workspace_configured_before_origin_rpaths_is_configured_again(project
     for library in (artifact.path / "lib").iterdir():
         assert str(builder.workspace).encode() not in library.read_bytes(), library
     assert run_python(artifact.path, VERSION).strip() == "44"
+
+
+def test_an_artifact_made_for_another_python_is_built_here(project, tmp_path, fresh_pg_url):
+    """The store's objects are what host A built, but for A's interpreter: a host whose Python
+    differs (here: A's venv says 3.2) refuses the fetched copy, says why, and builds the commit."""
+    _, _, shas = project
+    store = WebDav(tmp_path / "store").start()
+    db.upgrade(fresh_pg_url)
+    engine = db.make_engine(fresh_pg_url)
+    try:
+        a = host(project, tmp_path / "host-a", store.url)
+        build(engine, a, shas["first"])
+        [cfg] = a.workspace.parent.glob("venv-*/pyvenv.cfg")  # the venv every build of A copies
+        cfg.write_text("".join("version = 3.2.1\n" if line.startswith("version") else line
+                               for line in cfg.read_text().splitlines(keepends=True)))
+        build(engine, a, shas["compiler"])  # pushed with the venv of "Python 3.2"
+        b_cache = tmp_path / "host-b"
+        b = host(project, b_cache, store.url)
+        compiler_b, said = build(engine, b, shas["compiler"])
+        text = said.text()
+        assert "cannot run on this host (it was built for Python 3.2;" in text, text
+        assert "  fetched " not in text
+        assert list(b_cache.glob("tvm-source/*/build")), "host B compiled the commit itself"
+        assert run_python(compiler_b, VERSION).strip() == "44"
+        # the first commit's objects were made for this Python: fetched, nothing compiled for it
+        _, said_first = build(engine, b, shas["first"])
+        assert "fetched" in said_first.text(), said_first.text()
+    finally:
+        store.stop()
+        engine.dispose()
+
+
+def test_runs_here_names_a_missing_interpreter_and_a_missing_library(project, tmp_path):
+    """What a host lacks, each said: the venv's interpreter path, and a library the build's
+    libraries link against (a real ELF library whose dependency is not installed)."""
+    builder = make_builder(make_config(project, tmp_path / "cache"))
+    artifact = tmp_path / "artifact"
+    (artifact / "venv" / "bin").mkdir(parents=True)
+    (artifact / "venv" / "pyvenv.cfg").write_text("home = /opt/elsewhere/bin\nversion = 3.11.2\n")
+    (artifact / "venv" / "bin" / "python").symlink_to("/opt/elsewhere/bin/python3.11")
+    (artifact / "lib").mkdir()
+    dep, lib = tmp_path / "libabwatchdep.so", artifact / "lib" / "libuser.so"
+    (tmp_path / "dep.c").write_text("int dep(void) { return 1; }\n")
+    (tmp_path / "user.c").write_text("int dep(void);\nint user(void) { return dep(); }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(dep), str(tmp_path / "dep.c")], check=True)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "user.c"), f"-L{tmp_path}",
+                    "-labwatchdep"], check=True)
+    said = builder.runs_here(artifact)
+    assert said == ("its interpreter /opt/elsewhere/bin/python3.11 is not on this host; its libraries need "
+                    "libabwatchdep.so, not on this host"), said
+    (artifact / "venv" / "bin" / "python").unlink()
+    (artifact / "venv" / "bin" / "python").symlink_to(shutil.which("python3") or "/usr/bin/python3")
+    lib.unlink()
+    version = subprocess.run(["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (artifact / "venv" / "pyvenv.cfg").write_text(f"home = /usr/bin\nversion = {version}.0\n")
+    assert builder.runs_here(artifact) is None

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from abwatch.builders import sandbox
 from abwatch.builders.redact import mask_secrets, mask_url, register_secrets
 from abwatch.builders.spec import SandboxConfig, UsageError
-from abwatch.service.cli import history_command, report
+from abwatch.service.cli import cache_report, history_command, report
 from abwatch.service.compare import liveness
 from abwatch.service.read import stored, triage_report
 from abwatch.service.store import db
@@ -288,6 +288,7 @@ def _builds_command(args: argparse.Namespace, session, out: Console) -> int:
 
 def _cache_command(args: argparse.Namespace, err: Console, out: Console) -> int:
     from abwatch.builders.cache import ArtifactCache
+    from abwatch.service.read.artifact_store import store_report
     from abwatch.service.read.compiler_cache import compiler_cache_report
 
     config, url = load_config(args.config), db.resolve_database_url(args.db)
@@ -298,8 +299,9 @@ def _cache_command(args: argparse.Namespace, err: Console, out: Console) -> int:
         err.print(f"evicted {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}", markup=False)
     entries, size = cache.describe(verify=args.verify), cache.size_bytes()
     compiler = compiler_cache_report(config, url)  # tvm-source's ccache: local, remote, the builds' hits
-    print(json.dumps(report.cache_json(cache, entries, size, compiler))) if args.json \
-        else report.print_cache(out, cache, entries, size, compiler)
+    store = store_report(config, url, [e.key for e in entries])  # [artifacts] store: which entries it holds
+    print(json.dumps(report.cache_json(cache, entries, size, compiler, store))) if args.json \
+        else cache_report.print_cache(out, cache, entries, size, compiler, store)
     damaged = [e for e in entries if (e.check or "").startswith("damaged")]
     for e in damaged:
         err.print(f"abwatch: cache entry {e.key} is {e.check}", markup=False)

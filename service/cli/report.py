@@ -363,63 +363,6 @@ def print_build_series(out: Console, found, as_json: bool = False) -> int:
     return 0
 
 
-def print_cache(out: Console, cache, entries, size: int, compiler: dict | None = None) -> None:
-    """The artifact cache's entries as a table (keys whole: they fold, never get cut), then the
-    compiler cache (:func:`print_compiler_cache`)."""
-    table = Table(title=f"{cache.root}: {len(entries)} entries, {size / 2**20:.1f} MiB on disk",
-                  box=box.SIMPLE_HEAD)
-    checked = any(e.check for e in entries)
-    for column in ("key", "builder", "sha", "last used", "files", "packed") + (("check",) if checked else ()):
-        table.add_column(column, overflow="fold")
-    for e in entries:
-        table.add_row(e.key, e.builder or "", short_sha(e.sha or ""), e.last_used[:19], str(e.files),
-                      str(e.packed_files), *((e.check or "",) if checked else ()))
-    out.print(table)
-    print_compiler_cache(out, compiler)
-
-
-def print_compiler_cache(out: Console, data: dict | None) -> None:
-    """``abwatch cache``'s compiler-cache part (tvm-source): the local ccache, the shared remote
-    storage and whether it answers now, and each recent build's local and remote hits."""
-    if data is None:
-        return
-    life = data["lifetime"]
-    out.print(f"compiler cache {data['dir']}: " + (life["summary"] + " in its lifetime" if life else "no counts yet"),
-              markup=False)
-    if data["remote"]:
-        state = "reachable" if data["remote_reachable"] else f"unreachable ({data['remote_problem']})"
-        out.print(f"remote storage {data['remote']}: {state}", markup=False)
-    else:
-        out.print("remote storage: none ([build] ccache_remote)", markup=False)
-    if data["builds_note"]:
-        out.print(data["builds_note"], markup=False)
-    if not data["builds"]:
-        return
-    table = Table(title="compiler cache of the newest tvm-source builds", box=box.SIMPLE_HEAD)
-    for column in ("id", "commit", "status", "created", "hits and misses"):
-        table.add_column(column, overflow="fold", no_wrap=column in ("id", "commit", "created"))
-    for b in data["builds"]:
-        hits = b["compiler_cache"]
-        table.add_row(str(b["id"]), short_sha(b["sha"]), b["status"], (b["created_at"] or "")[:16].replace("T", " "),
-                      hits["summary"] if hits else "-")
-    out.print(table)
-
-
-class LineProgress:
-    """Progress as plain lines on stderr (long-running watch and worker logs)."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-
-    def message(self, text: str) -> None:
-        """Print one line, time-stamped."""
-        from datetime import datetime
-        self.console.print(f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ} {text}", markup=False, highlight=False)
-
-    def invocation(self, workload: str, done: int, total: int) -> None:
-        """Invocations are not drawn in a log."""
-
-
 def print_status(out: Console, found: dict) -> None:
     """``abwatch status``: watched branches, then the queue per device."""
     table = Table(title="watched branches", box=box.SIMPLE_HEAD)
@@ -446,3 +389,18 @@ def print_status(out: Console, found: dict) -> None:
                   f"{j['status']}" + (f" ({runs})" if runs else "") + (f": {j['error']}" if j["error"] else ""),
                   markup=False)
     out.print(f"open regressions: {found['open_regressions']}", markup=False)
+
+
+class LineProgress:
+    """Progress as plain lines on stderr (long-running watch and worker logs)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def message(self, text: str) -> None:
+        """Print one line, time-stamped."""
+        from datetime import datetime
+        self.console.print(f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ} {text}", markup=False, highlight=False)
+
+    def invocation(self, workload: str, done: int, total: int) -> None:
+        """Invocations are not drawn in a log."""

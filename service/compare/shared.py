@@ -142,6 +142,12 @@ def _fetch(session: Session, builder: Builder, plan: Plan, sha: str, manifest: d
                                          "object pushed again")
         except StoreUnavailable as exc:
             return _note(plan, progress, f"artifact store: {exc}: {sha[:12]} is built on this host")
+        # byte for byte what the build host made, but made for its interpreter and libraries
+        problem = builder.runs_here(builder.cache.path(plan.key))
+        if problem is not None:
+            builder.cache.discard(plan.key)
+            return _note(plan, progress, f"artifact store: {plan.key} cannot run on this host ({problem}): "
+                                         f"{sha[:12]} is built on this host")
     plan.fetched = True
     progress.message(f"  fetched {plan.key} from {plan.store.display}: {len(manifest['files'])} object(s), "
                      f"each checked against its hash, in {time.monotonic() - started:.1f}s")

@@ -5,9 +5,7 @@ kept in its row's metrics: :func:`service.read.serialize.compiler_cache_json`)."
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from abwatch.builders.compiler_cache import lifetime_stats, reach
@@ -46,9 +44,9 @@ def _builds(url: str, limit: int) -> tuple[list[dict], str | None]:
     """The newest tvm-source builds at ``url``, or none and why (this command reads a database
     only where one is: a missing SQLite file is not created)."""
     try:
-        parsed = make_url(db.normalize_url(url))
-        if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():
-            return [], f"no database at {parsed.database} (--db names one)"
+        absent = db.missing_database(url)
+        if absent:
+            return [], absent
         engine = db.open_database(url, write=False)
         try:
             with db.session_scope(engine) as session:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, joinedload
 from abwatch.builders.redact import mask_secrets
 from abwatch.service import stats
 from abwatch.service.read import serialize, stored
+from abwatch.service.read.artifact_store import manifest_of
 from abwatch.service.store.models import (
     AlertDelivery, Build, Commit, Comparison, Device, Job, Regression, Run, Sample, TriageEvent, WatchedCommit, WatchProgress,
     Workload,
@@ -294,6 +295,7 @@ def build_detail(session: Session, build_id: int) -> dict[str, Any]:
                                                     Run.treatment_build_id == build_id))
                            .order_by(Run.id.desc()).limit(50))
     return {**serialize.build_json(build), "summary": build.commit.summary,
+            "store": manifest_of(session, build.artifact_key),
             "log_tail": serialize.log_tail(mask_secrets(build.log or ""), BUILD_LOG_LINES), "runs": list(runs)}
 
 

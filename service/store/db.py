@@ -320,6 +320,15 @@ def check_schema(engine: Engine) -> None:
     raise SchemaError(f"{where}: schema is at {current}, this abwatch needs {head}; run `abwatch db upgrade`")
 
 
+def missing_database(url: str) -> str | None:
+    """Why there is nothing to read at ``url``: a SQLite file that does not exist (``abwatch
+    cache`` reads a database only where one is: it never creates the file); else None."""
+    parsed = make_url(normalize_url(url))
+    if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():
+        return f"no database at {parsed.database} (--db names one)"
+    return None
+
+
 def open_database(url: str, *, write: bool) -> Engine:
     """An engine on ``url`` whose schema is at head.
 
