@@ -72,8 +72,8 @@ kind = "tvm"
 model = "te:matmul"
 options = {{m = 128, k = 128, n = 128}}
 [run]
-repetitions = 6
-max_repetitions = 6
+repetitions = 8
+max_repetitions = 8
 compile_repetitions = 0
 noise_aware = false
 [runner]
@@ -111,6 +111,7 @@ def record(args: argparse.Namespace, entry: dict) -> None:
 
 def builder_of(args: argparse.Namespace, cache_dir: Path, base: str, *, remote: bool) -> TvmSourceBuilder:
     path = cache_dir.with_suffix(".toml")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(host_toml(args, cache_dir, base=base, remote=remote))
     return TvmSourceBuilder(load_config(path))
 
@@ -120,6 +121,9 @@ def build_once(args: argparse.Namespace, phase: str, cache_dir: Path, sha: str, 
     builder = builder_of(args, cache_dir, base, remote=remote)
     started = time.monotonic()
     artifact = builder.build(sha)
+    if artifact.cached:  # built by an earlier run of this phase: its line is in results.jsonl already
+        print(f"{phase}: {sha[:10]} is in {cache_dir}'s cache already", flush=True)
+        return
     m = artifact.metrics
     record(args, {"phase": phase, "host": cache_dir.name, "sha": sha[:10], "cached": artifact.cached,
                   "wall_s": round(time.monotonic() - started, 1), "compile_s": m.get("compile_s"),
@@ -186,7 +190,8 @@ def run_watch(args: argparse.Namespace, phase: str, url: str, hosts: dict[str, t
 def summary(engine, started: float) -> dict:
     """What the database says of one timed phase."""
     with Session(engine) as session:
-        builds = session.scalars(select(Build)).all()
+        builds = session.scalars(select(Build).order_by(Build.id)).all()
+        shas = {b.id: b.commit.sha for b in builds}
         jobs = session.scalars(select(Job)).all()
         verdicts = session.execute(select(Device.name, Comparison.verdict).join(Run, Run.id == Comparison.run_id)
                                    .join(Device, Device.id == Run.device_id)).all()
@@ -203,6 +208,10 @@ def summary(engine, started: float) -> dict:
         "jobs": {s: sum(j.status.value == s for j in jobs) for s in ("done", "failed")},
         "verdicts": {d: sum(name == d for name, _ in verdicts) for d in DEVICES},
         "wall_to_verdicts_s": {d: round(t - started, 1) if t else None for d, t in done.items()},
+        "each": [{"sha": shas[b.id][:10], "cached": b.cached, "status": b.status.value, "wall_s": b.duration_s,
+                  **{k: (b.metrics or {}).get(k) for k in ("compile_s", "compile_cpu_s", "steps", "ccache_misses",
+                                                           "ccache_local_hits", "ccache_remote_hits")}}
+                 for b in builds],
     }
 
 
@@ -261,11 +270,43 @@ def main() -> None:
 
 
 def report(args: argparse.Namespace) -> None:
-    """The results as docs/fleet.md's table (the newest line of each phase)."""
-    lines = [json.loads(line) for line in (args.work / "results.jsonl").read_text().splitlines()]
-    newest = {(e["phase"], e.get("host", "")): e for e in lines}
-    for (phase, host), e in sorted(newest.items()):
-        print(phase, host, json.dumps(e))
+    """docs/fleet.md's tables, from the newest line of each phase in results.jsonl."""
+    newest: dict[tuple[str, str], dict] = {}
+    for line in (args.work / "results.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        newest[(entry["phase"], entry.get("host", ""))] = entry
+    single, fleet = newest.get(("single-run", ""), {}), newest.get(("fleet-run", ""), {})
+
+    def cell(entry: dict, *path: str) -> str:
+        value: object = entry
+        for name in path:
+            value = value.get(name) if isinstance(value, dict) else None
+        return "-" if value is None else f"{value:,.1f}" if isinstance(value, float) else str(value)
+
+    rows = [("build rows (compiled here)", lambda e: f"{cell(e, 'builds')} ({cell(e, 'compiled')})"),
+             ("compile CPU-seconds", lambda e: cell(e, "compile_cpu_s")),
+             ("compile wall seconds", lambda e: cell(e, "compile_wall_s")),
+             ("build wall seconds (checkout to stored artifact)", lambda e: cell(e, "build_wall_s")),
+             ("ccache hits / misses", lambda e: f"{cell(e, 'ccache_hits')} / {cell(e, 'ccache_misses')}"),
+             ("hosts that compiled TVM", lambda e: ", ".join(e.get("hosts_compiling", [])) or "none"),
+             ("verdicts cpu-a / cpu-b", lambda e: f"{cell(e, 'verdicts', DEVICES[0])} / {cell(e, 'verdicts', DEVICES[1])}"),
+             ("wall time to cpu-a's last verdict, s", lambda e: cell(e, "wall_to_verdicts_s", DEVICES[0])),
+             ("wall time to cpu-b's last verdict, s", lambda e: cell(e, "wall_to_verdicts_s", DEVICES[1])),
+             ("wall time to both devices' verdicts, s",
+              lambda e: cell({"t": max((v for k, v in e.get("wall_to_verdicts_s", {}).items() if k in DEVICES and v),
+                                       default=None)}, "t"))]
+    print("| | one host, both devices | build host + two device hosts |\n| --- | --- | --- |")
+    for name, value in rows:
+        print(f"| {name} | {value(single)} | {value(fleet)} |")
+    print("\n| build (no database) | host | commit | wall s | compile CPU-s | local hits | remote hits | misses |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (phase, host), e in newest.items():
+        if phase in ("prime", "second"):
+            print(f"| {phase} | {host} | {e['sha']} | {cell(e, 'wall_s')} | {cell(e, 'compile_cpu_s')} | "
+                  f"{cell(e, 'ccache_local_hits')} | {cell(e, 'ccache_remote_hits')} | {cell(e, 'ccache_misses')} |")
+    if ("store", "") in newest:
+        e = newest[("store", "")]
+        print(f"\nstore: {e['objects']} objects, {e['bytes'] / 2**20:,.1f} MiB; {e['puts']} PUT, {e['gets']} GET")
 
 
 if __name__ == "__main__":
