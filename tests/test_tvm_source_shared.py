@@ -44,55 +44,60 @@ def build(engine, builder, sha: str) -> tuple[Path, Said]:
     return builder.cache.get(builder.cache_key(sha)), said
 
 
+@pytest.fixture
+def shared(tmp_path, fresh_pg_url):
+    """A real nginx store and a migrated PostgreSQL database: (store, engine)."""
+    store = WebDav(tmp_path / "store").start()
+    db.upgrade(fresh_pg_url)
+    engine = db.make_engine(fresh_pg_url)
+    yield store, engine
+    store.stop()
+    engine.dispose()
+
+
 def stored(store: WebDav) -> tuple[int, int]:
     objects = store.objects()
     return len(objects), sum(p.stat().st_size for p in objects)
 
 
-def test_a_tvm_source_build_is_fetched_and_runs_on_another_host(project, tmp_path, fresh_pg_url):
+def test_a_tvm_source_build_is_fetched_and_runs_on_another_host(project, tmp_path, shared):
     _, _, shas = project
-    store = WebDav(tmp_path / "store").start()
-    db.upgrade(fresh_pg_url)
-    engine = db.make_engine(fresh_pg_url)
-    try:
-        a = host(project, tmp_path / "host-a", store.url)
-        assert a.shareable and a.store is not None
-        first_a, said_a = build(engine, a, shas["first"])
-        assert "pushed" in said_a.text() and a.portable(first_a)
-        info = json.loads((first_a / ARTIFACT_INFO).read_text())
-        assert info["python"] == "venv/bin/python" and "host_paths" not in info
-        first_objects, first_bytes = stored(store)
-        # the next commit changes one library: its objects are that library and the artifact's
-        # description; the venv and the unchanged library are in the store already
-        build(engine, a, shas["compiler"])
-        objects, size = stored(store)
-        added_objects, added_bytes = objects - first_objects, size - first_bytes
-        print(f"store: first commit {first_objects} objects, {first_bytes} bytes; "
-              f"second commit added {added_objects} objects, {added_bytes} bytes")
-        assert 1 <= added_objects <= 3 and added_bytes < first_bytes / 20
+    store, engine = shared
+    a = host(project, tmp_path / "host-a", store.url)
+    assert a.shareable and a.store is not None
+    first_a, said_a = build(engine, a, shas["first"])
+    assert "pushed" in said_a.text() and a.portable(first_a)
+    info = json.loads((first_a / ARTIFACT_INFO).read_text())
+    assert info["python"] == "venv/bin/python" and "host_paths" not in info
+    first_objects, first_bytes = stored(store)
+    # the next commit changes one library: its objects are that library and the artifact's
+    # description; the venv and the unchanged library are in the store already
+    build(engine, a, shas["compiler"])
+    objects, size = stored(store)
+    added_objects, added_bytes = objects - first_objects, size - first_bytes
+    print(f"store: first commit {first_objects} objects, {first_bytes} bytes; "
+          f"second commit added {added_objects} objects, {added_bytes} bytes")
+    assert 1 <= added_objects <= 3 and added_bytes < first_bytes / 20
 
-        b_cache = tmp_path / "elsewhere" / "host-b"
-        b = host(project, b_cache, store.url)
-        first_b, said_b = build(engine, b, shas["first"])
-        assert "fetched" in said_b.text(), said_b.text()
-        assert first_b.is_relative_to(b_cache)
-        assert not list(b_cache.glob("tvm-source*")) and not (b_cache / "ccache").exists()  # nothing compiled
-        with Session(engine) as session:
-            assert len(session.scalars(select(ArtifactManifest)).all()) == 2
-        shutil.rmtree(tmp_path / "host-a")  # the build host's workspace, venv and cache are gone
-        assert run_python(first_b, VERSION).strip() == "43"
-        assert run_python(first_b, "import sys; print(sys.prefix)").strip() == str(first_b / "venv")
-        assert "46" not in run_python(first_b, VERSION)
-        # no file of the fetched artifact names host A
-        for path in first_b.rglob("*"):
-            if path.is_file() and not path.is_symlink():
-                assert str(tmp_path / "host-a").encode() not in path.read_bytes(), path
-        pip = first_b / "venv" / "bin" / "pip"  # a script of the venv starts the python beside it
-        shown = subprocess.run([str(pip), "--version"], capture_output=True, text=True, check=True).stdout
-        assert str(first_b / "venv") in shown, shown
-    finally:
-        store.stop()
-        engine.dispose()
+    b_cache = tmp_path / "elsewhere" / "host-b"
+    b = host(project, b_cache, store.url)
+    first_b, said_b = build(engine, b, shas["first"])
+    assert "fetched" in said_b.text(), said_b.text()
+    assert first_b.is_relative_to(b_cache)
+    assert not list(b_cache.glob("tvm-source*")) and not (b_cache / "ccache").exists()  # nothing compiled
+    with Session(engine) as session:
+        assert len(session.scalars(select(ArtifactManifest)).all()) == 2
+    shutil.rmtree(tmp_path / "host-a")  # the build host's workspace, venv and cache are gone
+    assert run_python(first_b, VERSION).strip() == "43"
+    assert run_python(first_b, "import sys; print(sys.prefix)").strip() == str(first_b / "venv")
+    assert "46" not in run_python(first_b, VERSION)
+    # no file of the fetched artifact names host A
+    for path in first_b.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert str(tmp_path / "host-a").encode() not in path.read_bytes(), path
+    pip = first_b / "venv" / "bin" / "pip"  # a script of the venv starts the python beside it
+    shown = subprocess.run([str(pip), "--version"], capture_output=True, text=True, check=True).stdout
+    assert str(first_b / "venv") in shown, shown
 
 
 def test_an_older_artifact_naming_the_workspace_venv_stays_local(project, tmp_path):
@@ -125,34 +130,28 @@ def test_a_workspace_configured_before_origin_rpaths_is_configured_again(project
     assert run_python(artifact.path, VERSION).strip() == "44"
 
 
-def test_an_artifact_made_for_another_python_is_built_here(project, tmp_path, fresh_pg_url):
+def test_an_artifact_made_for_another_python_is_built_here(project, tmp_path, shared):
     """The store's objects are what host A built, but for A's interpreter: a host whose Python
     differs (here: A's venv says 3.2) refuses the fetched copy, says why, and builds the commit."""
     _, _, shas = project
-    store = WebDav(tmp_path / "store").start()
-    db.upgrade(fresh_pg_url)
-    engine = db.make_engine(fresh_pg_url)
-    try:
-        a = host(project, tmp_path / "host-a", store.url)
-        build(engine, a, shas["first"])
-        [cfg] = a.workspace.parent.glob("venv-*/pyvenv.cfg")  # the venv every build of A copies
-        cfg.write_text("".join("version = 3.2.1\n" if line.startswith("version") else line
-                               for line in cfg.read_text().splitlines(keepends=True)))
-        build(engine, a, shas["compiler"])  # pushed with the venv of "Python 3.2"
-        b_cache = tmp_path / "host-b"
-        b = host(project, b_cache, store.url)
-        compiler_b, said = build(engine, b, shas["compiler"])
-        text = said.text()
-        assert "cannot run on this host (it was built for Python 3.2;" in text, text
-        assert "  fetched " not in text
-        assert list(b_cache.glob("tvm-source/*/build")), "host B compiled the commit itself"
-        assert run_python(compiler_b, VERSION).strip() == "44"
-        # the first commit's objects were made for this Python: fetched, nothing compiled for it
-        _, said_first = build(engine, b, shas["first"])
-        assert "fetched" in said_first.text(), said_first.text()
-    finally:
-        store.stop()
-        engine.dispose()
+    store, engine = shared
+    a = host(project, tmp_path / "host-a", store.url)
+    build(engine, a, shas["first"])
+    [cfg] = a.workspace.parent.glob("venv-*/pyvenv.cfg")  # the venv every build of A copies
+    cfg.write_text("".join("version = 3.2.1\n" if line.startswith("version") else line
+                           for line in cfg.read_text().splitlines(keepends=True)))
+    build(engine, a, shas["compiler"])  # pushed with the venv of "Python 3.2"
+    b_cache = tmp_path / "host-b"
+    b = host(project, b_cache, store.url)
+    compiler_b, said = build(engine, b, shas["compiler"])
+    text = said.text()
+    assert "cannot run on this host (it was built for Python 3.2;" in text, text
+    assert "  fetched " not in text
+    assert list(b_cache.glob("tvm-source/*/build")), "host B compiled the commit itself"
+    assert run_python(compiler_b, VERSION).strip() == "44"
+    # the first commit's objects were made for this Python: fetched, nothing compiled for it
+    _, said_first = build(engine, b, shas["first"])
+    assert "fetched" in said_first.text(), said_first.text()
 
 
 def test_runs_here_names_a_missing_interpreter_and_a_missing_library(project, tmp_path):
