@@ -241,7 +241,9 @@ def test_instructions_alone_decide_the_row_and_an_a_a_pair_is_the_same(tmp_path,
     assert code == 0
     assert result["verdict"] == "same" and result["instructions"]["verdict"] == "same"
     assert result["control"]["n"] == FIRST_LOOK  # the counted processes of the first look: no timed invocation ran
-    assert abs(result["change_pct"]) < 0.01
+    # not exactly 0: each process prints the time it measured, and printf's instructions grow
+    # with the digits (a loaded machine's longer times: 0.013 % seen); far below the 0.5 % threshold
+    assert abs(result["change_pct"]) < 0.1
 
 
 @pytest.mark.slow
