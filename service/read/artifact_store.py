@@ -8,13 +8,16 @@ from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from abwatch.builders.artifact_store import ArtifactStore
 from abwatch.builders.redact import mask_secrets
 from abwatch.service.config import Config
 from abwatch.service.store import db
 from abwatch.service.store.artifacts import ArtifactManifest
+
+# the file list of a TVM build holds thousands of entries: a page or a listing needs none of it
+SUMMARY = defer(ArtifactManifest.manifest)
 
 
 def manifest_json(row: ArtifactManifest) -> dict[str, Any]:
@@ -28,7 +31,7 @@ def manifest_of(session: Session, artifact_key: str | None) -> dict[str, Any] | 
     """The manifest of ``artifact_key`` (:func:`manifest_json`), or None when it is not in the store."""
     if artifact_key is None:
         return None
-    row = session.scalars(select(ArtifactManifest).where(ArtifactManifest.artifact_key == artifact_key)).first()
+    row = session.scalars(select(ArtifactManifest).options(SUMMARY).where(ArtifactManifest.artifact_key == artifact_key)).first()
     return manifest_json(row) if row is not None else None
 
 
@@ -50,7 +53,7 @@ def store_report(config: Config, database_url: str, keys: list[str]) -> dict[str
         engine = db.open_database(database_url, write=False)
         try:
             with db.session_scope(engine) as session:
-                rows = session.scalars(select(ArtifactManifest).where(ArtifactManifest.artifact_key.in_(keys)))
+                rows = session.scalars(select(ArtifactManifest).options(SUMMARY).where(ArtifactManifest.artifact_key.in_(keys)))
                 report["shared"] = {row.artifact_key: manifest_json(row) for row in rows}
                 report["manifests"] = session.scalar(select(func.count()).select_from(ArtifactManifest))
         finally:
