@@ -16,12 +16,15 @@ once beforehand (``prime``), by a clean build that wrote the single host's ccach
 and the build host built it again from Redis; so the timed part is the window's incremental
 builds, the store's traffic and the measurements. ``second`` builds one commit of the window
 (a header-touching one) on another build host, a fresh ``cache_dir`` in front of the same
-Redis: how much of it is compiled again. ``report`` prints docs/fleet.md's table.
+Redis: how much of it is compiled again. ``fetch`` has the build host push the base and the
+next ``--fetches`` commits and a device host with an empty cache fetch each after the other:
+what each fetch downloads. ``report`` prints docs/fleet.md's tables.
 
     python -m benchmarks.fleet_tvm --work /srv/bench-fleet prime
     python -m benchmarks.fleet_tvm --work /srv/bench-fleet single
     python -m benchmarks.fleet_tvm --work /srv/bench-fleet fleet
     python -m benchmarks.fleet_tvm --work /srv/bench-fleet second --commit cdef3efe41
+    python -m benchmarks.fleet_tvm --work /srv/bench-fleet fetch --fetches 3
     python -m benchmarks.fleet_tvm --work /srv/bench-fleet report
 
 ``--work`` holds ``build.toml`` (the ``[build]`` section every host shares: a ``tvm-source``
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +47,9 @@ from pathlib import Path
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session
 
-from abwatch.builders import TvmSourceBuilder
+from abwatch.builders import TvmSourceBuilder, make_builder
+from abwatch.builders.cache import ArtifactCache
+from abwatch.service.compare.building import build_commits
 from abwatch.service.config import load_config
 from abwatch.service.store.models import Build, Comparison, Device, Job, Run
 
@@ -223,7 +229,7 @@ def compiling_hosts(args: argparse.Namespace, phase: str, hosts: dict[str, tuple
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("phase", choices=["prime", "single", "fleet", "second", "report"])
+    parser.add_argument("phase", choices=["prime", "single", "fleet", "second", "fetch", "report"])
     parser.add_argument("--work", type=Path, default=Path("/srv/bench-fleet"))
     parser.add_argument("--repo", type=Path, default=Path("/srv/mirrors/apache/tvm"))
     parser.add_argument("--head", default="50c9ca7ee1", help="the window's newest commit")
@@ -231,6 +237,7 @@ def main() -> None:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/5", help="the shared compiler cache")
     parser.add_argument("--server", default="postgresql+psycopg2://postgres@127.0.0.1")
     parser.add_argument("--commit", help="second: the commit to build on the second build host")
+    parser.add_argument("--fetches", type=int, default=3, help="fetch: the window's commits fetched after the base")
     args = parser.parse_args()
     args.work = args.work.resolve()
     commits = window(args)
@@ -241,6 +248,8 @@ def main() -> None:
     elif args.phase == "second":
         sha = next(c for c in commits if c.startswith(args.commit))
         build_once(args, "second", args.work / "second", sha, base, remote=True)
+    elif args.phase == "fetch":
+        fetches(args, commits, base)
     elif args.phase == "single":
         (args.work / "single-run").mkdir(exist_ok=True)
         config = args.work / "single-host.toml"
@@ -267,6 +276,49 @@ def main() -> None:
             store.stop()
     else:
         report(args)
+
+
+class Said:
+    """Progress that prints each line and keeps it."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def message(self, text: str) -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def invocation(self, workload: str, done: int, total: int) -> None:
+        pass
+
+
+def fetches(args: argparse.Namespace, commits: list[str], base: str) -> None:
+    """The build host (``fleet/builder``) builds and pushes the base and the next ``--fetches``
+    commits, one at a time; after each, a device host with an empty cache (``fetch/device``)
+    fetches it: the objects and bytes it downloads, the objects it had, the GETs, the seconds."""
+    device_dir = args.work / "fetch" / "device"
+    shutil.rmtree(device_dir, ignore_errors=True)
+    store = WebDav(args.work / "fetch" / "store").start()
+    try:
+        configs = {}
+        for name, cache_dir, remote in (("builder", args.work / "fleet" / "builder", True),
+                                        ("device", device_dir, False)):
+            configs[name] = args.work / "fetch" / f"{name}-host.toml"
+            configs[name].write_text(host_toml(args, cache_dir, base=base, store=store.url, remote=remote))
+        engine = create_engine(fresh_database(args, "abwatch_bench_fetch"))
+        for sha in commits[:args.fetches + 1]:
+            for name in ("builder", "device"):
+                said, gets, started = Said(), store.requests("GET"), time.monotonic()
+                with Session(engine, expire_on_commit=False) as session:
+                    [outcome] = build_commits(session, make_builder(load_config(configs[name])), [sha], said)
+                if name == "device":
+                    line = next((t.strip() for t in said.lines if "fetched" in t), None)
+                    record(args, {"phase": "fetch", "host": sha[:10], "sha": sha[:10], "status": outcome.status,
+                                  "wall_s": round(time.monotonic() - started, 1),
+                                  "gets": store.requests("GET") - gets, "said": line,
+                                  "device_cache_bytes": ArtifactCache(device_dir / "artifacts").size_bytes()})
+    finally:
+        store.stop()
 
 
 def report(args: argparse.Namespace) -> None:
@@ -304,6 +356,13 @@ def report(args: argparse.Namespace) -> None:
         if phase in ("prime", "second"):
             print(f"| {phase} | {host} | {e['sha']} | {cell(e, 'wall_s')} | {cell(e, 'compile_cpu_s')} | "
                   f"{cell(e, 'ccache_local_hits')} | {cell(e, 'ccache_remote_hits')} | {cell(e, 'ccache_misses')} |")
+    fetched = [e for (phase, _), e in newest.items() if phase == "fetch"]
+    if fetched:
+        print("\n| fetched on a fresh device host | GETs | wall s | what it said | device host's cache |")
+        print("| --- | --- | --- | --- | --- |")
+        for e in fetched:
+            print(f"| {e['sha']} | {e['gets']} | {cell(e, 'wall_s')} | {e['said']} | "
+                  f"{e['device_cache_bytes'] / 2**20:,.1f} MiB |")
     if ("store", "") in newest:
         e = newest[("store", "")]
         print(f"\nstore: {e['objects']} objects, {e['bytes'] / 2**20:,.1f} MiB; {e['puts']} PUT, {e['gets']} GET")

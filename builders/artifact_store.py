@@ -10,7 +10,9 @@ the database, not here: a manifest is recorded only after all its objects were p
 
 A host that lacks an artifact fetches its objects into a staging directory of its own artifact
 cache, hashing each as it arrives: an object whose bytes do not match its name is refused
-(:class:`CorruptObject`) and nothing of the artifact is used. The store being down, refusing
+(:class:`CorruptObject`) and nothing of the artifact is used. The fetched files become objects
+of the local cache (as a local build's do), so an object this host holds from another entry is
+linked, never downloaded again: a device host fetching the next commit downloads what changed. The store being down, refusing
 the credentials or missing an object is :class:`StoreUnavailable`: the caller builds locally.
 The password comes only from the environment variable ``[artifacts] password_env`` names and
 goes only into the Authorization header; it is masked wherever abwatch prints or stores text.
@@ -54,6 +56,17 @@ class Pushed:
 
     sent: int
     present: int
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What one fetch did: where the entry is, the objects downloaded (and their bytes), and the
+    objects this host had already (linked from its other entries, never downloaded)."""
+
+    path: Path
+    got: int
+    got_bytes: int
+    local: int
 
 
 def manifest_of(cache: ArtifactCache, key: str) -> dict:
@@ -176,7 +189,7 @@ class ArtifactStore:
             sent += 1
         return Pushed(sent, present)
 
-    def fetch(self, cache: ArtifactCache, key: str, manifest: dict, info: dict) -> Path:
+    def fetch(self, cache: ArtifactCache, key: str, manifest: dict, info: dict) -> Fetched:
         """Fetch the artifact ``manifest`` describes into ``cache`` as ``key`` (call with the key's
         lock held); every object checked against its hash, the entry complete only when all are.
 
@@ -184,21 +197,33 @@ class ArtifactStore:
         for one the store cannot give; either way nothing is left in the cache.
         """
         staging = cache.staging(key)
+        listing, got, got_bytes = {}, set(), 0
+        first: dict[tuple[str, int], Path] = {}  # (object, mode) -> where this fetch put it
         try:
             for rel, (sha, size, mode) in sorted(manifest["files"].items()):
                 target = staging / _safe(rel)
                 target.parent.mkdir(parents=True, exist_ok=True)
+                listing[rel] = sha
+                if (sha, mode) in first:  # the same file twice in one artifact: downloaded once
+                    os.link(first[sha, mode], target)
+                    continue
+                if cache.link_object(sha, size, mode, target):  # this host has it from another entry
+                    continue
                 self._get(sha, target, rel)
                 if target.stat().st_size != size:  # the hash matched, so the manifest is at odds with itself
                     raise CorruptObject(sha, "size mismatch", rel)
                 os.chmod(target, mode)
+                got_bytes += size
+                got.add(rel)
+                first[sha, mode] = target
             for rel in manifest.get("dirs", []):
                 (staging / _safe(rel)).mkdir(parents=True, exist_ok=True)
             for rel, link in sorted(manifest.get("links", {}).items()):
                 path = staging / _safe(rel)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 os.symlink(link, path)
-            return cache.adopt(key, staging, info)
+            path = cache.adopt_deduplicated(key, staging, listing, info)
+            return Fetched(path, len(got), got_bytes, len(listing) - len(got))
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

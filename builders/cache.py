@@ -155,6 +155,42 @@ class ArtifactCache:
         self._mark(final, info)
         return final
 
+    def link_object(self, sha: str, size: int, mode: int, target: Path) -> bool:
+        """Hard-link the stored object ``sha`` at ``target`` if this cache holds it whole, with
+        ``size`` bytes and permission bits ``mode``; whether it did (a fetch then skips it)."""
+        with self._objects_lock():
+            try:
+                st = self.objects.full(sha).stat()
+            except FileNotFoundError:
+                return False
+            if st.st_size != size or st.st_mode & 0o7777 != mode:
+                return False  # a truncated object, or the same bytes with other permissions
+            os.link(self.objects.full(sha), target)
+            return True
+
+    def adopt_deduplicated(self, key: str, staging: Path, listing: dict[str, str], info: dict) -> Path:
+        """Adopt ``staging`` (see :meth:`adopt`) whose files in ``listing`` ({path: sha256}, each
+        checked against its hash) become content-addressed objects, as :meth:`put_deduplicated`
+        makes them: a file the store lacks is linked in as the object, one it has meanwhile is
+        replaced by a link to it. Call with the key's lock held."""
+        kept = {}
+        for rel, sha in listing.items():
+            path, obj = staging / rel, self.objects.full(sha)
+            with self._objects_lock():
+                if not obj.exists():
+                    obj.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(path, obj)
+                elif not os.path.samefile(path, obj):
+                    st, own = obj.stat(), path.stat()
+                    if st.st_size != own.st_size or st.st_mode != own.st_mode:
+                        continue  # kept as a file of its own, not deduplicated
+                    tmp = path.with_name(f"{path.name}.abwatch-link")
+                    os.link(obj, tmp)
+                    os.replace(tmp, path)
+            kept[rel] = sha
+        (staging / OBJECTS).write_text(json.dumps(kept, sort_keys=True))
+        return self.adopt(key, staging, info)
+
     def put(self, key: str, source: Path, info: dict) -> Path:
         """Copy ``source`` into the cache as ``key``; the marker (with ``info``) goes last.
 

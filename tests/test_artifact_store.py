@@ -210,3 +210,30 @@ def test_cache_and_the_build_page_say_what_the_store_holds(fleet, capsys):
     assert main(["cache", "--config", str(config), "--db", url, "--json"]) == 0
     gone = json.loads(capsys.readouterr().out)["artifact_store"]
     assert gone["reachable"] is False and gone["problem"] and key in gone["shared"]
+
+
+def test_a_fetch_downloads_only_what_the_host_does_not_hold(fleet):
+    """Host B fetched v1.0; v1.2 changes the benchmark only: its fetch downloads that object and
+    links the rest from v1.0's entry (one copy on disk), and both entries stay complete."""
+    store, engine, host, counter = fleet
+    manifests = {}
+    for tag in ("v1.0", "v1.2"):
+        assert build(engine, host("host-a"), tag)[0] == "success"
+        with Session(engine) as session:
+            manifests[tag] = session.scalars(select(ArtifactManifest).order_by(ArtifactManifest.id.desc())).first()
+    first, second = ({sha for sha, _, _ in m.manifest["files"].values()} for m in manifests.values())
+    changed = second - first
+    assert changed and len(changed) < len(second)  # the benchmark changed, build.sh did not
+
+    status, said = build(engine, host("host-b"), "v1.0")
+    assert status == "success" and store.requests("GET") == len(first), said.text()
+    status, said = build(engine, host("host-b"), "v1.2")
+    assert status == "success" and builds_run(counter) == 2, said.text()  # host B never built
+    assert store.requests("GET") == len(first) + len(changed), said.text()
+    assert f"{len(changed)} object(s)" in said.text() and f"and {len(second) - len(changed)} this host had" in said.text()
+    cache = Path(host("host-b")).parent / "host-b" / "artifacts"
+    old, new = (cache / manifests[tag].artifact_key for tag in ("v1.0", "v1.2"))
+    assert (old / "build.sh").stat().st_ino == (new / "build.sh").stat().st_ino  # one copy, linked twice
+    assert (old / "bench").read_bytes() != (new / "bench").read_bytes()
+    assert hashlib.sha256((new / "bench").read_bytes()).hexdigest() in changed
+    assert main(["cache", "--verify", "--config", str(host("host-b"))]) == 0

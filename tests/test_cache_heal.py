@@ -56,3 +56,31 @@ def test_a_deduplicated_entry_heals_and_its_object_is_replaced(tmp_path):
     # same size, other content: only the full check (content hashes) sees it
     (entry / "lib" / "libx.so").write_bytes(os.urandom(4096))
     assert cache.damage("k1") is None and "does not match its content hash" in cache.damage("k1", full=True)
+
+
+def test_only_a_whole_object_with_the_same_permissions_is_linked_into_a_fetch(tmp_path):
+    """What a fetch links from the local objects instead of downloading: an object stored whole,
+    with the size and permission bits the manifest gives; a truncated one or the same bytes
+    with other permissions is downloaded, so no entry's file changes under another."""
+    cache = ArtifactCache(tmp_path / "cache")
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "run.sh").write_bytes(b"#!/bin/sh\necho ok\n")
+    os.chmod(source / "run.sh", 0o755)
+    with cache.lock("k1"):
+        entry = cache.put_deduplicated("k1", source, {"sha": "a" * 40})
+    sha = next(iter(cache._listing("k1").values()))
+    staging = cache.staging("k2")
+    assert not cache.link_object(sha, 18, 0o644, staging / "same-bytes-not-executable")
+    assert not cache.link_object(sha, 17, 0o755, staging / "other-size")
+    assert cache.link_object(sha, 18, 0o755, staging / "run.sh")
+    assert (staging / "run.sh").stat().st_ino == (entry / "run.sh").stat().st_ino
+    (staging / "copy.sh").write_bytes(b"#!/bin/sh\necho ok\n")  # downloaded: the same object
+    os.chmod(staging / "copy.sh", 0o755)
+    with cache.lock("k2"):
+        fetched = cache.adopt_deduplicated("k2", staging, {"run.sh": sha, "copy.sh": sha}, {"sha": "b" * 40})
+    assert (fetched / "copy.sh").stat().st_ino == (entry / "run.sh").stat().st_ino  # replaced by the object
+    assert cache.get("k2") == fetched and cache.damage("k2", full=True) is None
+    cache.discard("k1")
+    cache.evict(0, keep={"k2"})  # k1's object is still k2's: kept
+    assert cache.get("k2") == fetched and (fetched / "run.sh").read_bytes() == b"#!/bin/sh\necho ok\n"

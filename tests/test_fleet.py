@@ -99,6 +99,13 @@ def built(counts: Path) -> Counter:
     return Counter(path.read_text().split()) if path.exists() else Counter()
 
 
+def build_host_serving(engine) -> bool:
+    """Whether a build host has registered: a device host started before that would find no build
+    host serving and build what it needs itself, as it should (service/compare/shared.py)."""
+    with Session(engine) as session:
+        return session.scalar(select(DeviceHost.id).where(DeviceHost.name == BUILD_QUEUE)) is not None
+
+
 def jobs(engine, device: str | None = None) -> list[Job]:
     with Session(engine) as session:
         query = select(Job).order_by(Job.id)
@@ -117,12 +124,7 @@ def test_two_device_hosts_each_commit_built_once(tmp_path, fleet, fresh_pg_url, 
     logs = {name: tmp_path / f"{name}.log" for name in configs}
     if build_host:
         procs.append(start(configs["builder"], fresh_pg_url, logs["builder"], "--builds"))
-
-        def serving() -> bool:
-            with Session(engine) as session:
-                return session.scalar(select(DeviceHost.id).where(DeviceHost.name == BUILD_QUEUE)) is not None
-
-        wait_for("the build host's registration", serving, 60, list(logs.values()))
+        wait_for("the build host's registration", lambda: build_host_serving(engine), 60, list(logs.values()))
     procs.append(start(configs["dev-a"], fresh_pg_url, logs["dev-a"], "--device", "box-a"))
     procs.append(start(configs["dev-b"], fresh_pg_url, logs["dev-b"], "--device", "box-b"))
     wait_for("every job done", lambda: all(j.status in ("done", "failed") for j in jobs(engine)),

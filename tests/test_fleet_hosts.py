@@ -26,7 +26,7 @@ from abwatch.service.store import db
 from abwatch.service.store.build_jobs import BUILD_QUEUE
 from abwatch.service.store.models import Build, Comparison, Device, Invocation, Job, Regression, Run, RunStatus
 from tests.netns import Host, Network, missing
-from tests.test_fleet import THREE as FLEET_HISTORY, built, host_config as fleet_config
+from tests.test_fleet import THREE as FLEET_HISTORY, build_host_serving, built, host_config as fleet_config
 from tests.test_watch_workers import HISTORY, all_done, jobs, wait_for, write_config
 from tests.webdav import WebDav
 
@@ -146,6 +146,8 @@ def test_a_build_host_and_two_device_hosts_on_a_network(tmp_path, fresh_pg_url, 
         logs = {name: tmp_path / f"{name}.log" for name in configs}
         worker = [sys.executable, "-m", "abwatch.service.cli.main", "worker", "--db", remote_url, "--config"]
         hosts["builder"].popen([*worker, str(configs["builder"]), "--builds"], logs["builder"])
+        # the device hosts start once it serves (started first, one builds what it needs itself)
+        wait_for("the build host's registration", lambda: build_host_serving(engine), 120, list(logs.values()))
         for name, device in (("dev-a", "box-a"), ("dev-b", "box-b")):
             hosts[name].popen([*worker, str(configs[name]), "--device", device], logs[name])
         wait_for("box-b mid-run", mid_run(engine, "box-b"), 600, list(logs.values()))

@@ -134,8 +134,8 @@ def _fetch(session: Session, builder: Builder, plan: Plan, sha: str, manifest: d
             return plan
         builder.make_room(sha, keep={plan.key})  # [cache] limits hold for fetched artifacts as for built ones
         try:
-            plan.store.fetch(builder.cache, plan.key, manifest, {"sha": sha, "builder": builder.kind,
-                                                                 "fetched_from": plan.store.display})
+            fetched = plan.store.fetch(builder.cache, plan.key, manifest, {"sha": sha, "builder": builder.kind,
+                                                                           "fetched_from": plan.store.display})
         except CorruptObject as exc:
             plan.corrupt = frozenset({exc.sha})
             return _note(plan, progress, f"artifact store: {exc}; {sha[:12]} is built on this host and the "
@@ -149,8 +149,9 @@ def _fetch(session: Session, builder: Builder, plan: Plan, sha: str, manifest: d
             return _note(plan, progress, f"artifact store: {plan.key} cannot run on this host ({problem}): "
                                          f"{sha[:12]} is built on this host")
     plan.fetched = True
-    progress.message(f"  fetched {plan.key} from {plan.store.display}: {len(manifest['files'])} object(s), "
-                     f"each checked against its hash, in {time.monotonic() - started:.1f}s")
+    progress.message(f"  fetched {plan.key} from {plan.store.display}: {fetched.got} object(s) "
+                     f"({fetched.got_bytes / 1e6:.1f} MB), each checked against its hash, and {fetched.local} this "
+                     f"host had, in {time.monotonic() - started:.1f}s")
     return plan
 
 
