@@ -12,8 +12,9 @@ A host that lacks an artifact fetches its objects into a staging directory of it
 cache, hashing each as it arrives: an object whose bytes do not match its name is refused
 (:class:`CorruptObject`) and nothing of the artifact is used. The fetched files become objects
 of the local cache (as a local build's do), so an object this host holds from another entry is
-linked, never downloaded again: a device host fetching the next commit downloads what changed. The store being down, refusing
-the credentials or missing an object is :class:`StoreUnavailable`: the caller builds locally.
+linked, never downloaded again: a device host fetching the next commit downloads what changed.
+The store being down, refusing the credentials or missing an object is
+:class:`StoreUnavailable`: the caller builds locally.
 The password comes only from the environment variable ``[artifacts] password_env`` names and
 goes only into the Authorization header; it is masked wherever abwatch prints or stores text.
 """
@@ -60,10 +61,9 @@ class Pushed:
 
 @dataclass(frozen=True)
 class Fetched:
-    """What one fetch did: where the entry is, the objects downloaded (and their bytes), and the
-    objects this host had already (linked from its other entries, never downloaded)."""
+    """What one fetch did: the objects downloaded (and their bytes), and the files not
+    downloaded (linked from the host's other entries, or repeated within the artifact)."""
 
-    path: Path
     got: int
     got_bytes: int
     local: int
@@ -197,7 +197,7 @@ class ArtifactStore:
         for one the store cannot give; either way nothing is left in the cache.
         """
         staging = cache.staging(key)
-        listing, got, got_bytes = {}, set(), 0
+        listing, got, got_bytes = {}, 0, 0
         first: dict[tuple[str, int], Path] = {}  # (object, mode) -> where this fetch put it
         try:
             for rel, (sha, size, mode) in sorted(manifest["files"].items()):
@@ -213,8 +213,7 @@ class ArtifactStore:
                 if target.stat().st_size != size:  # the hash matched, so the manifest is at odds with itself
                     raise CorruptObject(sha, "size mismatch", rel)
                 os.chmod(target, mode)
-                got_bytes += size
-                got.add(rel)
+                got, got_bytes = got + 1, got_bytes + size
                 first[sha, mode] = target
             for rel in manifest.get("dirs", []):
                 (staging / _safe(rel)).mkdir(parents=True, exist_ok=True)
@@ -222,8 +221,8 @@ class ArtifactStore:
                 path = staging / _safe(rel)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 os.symlink(link, path)
-            path = cache.adopt_deduplicated(key, staging, listing, info)
-            return Fetched(path, len(got), got_bytes, len(listing) - len(got))
+            cache.adopt_deduplicated(key, staging, listing, info)
+            return Fetched(got, got_bytes, len(listing) - got)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

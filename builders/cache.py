@@ -174,20 +174,20 @@ class ArtifactCache:
         makes them: a file the store lacks is linked in as the object, one it has meanwhile is
         replaced by a link to it. Call with the key's lock held."""
         kept = {}
-        for rel, sha in listing.items():
-            path, obj = staging / rel, self.objects.full(sha)
-            with self._objects_lock():
-                if not obj.exists():
+        with self._objects_lock():  # local work only: held once for the whole entry
+            for rel, sha in listing.items():
+                path, obj = staging / rel, self.objects.full(sha)
+                own, st = path.stat(), obj.stat() if obj.exists() else None
+                if st is None:
                     obj.parent.mkdir(parents=True, exist_ok=True)
                     os.link(path, obj)
-                elif not os.path.samefile(path, obj):
-                    st, own = obj.stat(), path.stat()
-                    if st.st_size != own.st_size or st.st_mode != own.st_mode:
-                        continue  # kept as a file of its own, not deduplicated
+                elif (st.st_size, st.st_mode) != (own.st_size, own.st_mode):
+                    continue  # kept as a file of its own, not deduplicated
+                elif st.st_ino != own.st_ino:  # the same content, stored meanwhile: one copy
                     tmp = path.with_name(f"{path.name}.abwatch-link")
                     os.link(obj, tmp)
                     os.replace(tmp, path)
-            kept[rel] = sha
+                kept[rel] = sha
         (staging / OBJECTS).write_text(json.dumps(kept, sort_keys=True))
         return self.adopt(key, staging, info)
 
