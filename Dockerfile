@@ -14,6 +14,8 @@ COPY runners runners
 COPY migrations migrations
 COPY config config
 RUN pip install --no-cache-dir '.[source]' && pip install --no-cache-dir --no-deps 'apache-otava==0.8.0'
+# the unprivileged host user code under test runs as ([sandbox] user; README, Security)
+RUN useradd --system --no-create-home --shell /usr/sbin/nologin abwatch-sandbox
 # where the tvm-source builder finds LLVM (config: cmake = {USE_LLVM = "/usr/lib/llvm-19/bin/llvm-config"})
 ENV ABWATCH_DATABASE_URL=postgresql+psycopg2://abwatch@db/abwatch \
     LLVM_CONFIG=/usr/lib/llvm-19/bin/llvm-config

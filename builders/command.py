@@ -10,7 +10,7 @@ from pathlib import Path
 
 from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, missing_tool, repo_url, section
 from abwatch.builders.cache import ArtifactCache
-from abwatch.builders.procs import child_env, cut_log, run_process
+from abwatch.builders.procs import child_env, cut_log, ending, run_process
 from abwatch.builders.repo import RepoMirror, remove_stale_checkouts
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import BuildSettings, CommandBuildConfig, CommitInfo
@@ -50,6 +50,7 @@ class CommandBuilder(Builder):
         remove_stale_checkouts(self.checkouts)
         self.checkouts.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-", dir=self.checkouts) as tmp:
+            os.chmod(tmp, 0o711)  # the build, as the sandbox's user, works in the checkout inside
             checkout = Path(tmp) / "src"
             with self.repo.worktree(sha, checkout):
                 log, duration = self._run(sha, checkout)
@@ -68,9 +69,9 @@ class CommandBuilder(Builder):
         env = child_env(self.config.env, {"ABWATCH_COMMIT": sha})
         try:
             # An argument list, never a shell string: config values are not parsed by a shell.
-            # sandboxed: the checkout is all it may write; the network stays (package indexes)
+            # sandboxed: the checkout is all it may write; no network ([sandbox] build_network)
             proc = run_process(self.config.command, cwd=checkout, env=env, timeout_s=self.config.timeout_s,
-                               merge_stderr=True, sandbox=Sandbox(writable=(checkout,), network=True))
+                               merge_stderr=True, sandbox=Sandbox(writable=(checkout,), build=True))
         except OSError as exc:
             if missing_tool(self.config.command[0], exc):  # the machine lacks a tool the config names
                 raise InfraFailure(f"build of {sha[:12]}: the build tool {self.config.command[0]!r} is not "
@@ -84,5 +85,5 @@ class CommandBuilder(Builder):
             raise BuildFailed(f"build of {sha[:12]} timed out after {self.config.timeout_s:g}s",
                               log, proc.wall_s)
         if proc.returncode != 0:  # checked for a full disk while the checkout still fills it
-            raise self.failed(f"build of {sha[:12]} exited with status {proc.returncode}", log, proc.wall_s)
+            raise self.failed(f"build of {sha[:12]} {ending(proc)}", log, proc.wall_s)
         return log, proc.wall_s

@@ -41,7 +41,8 @@ from collections.abc import Mapping, Sequence
 import psutil
 
 from abwatch.builders.redact import mask_secrets
-from abwatch.builders.sandbox import Sandbox
+from abwatch.builders.limits import ENTER, make_cgroup
+from abwatch.builders.sandbox import Sandbox, policy, reachable
 from abwatch.builders.spec import storable
 
 POLL_S = 0.1  # how often a running child is checked for its limits
@@ -126,6 +127,7 @@ class ProcessResult:
     cpu_s: float | None = None
     involuntary_switches: int | None = None
     max_rss_kb: int | None = None  # peak resident memory of the child (its largest waited-for process)
+    out_of_memory: bool = False  # the kernel killed it for passing its cgroup's memory limit
 
 
 def cut_log(text: str, limit: int, cut_bytes: int = 0) -> str:
@@ -155,30 +157,72 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
         tmpdir = None
         if sandbox is not None and sandbox.active:  # a private, writable TMPDIR, removed after the child
             _startable(argv[0], cwd, env)  # as Popen would say, not as bwrap's exit status
+            problem = reachable(cwd) if cwd is not None else None
+            if problem:
+                raise PermissionError(errno.EACCES, problem, str(cwd))
             tmpdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="abwatch-tmp-", ignore_cleanup_errors=True))
             usage_r, usage_w = os.pipe()  # the command's CPU figures, from inside (sandbox.USAGE)
             stack.callback(os.close, usage_r)
-            argv = sandbox.wrap(argv, cwd, tmpdir, usage_fd=usage_w)
+            cgroup = make_cgroup(policy().limits)
+            if cgroup is not None:
+                stack.callback(cgroup.close)  # what the child left in it is killed
+            argv = sandbox.wrap(argv, cwd, tmpdir, usage_fd=usage_w,
+                                cgroup_procs=cgroup.procs_files if cgroup else ())
             try:
                 result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output,
                               keep if keep is not None else max_output or KEEP_BYTES, pass_fds=(usage_w,))
             finally:
                 os.close(usage_w)
-            return _inner_usage(result, usage_r)
-        return _run(argv, cwd, env, timeout_s, merge_stderr, max_output,
-                    keep if keep is not None else max_output or KEEP_BYTES)
+            result = _inner_usage(result, usage_r)
+            if cgroup is not None and cgroup.oom_killed():
+                result = dataclasses.replace(result, out_of_memory=True)
+            return result
+        # code under test without a sandbox: still its limits, and one place to find all it started
+        cgroup = make_cgroup(policy().limits) if sandbox is not None else None
+        if cgroup is not None:
+            stack.callback(cgroup.close)
+            argv = [sys.executable, "-I", "-S", "-c", ENTER, *cgroup.procs_files, "--", *argv]
+        result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output,
+                      keep if keep is not None else max_output or KEEP_BYTES)
+        if cgroup is not None and cgroup.oom_killed():
+            result = dataclasses.replace(result, out_of_memory=True)
+        return result
 
 
 def _inner_usage(result: ProcessResult, usage_r: int) -> ProcessResult:
-    """``result`` with the sandboxed command's own CPU figures and wall time, where it reported
-    them (a command killed at its time limit did not: bubblewrap's own figures stay)."""
+    """``result`` with the sandboxed command's own CPU figures, wall time and the signal that
+    ended it, where it reported them (a command killed at its time limit did not: bubblewrap's
+    own figures stay)."""
     os.set_blocking(usage_r, False)
     try:
-        cpu, switches, wall, peak = os.read(usage_r, 128).decode().split()
-        return dataclasses.replace(result, cpu_s=float(cpu), involuntary_switches=int(switches), wall_s=float(wall),
-                                   max_rss_kb=int(peak))
-    except (OSError, ValueError):  # nothing written (killed), or not four numbers
+        cpu, switches, wall, peak, killed = os.read(usage_r, 160).decode().split()
+        result = dataclasses.replace(result, cpu_s=float(cpu), involuntary_switches=int(switches),
+                                     wall_s=float(wall), max_rss_kb=int(peak))
+        if int(killed) and result.returncode is not None:  # bubblewrap says 128 + N; the command was killed
+            result = dataclasses.replace(result, returncode=-int(killed))
         return result
+    except (OSError, ValueError):  # nothing written (killed), or not five numbers
+        return result
+
+
+def status(proc: ProcessResult) -> str:
+    """``status N`` for a child that exited, how it was killed otherwise (:func:`ending`)."""
+    return f"status {proc.returncode}" if proc.returncode is None or proc.returncode >= 0 else ending(proc)
+
+
+def ending(proc: ProcessResult) -> str:
+    """How a finished child ended, in words: ``exited with status N``, ``killed by SIGKILL``,
+    ``killed by SIGKILL: out of memory (limit ...)``."""
+    if proc.returncode is not None and proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        if proc.out_of_memory:
+            limit = policy().limits.memory / 2**30
+            return f"killed by {name}: out of memory (more than its limit, [sandbox] max_memory_gb = {limit:g})"
+        return f"killed by {name}"
+    return f"exited with status {proc.returncode}"
 
 
 def _startable(program: str, cwd: Path | str | None, env: Mapping[str, str]) -> None:
@@ -233,8 +277,9 @@ def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], ti
     deadline = start + timeout_s + GRACE_S
     for reader in readers:
         reader.join(timeout=max(0.0, deadline - time.monotonic()) if not timed_out else GRACE_S)
-    if any(reader.is_alive() for reader in readers):
-        kill_tree(proc.pid, tag)  # whatever still holds the pipes belongs to this child
+    # whatever it left running (a daemon, a detached spinner that would slow the next
+    # invocation) belongs to this child: its group and every process carrying its tag
+    kill_tree(proc.pid, tag)
     for stream in streams.values():
         if stream is not None:
             stream.close()  # ours; a reader still blocked on it stops (ValueError, handled there)

@@ -428,7 +428,21 @@ class SandboxConfig(StrictModel):
     mode: Literal["auto", "on", "off"] = Field(
         default="auto", description="auto: sandbox where the host can, else warn at start; on: refuse "
         "to run without one; off: no sandbox (warned at start)")
-    network: bool = Field(default=False, description="workloads get the network (builds always do)")
+    network: bool = Field(default=False, description="trusted workloads get the network (untrusted ones never do)")
+    build_network: bool = Field(
+        default=False, description="trusted builds get the host's network (whatever the host reaches, "
+        "abwatch's servers included: firewall them); off, abwatch downloads what a build installs "
+        "first and the build has no network; untrusted (pull-request) builds never get it")
+    user: str = Field(
+        default="abwatch-sandbox", min_length=1, description="the unprivileged host user code under test "
+        "runs as when abwatch runs as root (never root, never abwatch's own user); made by "
+        "`useradd --system --no-create-home --shell /usr/sbin/nologin abwatch-sandbox`")
+    max_processes: int = Field(default=512, ge=8, description="processes (and threads) one build or one "
+                               "invocation may have at once")
+    max_memory_gb: float = Field(default=8.0, gt=0, description="memory one build or one invocation may "
+                                 "use (a cgroup where the host has one, else each process's address space)")
+    unsandboxed_untrusted: bool = Field(
+        default=False, description="run untrusted (pull-request) jobs even where there is no sandbox")
     hide: list[str] = Field(default_factory=list, description="more host paths code under test must not "
                             "see (files or directories; ~ and * are expanded)")
     writable: list[str] = Field(default_factory=list, description="host paths code under test may also "

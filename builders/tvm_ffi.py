@@ -44,14 +44,20 @@ class FfiState:
     release: str | None
 
 
-def ffi_state(src: Path) -> FfiState | None:
-    """The tvm-ffi submodule of the checkout ``src``, or ``None`` when it has none."""
+def ffi_state(src: Path, output: Callable[[list[str]], str] | None = None) -> FfiState | None:
+    """The tvm-ffi submodule of the checkout ``src``, or ``None`` when it has none.
+
+    ``output``: runs a git command line and returns its standard output (empty on failure);
+    a builder passes one that runs it in the build's sandbox, as the user that owns the
+    checkout (git refuses another user's repository, and abwatch never runs git in a
+    directory code under test could write)."""
     ffi = src / FFI_PATH
     if not (ffi / ".git").exists():
         return None
+    run = output or (lambda argv: subprocess.run(argv, capture_output=True, text=True).stdout)
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(ffi), *args], capture_output=True, text=True).stdout.strip()
+        return run(["git", "-C", str(ffi), *args]).strip()
 
     sha, describe = git("rev-parse", "HEAD"), git("describe", "--tags") or "untagged"
     exact = git("describe", "--tags", "--exact-match")
@@ -127,13 +133,14 @@ def fill_from(source: Path | None, target: Path) -> None:
 
 
 def ffi_worktree(step: Step, git: list[str], ffi: FfiState, target: Path, *,
-                 fallbacks: Mapping[str, Path] | None = None, log: list[str] | None = None) -> Path:
+                 fallbacks: Mapping[str, Path] | None = None, log: list[str] | None = None,
+                 output: Callable[[list[str]], str] | None = None) -> Path:
     """A git worktree of the submodule at its commit in ``target``, its own submodules checked out.
 
     The worktree shares the submodule's repository (tags included), so setuptools-scm finds
     the version; the caller removes it with :func:`remove_worktree` once the package is built.
     """
-    remove_worktree(ffi, target)
+    remove_worktree(ffi, target, output)
     step(git + ["-C", str(ffi.path), "worktree", "add", "--detach", "--force", str(target), ffi.sha],
          "tvm-ffi package (worktree)", None)
     update_submodules(step, git, target, prefix=f"{FFI_PATH}/", fallbacks=fallbacks, log=log)
@@ -142,21 +149,29 @@ def ffi_worktree(step: Step, git: list[str], ffi: FfiState, target: Path, *,
 
 def install_package(step: Step, git: list[str], ffi: FfiState, target: Path, pip: list[str], *,
                     cmake: Mapping[str, str], launcher: str | None,
-                    fallbacks: Mapping[str, Path] | None = None, log: list[str] | None = None) -> None:
+                    fallbacks: Mapping[str, Path] | None = None, log: list[str] | None = None,
+                    output: Callable[[list[str]], str] | None = None,
+                    before_install: Callable[[Path], None] | None = None) -> None:
     """Build apache-tvm-ffi from a worktree of the submodule at ``target`` and install it with
     ``pip`` (an argv ending in ``install``), the build's CMake settings handed on; the
-    worktree is removed afterwards, whatever happened."""
-    ffi_worktree(step, git, ffi, target, fallbacks=fallbacks, log=log)
+    worktree is removed afterwards, whatever happened. ``output``: as for :func:`ffi_state`;
+    ``before_install``: called with the worktree before pip (a builder downloads what the
+    package needs to be built there)."""
+    ffi_worktree(step, git, ffi, target, fallbacks=fallbacks, log=log, output=output)
     try:
+        if before_install is not None:
+            before_install(target)
         step([*pip, *package_settings(cmake, launcher), str(target)], f"tvm-ffi package ({ffi.describe})", None)
     finally:
-        remove_worktree(ffi, target)
+        remove_worktree(ffi, target, output)
 
 
-def remove_worktree(ffi: FfiState, target: Path) -> None:
-    """Remove the worktree ``target`` (if any) and forget it in the submodule's repository."""
+def remove_worktree(ffi: FfiState, target: Path, output: Callable[[list[str]], str] | None = None) -> None:
+    """Remove the worktree ``target`` (if any) and forget it in the submodule's repository
+    (``output``: as for :func:`ffi_state`)."""
     shutil.rmtree(target, ignore_errors=True)
-    subprocess.run(["git", "-C", str(ffi.path), "worktree", "prune"], capture_output=True)
+    run = output or (lambda argv: subprocess.run(argv, capture_output=True, text=True).stdout)
+    run(["git", "-C", str(ffi.path), "worktree", "prune"])
 
 
 def package_settings(cmake: Mapping[str, str], launcher: str | None) -> list[str]:

@@ -36,13 +36,15 @@ from abwatch.builders.cache import ArtifactCache, flocked
 from abwatch.builders.compiler_cache import STATS_LOG, CompilerCache, parse_stats
 from abwatch.builders.environment import ArtifactInfoError, artifact_info, build_environment, build_python, \
     missing_libraries
-from abwatch.builders.procs import ProcessResult, child_env, cut_log, run_process
+from abwatch.builders.nofollow import read_inside, write_inside
+from abwatch.builders.procs import ProcessResult, child_env, cut_log, run_process, status
 from abwatch.builders.repo import RepoMirror
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmSourceBuildConfig
 from abwatch.builders.tvm_ffi import FfiState, Step, ffi_state, install_package, package_settings, \
     update_submodules
 from abwatch.builders.venv_copy import copy_venv, interpreter_problem
+from abwatch.builders.wheelhouse import download, install_options, local_needs, wheelhouse
 
 LOG_LIMIT = 400_000
 RUNTIME_TARGET = "tvm_runtime"
@@ -67,6 +69,7 @@ class TvmSourceBuilder(Builder):
         self.repo = RepoMirror(repo_url(config), config.cache_dir)
         self.repository_url = self.repo.display_url
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
+        self.cache_dir = config.cache_dir
         self.limits = config.cache
         # unmerged code (TvmSourceBuildConfig.for_untrusted) builds apart: it may write only its own
         # workspaces and compiler cache, never those trusted builds reuse
@@ -79,7 +82,7 @@ class TvmSourceBuilder(Builder):
         # what its steps may write: the workspaces, their venvs and ccache, and the local package
         # directories the config names (pip builds them in place)
         local = tuple(p for p in self.config.python_packages if "{" not in p and Path(p).is_dir())
-        self._sandbox = Sandbox(writable=(self.workspace.parent, self.ccache_dir, *local), network=True)
+        self._sandbox = Sandbox(writable=(self.workspace.parent, self.ccache_dir, *local), build=True)
         self._toolchain: str | None = None
 
     def resolve(self, ref: str) -> CommitInfo:
@@ -161,7 +164,7 @@ class TvmSourceBuilder(Builder):
             raise BuildFailed(f"{what} timed out", "", 0.0)
         if proc.returncode != 0:
             why = " | ".join(failure_lines(proc.stdout)) or "it printed nothing"
-            raise self.failed(f"{what} failed (status {proc.returncode}): {why}", "", 0.0)
+            raise self.failed(f"{what} failed ({status(proc)}): {why}", "", 0.0)
         return proc
 
     def _step(self, log: list[str], deadline: float, env: dict | None = None) -> Step:
@@ -194,11 +197,19 @@ class TvmSourceBuilder(Builder):
         # their parents and their own submodules; a pin missing from a mirror takes its fallback
         update_submodules(self._step(log, deadline), git, src, only=self.config.submodules,
                           fallbacks=self.config.submodule_fallbacks, log=log)
-        build.mkdir(exist_ok=True)
         lines = [f"set({name} {_cmake_value(value)})\n" for name, value in sorted(self.config.cmake.items())]
         config_cmake = "".join(lines) + "set(CMAKE_BUILD_TYPE Release)\n"
-        if not (build / "config.cmake").exists() or (build / "config.cmake").read_text() != config_cmake:
-            (build / "config.cmake").write_text(config_cmake)  # rewritten only on change: no needless reconfigure
+        # the workspace is the build user's: abwatch reads and writes there without following links
+        mine = self.cache_dir.resolve()
+        relative = str(build.resolve().relative_to(mine)) if build.resolve().is_relative_to(mine) else None
+        if relative is None:
+            raise BuildFailed(f"the build directory {build} is not inside cache_dir {self.cache_dir} (a link?)", "", 0.0)
+        self._run(["mkdir", "-p", str(build)], log, "build directory")
+        try:
+            if read_inside(mine, f"{relative}/config.cmake") != config_cmake:
+                write_inside(mine, f"{relative}/config.cmake", config_cmake)  # only on change: no needless reconfigure
+        except OSError as exc:
+            raise BuildFailed(f"{build}/config.cmake: {exc.strerror} (the build directory holds a link?)", "", 0.0) from None
         cmake, ninja, ccache = tool("cmake"), tool("ninja"), tool("ccache")
         if cmake is None or ninja is None:
             raise BuildFailed("tvm-source needs cmake and ninja (pip install 'abwatch[source]')", "", 0.0)
@@ -209,8 +220,11 @@ class TvmSourceBuilder(Builder):
         # the libraries find each other by $ORIGIN, not by the build directory's path: an artifact
         # runs on another host, and never loads a library of whatever commit the workspace holds
         # now (a workspace configured before this is configured again: its libraries relink)
-        cache = build / "CMakeCache.txt"
-        if not incremental or not cache.exists() or RPATH_ORIGIN not in cache.read_text(errors="replace"):
+        try:
+            cached = read_inside(mine, f"{relative}/CMakeCache.txt", limit=2**24) or ""
+        except OSError:
+            cached = ""
+        if not incremental or RPATH_ORIGIN not in cached:
             launcher = [f"-DCMAKE_C_COMPILER_LAUNCHER={ccache}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={ccache}"] if ccache else []
             self._run([cmake, "-G", "Ninja", "-S", str(src), "-B", str(build), f"-DCMAKE_MAKE_PROGRAM={ninja}",
                        "-DCMAKE_BUILD_TYPE=Release", f"-D{RPATH_ORIGIN}", *launcher], log, "configure", env=env,
@@ -240,6 +254,7 @@ class TvmSourceBuilder(Builder):
     def _store(self, key: str, sha: str, log: list[str]) -> Path:
         src, build = self.workspace / "src", self.workspace / "build"
         with tempfile.TemporaryDirectory(prefix="abwatch-src-artifact-") as tmp:
+            os.chmod(tmp, 0o711)  # the post-build check, as the sandbox's user, runs in it
             staging = Path(tmp) / "a"
             (staging / "lib").mkdir(parents=True)
             libraries = sorted({p for pattern in self.config.libraries for p in build.glob(pattern) if p.is_file()})
@@ -252,7 +267,7 @@ class TvmSourceBuilder(Builder):
                                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info"))
             for kept in self.config.keep:  # scripts of script:repo: and command workloads
                 _copy_into(src, kept, staging / "src")
-            ffi = ffi_state(src)
+            ffi = ffi_state(src, self._git_output)
             # the venv travels inside the artifact (its files stored once by content, as the
             # libraries are), so the artifact runs on another host: see builders.venv_copy
             venv = Path(self._venv(ffi, log)).parent.parent
@@ -311,15 +326,24 @@ class TvmSourceBuilder(Builder):
         key = packages + ([f"tvm-ffi source {from_source.sha}", *settings] if from_source else [])
         digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
         venv = self.workspace.parent / f"venv-{digest}"
-        if not (venv / ".abwatch-complete").exists():
+        # abwatch writes the completion mark in a directory it owns: the build's own user may write the venv
+        done = self.workspace.parent / f"{venv.name}.complete"
+        if not done.exists():
             shutil.rmtree(venv, ignore_errors=True)
             self._run([sys.executable, "-m", "venv", str(venv)], log, "venv")
-            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+            # the build has no network: what pip installs is downloaded first (builders.wheelhouse)
+            wheels = wheelhouse(self.cache_dir)
+            needs = [p for p in packages if not Path(p).is_dir()]
+            for local in (p for p in packages if Path(p).is_dir()):
+                needs += local_needs(Path(local), ".")
+            log.append(download(needs, wheels, child_env(self.config.env), self.config.timeout_s, "pip install"))
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+                   *install_options(wheels)]
             if packages:
                 self._run(pip + packages, log, "pip install")
             if from_source:
                 self._ffi_package(from_source, pip, log)
-            (venv / ".abwatch-complete").write_text(json.dumps(key))
+            done.write_text(json.dumps(key))
         return str(venv / "bin" / "python")
 
     def _ffi_package(self, ffi: FfiState, pip: list[str], log: list[str]) -> None:
@@ -327,9 +351,22 @@ class TvmSourceBuilder(Builder):
         log.append(f"note: 3rdparty/tvm-ffi is at {ffi.describe}, between release tags: its Python "
                    "package is built from the submodule's source\n")
         step = self._step(log, time.monotonic() + self.config.timeout_s, self._ccache_env())
+        wheels = wheelhouse(self.cache_dir)
+
+        def download_needs(worktree: Path) -> None:  # its build requirements: scikit-build-core, ...
+            log.append(download(local_needs(self.workspace.parent, worktree.name), wheels,
+                                child_env(self.config.env), self.config.timeout_s, "tvm-ffi package"))
+
         install_package(step, self._git(), ffi, self.workspace.parent / f"tvm-ffi-src-{ffi.sha[:12]}", pip,
                         cmake=self.config.cmake, launcher=tool("ccache"),
-                        fallbacks=self.config.submodule_fallbacks, log=log)
+                        fallbacks=self.config.submodule_fallbacks, log=log, output=self._git_output,
+                        before_install=download_needs)
+
+    def _git_output(self, argv: list[str]) -> str:
+        """A git command's standard output (empty when it fails), run in the build's sandbox: the
+        checkout is the build user's, and abwatch runs no git where code under test writes."""
+        proc = run_process(argv, cwd=None, env=child_env(self.config.env), timeout_s=300, sandbox=self._sandbox)
+        return proc.stdout if proc.returncode == 0 else ""
 
     def _ccache_env(self, stats_log: Path | None = None) -> dict[str, str]:
         """The build's environment with ccache's: one cache for every workspace and package build,

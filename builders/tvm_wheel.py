@@ -19,10 +19,11 @@ from pathlib import Path
 
 from abwatch.builders.base import Artifact, Builder, BuildFailed, section
 from abwatch.builders.cache import ArtifactCache
-from abwatch.builders.procs import child_env, cut_log, run_process
+from abwatch.builders.procs import child_env, cut_log, run_process, status
 from abwatch.builders.repo import RepoError
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmWheelBuildConfig
+from abwatch.builders.wheelhouse import download, install_options, wheelhouse
 
 # apache-tvm release -> the apache-tvm-ffi release it works with (each pair checked here:
 # it installs, imports and compiles a kernel).
@@ -47,6 +48,7 @@ class TvmWheelBuilder(Builder):
     def __init__(self, config: BuildSettings) -> None:
         self.config: TvmWheelBuildConfig = section(config, TvmWheelBuildConfig)
         self.cache = ArtifactCache(config.cache_dir / "artifacts")
+        self.cache_dir = config.cache_dir
         self.limits = config.cache
 
     def resolve(self, ref: str) -> CommitInfo:
@@ -81,18 +83,22 @@ class TvmWheelBuilder(Builder):
         return list(path.glob("lib/python*/site-packages/tvm/**/libtvm*.so"))
 
     def _install(self, version: str, venv) -> str:
+        # the build has no network: its packages are downloaded first, by abwatch (builders.wheelhouse)
+        requirements = [f"apache-tvm=={version}", f"apache-tvm-ffi=={FFI_PINS[version]}",
+                        *RUNTIME_PACKAGES, *self.config.packages]
+        wheels = wheelhouse(self.cache_dir)
+        deadline = time.monotonic() + self.config.timeout_s
+        log = download(requirements, wheels, child_env(self.config.env), self.config.timeout_s,
+                       f"installing apache-tvm {version}")
         steps = [
             [sys.executable, "-m", "venv", str(venv)],
             [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-             "--no-input", f"apache-tvm=={version}", f"apache-tvm-ffi=={FFI_PINS[version]}",
-             *RUNTIME_PACKAGES, *self.config.packages],
+             "--no-input", *install_options(wheels), *requirements],
         ]
-        log = ""
-        deadline = time.monotonic() + self.config.timeout_s
         for argv in steps:
             try:
                 proc = run_process(argv, cwd=None, env=child_env(self.config.env), merge_stderr=True,
-                                   sandbox=Sandbox(writable=(venv,), network=True),
+                                   sandbox=Sandbox(writable=(venv,), build=True),
                                    timeout_s=max(1.0, deadline - time.monotonic()))
             except OSError as exc:
                 raise BuildFailed(f"installing apache-tvm {version}: cannot run {argv[0]}: {exc.strerror}",
@@ -102,6 +108,6 @@ class TvmWheelBuilder(Builder):
                 raise BuildFailed(f"installing apache-tvm {version} timed out", log[-LOG_LIMIT:],
                                   self.config.timeout_s)
             if proc.returncode != 0:  # checked for a full disk while the half-made venv still fills it
-                raise self.failed(f"installing apache-tvm {version} failed (status {proc.returncode})",
+                raise self.failed(f"installing apache-tvm {version} failed ({status(proc)})",
                                   log[-LOG_LIMIT:], time.monotonic() - deadline + self.config.timeout_s)
         return log[-LOG_LIMIT:]

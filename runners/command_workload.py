@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from abwatch.builders.environment import ArtifactInfoError, build_environment
-from abwatch.builders.procs import ProcessResult, child_env, passed, run_process
+from abwatch.builders.procs import ProcessResult, child_env, ending, passed, run_process
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.workload_spec import CommandWorkloadConfig
 from abwatch.runners.counters import COUNTED_ENV, CountError, InstructionCounter
@@ -88,7 +88,7 @@ class CommandKind(WorkloadKind):
             return InvocationResult("timeout", (), proc.wall_s, f"killed after {timeout_s:g}s timeout")
         if proc.returncode != 0:
             tail = proc.stderr[-STDERR_TAIL:].strip()
-            return InvocationResult("error", (), proc.wall_s, f"exited with status {proc.returncode}: {tail}")
+            return InvocationResult("error", (), proc.wall_s, f"{ending(proc)}: {tail}")
         return proc
 
     def record_fields(self, workload: CommandWorkloadConfig, worker: WorkerReady | None) -> tuple[dict, dict, dict]:

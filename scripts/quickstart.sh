@@ -11,6 +11,8 @@ python3 -m venv .venv
 .venv/bin/pip install --progress-bar on -e '.[test,source]'
 # the change-point algorithm alone, without its BigQuery/Slack/PostgreSQL integrations
 .venv/bin/pip install --progress-bar on --no-deps 'apache-otava==0.8.0'
+# code under test runs as its own unprivileged user (README, Security): made here when root
+bash scripts/sandbox-user.sh .venv/bin/python
 
 run() {  # exit status 1 means "regression found": a finding, not a failure of the script
   set +e

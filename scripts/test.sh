@@ -58,6 +58,9 @@ if [ ! -x .venv/bin/pytest ]; then
   .venv/bin/pip install --quiet --no-deps 'apache-otava==0.8.0'
 fi
 
+# code under test runs as its own unprivileged user (tests/test_hostile_fork.py): made here when root
+bash scripts/sandbox-user.sh .venv/bin/python
+
 set +e
 .venv/bin/python -m pytest "$@"
 status=$?

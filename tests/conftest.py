@@ -45,6 +45,30 @@ HISTORY = (
 )
 
 
+# Code under test runs as the sandbox's own host user (builders/sandbox.py), which must reach
+# the files a test makes: pytest makes its directories 0700, so they are made enterable (not
+# listable) by others, as a deployment's cache_dir is.
+_mktemp, _getbasetemp = pytest.TempPathFactory.mktemp, pytest.TempPathFactory.getbasetemp
+
+
+def _enterable_mktemp(self, basename: str, numbered: bool = True) -> Path:
+    path = _mktemp(self, basename, numbered)
+    path.chmod(0o711)
+    return path
+
+
+def _enterable_basetemp(self) -> Path:
+    base = _getbasetemp(self)
+    for directory in (base.parent, base):
+        if directory.stat().st_uid == os.getuid():
+            directory.chmod(0o711)
+    return base
+
+
+pytest.TempPathFactory.mktemp = _enterable_mktemp  # type: ignore[method-assign]
+pytest.TempPathFactory.getbasetemp = _enterable_basetemp  # type: ignore[method-assign]
+
+
 # Fixtures that make a test need the PostgreSQL server, and fixtures that make it slow (real
 # builds, compares, TVM venvs, boards, servers): `pytest -m "not slow"` is the everyday subset.
 POSTGRES_FIXTURES = frozenset({"pg_admin", "fresh_pg_url", "migrated_pg_url", "session", "filled_pg_url",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
-from abwatch.builders import make_builder
+from abwatch.builders import make_builder, sandbox
 from abwatch.builders.spec import UsageError
 from abwatch.service.compare import driver, verify
 from abwatch.service.compare.outcome import NothingToVerify
@@ -77,13 +77,15 @@ def run_try(session: Session, config: Config, job: Job, progress: driver.Progres
     config = config.model_copy(update={"build": config.build.for_untrusted()})
     if p["workloads"]:
         config = config.model_copy(update={"workloads": [w for w in config.workloads if w.name in p["workloads"]]})
-    outcome = driver.run_compare(session, config, p["control"], p["treatment"], progress=progress)
-    result = {"run_id": outcome.run_id, "status": outcome.status,
-              "verdicts": {r.workload: r.verdict.verdict.value for r in outcome.results}, "verify_run_id": None}
-    if p["verify"] and any(r.regression_id for r in outcome.results):
-        try:
-            verified, _ = verify.run_verify(session, outcome.run_id, progress=progress)
-            result["verify_run_id"] = verified.run_id
-        except NothingToVerify as exc:  # another verify took them first
-            result["verify_note"] = str(exc)
+    # code nobody merged: no network for its builds and workloads, and no run at all without a sandbox
+    with sandbox.untrusted():
+        outcome = driver.run_compare(session, config, p["control"], p["treatment"], progress=progress)
+        result = {"run_id": outcome.run_id, "status": outcome.status,
+                  "verdicts": {r.workload: r.verdict.verdict.value for r in outcome.results}, "verify_run_id": None}
+        if p["verify"] and any(r.regression_id for r in outcome.results):
+            try:
+                verified, _ = verify.run_verify(session, outcome.run_id, progress=progress)
+                result["verify_run_id"] = verified.run_id
+            except NothingToVerify as exc:  # another verify took them first
+                result["verify_note"] = str(exc)
     return result
