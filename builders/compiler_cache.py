@@ -16,6 +16,11 @@ what fails later (a wrong password, a server lost mid-build): for that ccache's 
 are read after the build (``remote_storage_error``, ``remote_storage_timeout``; ccache counts
 such a failure as a miss and compiles), and the log says how many compiles ran without it.
 
+A build never reaches the remote storage itself: it has no network and never sees the
+password. For Redis, abwatch relays its reads (``builders.ccache_relay``: ``GET`` only, through a
+Unix socket) and uploads what its compiles added once it is done; an HTTP remote storage is
+used only where ``[sandbox] build_network`` gives builds the network.
+
 Each build's counts come from its own ccache stats log (``CCACHE_STATSLOG``, read with
 ``ccache --print-log-stats``), so concurrent builds sharing one ``CCACHE_DIR`` never mix their
 counts and the cache's lifetime counters (``ccache --print-stats``, what ``abwatch cache``
@@ -25,13 +30,17 @@ shows) are never zeroed.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from abwatch.builders.ccache_relay import ReadOnlyRelay, RelayError, upload
 from abwatch.builders.redact import mask_url, register_secrets
+from abwatch.builders.sandbox import policy
 from abwatch.builders.spec import REMOTE_STORAGE_PORTS
 
 CONNECT_TIMEOUT_S = 2.0
@@ -133,19 +142,32 @@ class CompilerCache:
             register_secrets([password_env])  # masked in whatever this process prints or stores
         self.use_remote = False
         self.unreachable: str | None = None
+        self.relay: ReadOnlyRelay | None = None
+        self.outbox: Path | None = None
 
     def begin(self, log: list[str]) -> None:
         """Before a build: is the remote storage there? The answer goes into ``log``."""
         self.use_remote, self.unreachable = False, None
         if not self.remote:
             return
+        if not self.remote.startswith("redis:") and not policy().build_network:
+            log.append(f"ccache: remote storage {self.display} is not used: builds have no network "
+                       "([sandbox] build_network), and only a Redis storage is relayed to them\n")
+            return
         if self.password_env and not os.environ.get(self.password_env):
             log.append(f"note: ${self.password_env} (ccache_remote_password_env) is not set: the remote "
                        "compiler cache is asked without a password\n")
         self.unreachable = reach(self.remote)
         self.use_remote = self.unreachable is None
+        if self.use_remote and self.remote.startswith("redis:"):
+            rules = policy()
+            owner = (rules.uid, rules.gid) if rules.enabled and rules.uid is not None and rules.gid is not None else None
+            self.relay = ReadOnlyRelay(self.remote, self._password(), owner)
+            self.outbox = self.local_dir / f"outbox-{uuid.uuid4().hex[:12]}"
+            self.outbox.mkdir(parents=True)
         if self.use_remote:
-            log.append(f"ccache: remote storage {self.display}, behind the local cache {self.local_dir}\n")
+            log.append(f"ccache: remote storage {self.display}, behind the local cache {self.local_dir}"
+                       f"{' (read through abwatch; what the build adds is uploaded after it)' if self.relay else ''}\n")
         else:
             log.append(f"ccache: remote storage {self.display} is unreachable ({self.unreachable}): this build "
                        "uses the local cache only (slower where another build host compiled the same sources; "
@@ -160,12 +182,40 @@ class CompilerCache:
         # CCACHE_NOREMOTE_ONLY: the local cache stays in front (ccache reads CCACHE_REMOTE_ONLY=false as an error)
         env = {"CCACHE_BASEDIR": str(self.basedir), "CCACHE_DIR": str(self.local_dir), "CCACHE_NOHASHDIR": "1",
                "CCACHE_NOREMOTE_ONLY": "1", "CCACHE_REMOTE_STORAGE": ""}
-        if self.use_remote and self.remote:
-            password = os.environ.get(self.password_env) if self.password_env else None
-            env["CCACHE_REMOTE_STORAGE"] = with_password(self.remote, password)
+        if self.relay is not None and self.outbox is not None:
+            env["CCACHE_REMOTE_STORAGE"] = f"{self.relay.storage()} file:{self.outbox}|layout=flat"
+        elif self.use_remote and self.remote:
+            env["CCACHE_REMOTE_STORAGE"] = with_password(self.remote, self._password())
         if stats_log is not None:
             env["CCACHE_STATSLOG"] = str(stats_log)
         return env
+
+    def _password(self) -> str | None:
+        return os.environ.get(self.password_env) if self.password_env else None
+
+    def finish(self, log: list[str]) -> dict:
+        """After a build's compiles: stop relaying, and upload what they added to the remote
+        storage (abwatch's write, never the build's); the counts for the build row."""
+        relay, outbox = self.relay, self.outbox
+        self.relay, self.outbox, self.use_remote = None, None, False
+        if relay is None or outbox is None:
+            return {}
+        relay.close()
+        try:
+            entries, size = upload(relay.remote, relay.password, self.local_dir.parent,
+                                   f"{self.local_dir.name}/{outbox.name}")
+            log.append(f"ccache: uploaded {entries} new entr{'y' if entries == 1 else 'ies'} "
+                       f"({size / 1e6:.1f} MB) to {self.display}\n")
+        except (OSError, RelayError, ValueError) as exc:
+            entries = 0
+            log.append(f"ccache: could not upload this build's entries to {self.display} ({exc}): "
+                       "other build hosts compile them again\n")
+        finally:
+            shutil.rmtree(outbox, ignore_errors=True)
+        if relay.refused:
+            log.append(f"ccache: the build sent {relay.refused} command(s) that are not reads to the shared "
+                       "compiler cache; refused\n")
+        return {"ccache_uploaded": entries}
 
     def metrics(self, stats: CcacheStats, log: list[str]) -> dict:
         """After a build: its ``ccache_*`` metrics, with what happened to the remote storage (also in ``log``)."""

@@ -31,10 +31,11 @@ def _open_parent(base: Path, parts: tuple[str, ...]) -> int:
     return fd
 
 
-def read_inside(base: Path, relative: str, limit: int = 2**20) -> str | None:
-    """The text of ``base/relative`` (``None`` if it is not there), read without following a
-    link anywhere below ``base``: code under test may have written that tree, and a link to
-    a secret must not be read by abwatch."""
+def read_bytes_inside(base: Path, relative: str, limit: int = 2**20) -> bytes | None:
+    """The bytes of ``base/relative`` (at most ``limit``; ``None`` if it is not there), read
+    without following a link anywhere below ``base``: code under test may have written that
+    tree, and a link to a secret must not be read by abwatch. Anything but a regular file
+    raises ``OSError``."""
     parts = Path(relative).parts
     try:
         fd = _open_parent(base, parts[:-1])
@@ -50,7 +51,26 @@ def read_inside(base: Path, relative: str, limit: int = 2**20) -> str | None:
         os.close(file_fd)
         raise OSError(errno.EINVAL, "not a regular file", str(base / relative))
     with os.fdopen(file_fd, "rb") as handle:
-        return handle.read(limit).decode("utf-8", "replace")
+        return handle.read(limit)
+
+
+def read_inside(base: Path, relative: str, limit: int = 2**20) -> str | None:
+    """:func:`read_bytes_inside` as text (invalid UTF-8 replaced)."""
+    data = read_bytes_inside(base, relative, limit)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+def list_inside(base: Path, relative: str) -> list[str]:
+    """The names in the directory ``base/relative`` (none if it is not there), reached without
+    following a link."""
+    try:
+        fd = _open_parent(base, Path(relative).parts)
+    except FileNotFoundError:
+        return []
+    try:
+        return sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
 
 
 def write_inside(base: Path, relative: str, text: str, mode: int = 0o644) -> None:

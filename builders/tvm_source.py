@@ -126,7 +126,11 @@ class TvmSourceBuilder(Builder):
             start = time.monotonic()
             log: list[str] = []
             try:
-                metrics = self._checkout_and_build(sha, log)
+                try:
+                    metrics = self._checkout_and_build(sha, log)
+                finally:  # the shared compiler cache gets what the compiles added, whatever happened after
+                    uploaded = self.compiler_cache.finish(log)
+                metrics.update(uploaded)
                 path = self._store(key, sha, log)
             except BuildFailed as exc:
                 raise BuildFailed(str(exc), cut_log("".join(log), LOG_LIMIT), time.monotonic() - start) from None
