@@ -20,6 +20,7 @@ and the answer's own limits (the admission layers, ``statement_timeout``) bound 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any, ClassVar
@@ -83,11 +84,9 @@ class DeadlineProtocol(H11Protocol):
         """Close the connection (it has no request in progress); ``why`` goes to the debug log."""
         if self.transport.is_closing():
             return
-        log.debug("%s: connection closed: %s", "%s:%d" % self.client if self.client else "?", why)
-        try:
+        log.debug("%s: connection closed: %s", f"{self.client[0]}:{self.client[1]}" if self.client else "?", why)
+        with contextlib.suppress(h11.LocalProtocolError):  # the client was part-way through a request
             self.conn.send(h11.ConnectionClosed())
-        except h11.LocalProtocolError:  # the client was part-way through a request
-            pass
         self.transport.close()
 
     def _make_room(self) -> None:
