@@ -66,6 +66,7 @@ def test_a_signed_comment_sent_again_with_new_delivery_ids_queues_one_job(pr_ser
     assert job_count(fresh_pg_url) == 2
 
 
+@pytest.mark.slow  # 200 deliveries, each asking the GitHub stand-in three questions
 def test_a_burst_of_signed_deliveries_is_queued_whole_while_the_anonymous_limit_holds(pr_server, fresh_pg_url):
     """200 signed deliveries at once from one address, past a rate limit of 5 a minute and a
     single reader's turn: each queued exactly once. Unsigned requests are still limited."""
