@@ -147,10 +147,8 @@ class ServerConfig(StrictModel):
     and the worker threads, so that a request that got in never waits for either. Past it a
     request waits up to ``queue_s`` for a turn, then gets 503 with ``Retry-After``. Reads
     without the write token are rate-limited per client address (``rate_limit``, 429 with
-    ``Retry-After``); requests with the token are not rate-limited, nor are GitHub deliveries
-    whose signature verifies (they take one of ``webhook_in_flight`` turns of their own). A
-    connection that does not send a request's headers within ``header_timeout_s``, or stays
-    idle past ``keepalive_timeout_s`` after an answer, is closed.
+    ``Retry-After``); requests with the token are not, nor signed GitHub deliveries (their own
+    ``webhook_in_flight`` turns, waited for, never refused). Silent connections are closed.
     """
 
     token_env: str = Field(default="ABWATCH_API_TOKEN", description="environment variable with the bearer token")
@@ -169,19 +167,10 @@ class ServerConfig(StrictModel):
         default=10.0, gt=0, le=3600,
         description="PostgreSQL statement_timeout of the server's connections: a query that runs longer is "
                     "cancelled and the request answered 503")
-    max_connections: int = Field(default=1000, ge=1,
-                                 description="open connections uvicorn accepts at once; past it, a plain 503 "
-                                             "(a connection with no request in progress is closed to make room)")
-    header_timeout_s: float = Field(
-        default=10.0, gt=0, le=300,
-        description="how long a connection may take to send a request's line and headers (from when it opened, "
-                    "or when its previous answer was sent) before the server closes it")
-    keepalive_timeout_s: float = Field(default=5.0, gt=0, le=300,
-                                       description="how long an idle keep-alive connection is kept open")
-    webhook_in_flight: int = Field(
-        default=4, ge=1, le=100,
-        description="signed GitHub deliveries worked on at once (their own turns and database connections, "
-                    "apart from max_in_flight); more wait for a turn, none is refused")
+    max_connections: int = Field(default=1000, ge=1, description="open connections; past it: idle ones closed, or 503")
+    header_timeout_s: float = Field(default=10.0, gt=0, le=300, description="time a connection has to send a request's head")
+    keepalive_timeout_s: float = Field(default=5.0, gt=0, le=300, description="an idle keep-alive connection's life")
+    webhook_in_flight: int = Field(default=4, ge=1, le=100, description="signed GitHub deliveries handled at once")
 
     @field_validator("rate_limit")
     @classmethod
