@@ -147,7 +147,8 @@ class ServerConfig(StrictModel):
     and the worker threads, so that a request that got in never waits for either. Past it a
     request waits up to ``queue_s`` for a turn, then gets 503 with ``Retry-After``. Reads
     without the write token are rate-limited per client address (``rate_limit``, 429 with
-    ``Retry-After``); requests with the token are not rate-limited.
+    ``Retry-After``); requests with the token are not, nor signed GitHub deliveries (their own
+    ``webhook_in_flight`` turns, waited for, never refused). Silent connections are closed.
     """
 
     token_env: str = Field(default="ABWATCH_API_TOKEN", description="environment variable with the bearer token")
@@ -166,8 +167,10 @@ class ServerConfig(StrictModel):
         default=10.0, gt=0, le=3600,
         description="PostgreSQL statement_timeout of the server's connections: a query that runs longer is "
                     "cancelled and the request answered 503")
-    max_connections: int = Field(default=1000, ge=1,
-                                 description="open connections uvicorn accepts at once; past it, a plain 503")
+    max_connections: int = Field(default=1000, ge=1, description="open connections; past it: idle ones closed, or 503")
+    header_timeout_s: float = Field(default=10.0, gt=0, le=300, description="time a connection has to send a request's head")
+    keepalive_timeout_s: float = Field(default=5.0, gt=0, le=300, description="an idle keep-alive connection's life")
+    webhook_in_flight: int = Field(default=4, ge=1, le=100, description="signed GitHub deliveries handled at once")
 
     @field_validator("rate_limit")
     @classmethod

@@ -157,15 +157,16 @@ def deliver(url: str, secret: str | None, event: str, payload: dict | bytes, *, 
     return requests.post(url + "/api/github/webhook", data=body, headers=headers, timeout=60)
 
 
-def comment_event(full_name: str, number: int, login: str, text: str) -> dict:
-    """An ``issue_comment`` ``created`` payload on pull request ``number``, as GitHub sends it (trimmed)."""
+def comment_event(full_name: str, number: int, login: str, text: str, comment_id: int = 777) -> dict:
+    """An ``issue_comment`` ``created`` payload on pull request ``number``, as GitHub sends it
+    (trimmed); ``comment_id``: the comment's id, which GitHub signs with the rest."""
     owner = full_name.split("/")[0]
     return {
         "action": "created",
         "issue": {"number": number, "title": "Make it faster", "state": "open",
                   "pull_request": {"url": f"https://api.github.com/repos/{full_name}/pulls/{number}"},
                   "user": {"login": "contributor", "type": "User"}},
-        "comment": {"id": 777, "body": text, "user": {"login": login, "type": "User"},
+        "comment": {"id": comment_id, "body": text, "user": {"login": login, "type": "User"},
                     "author_association": "COLLABORATOR"},
         "repository": {"full_name": full_name, "html_url": f"https://github.com/{full_name}",
                        "owner": {"login": owner}},

@@ -117,7 +117,7 @@ def test_a_comment_command_is_answered_in_the_pull_request(tmp_path, bench_repo,
         assert not github.requests_to("POST", r"/issues/42/comments")
         # the command: one job per device, the head against its merge base
         queued = deliver(base, SECRET, "issue_comment", command, delivery="delivery-1")
-        assert queued.status_code == 201, queued.text
+        assert queued.status_code == 202, queued.text
         assert queued.json()["control"] == tags["noop"] and queued.json()["treatment"] == tags["slower"]
         again = deliver(base, SECRET, "issue_comment", command, delivery="delivery-1")  # GitHub's redelivery
         assert again.status_code == 200 and again.json()["jobs"] == []
@@ -215,7 +215,7 @@ def test_automatic_runs_and_the_servers_limits(tmp_path, bench_repo, fresh_pg_ur
               "pull_request": {"head": {"sha": tags["slower"]}, "base": {"sha": tags["noop"]}}}
     with (tmp_path / "serve.log").open("w") as log, serving(config_path, fresh_pg_url, log) as base:
         first = deliver(base, SECRET, "pull_request", opened)
-        assert first.status_code == 201, first.text
+        assert first.status_code == 202, first.text
         pushed = deliver(base, SECRET, "pull_request", {**opened, "action": "synchronize"})  # the same head
         assert pushed.status_code == 200 and pushed.json()["jobs"] == []
         assert deliver(base, SECRET, "pull_request", {**opened, "action": "closed"}).status_code == 202

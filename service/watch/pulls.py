@@ -25,9 +25,9 @@ import hmac
 import re
 from dataclasses import dataclass, field
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.builders import make_builder
 from abwatch.service.config import Config, GithubConfig
 from abwatch.service.compare import driver
 from abwatch.service.notify import pulls
@@ -43,6 +43,7 @@ WRITERS = frozenset({"admin", "maintain", "write"})
 TRIAGE_WORDS = {"acknowledged": TriageStatus.ACKNOWLEDGED, "not-a-bug": TriageStatus.INVALID,
                 "fixed-by": TriageStatus.FIXED}
 SHA = re.compile(r"^[0-9a-f]{7,40}$")
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 LOGIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
 WORDS_MAX = 64  # words of one command
 
@@ -129,8 +130,14 @@ def may_command(config: GithubConfig, login: str, timeout_s: float = 10.0) -> bo
 def submit(session: Session, config: Config, number: int, head: str, merge_base: str, command: Command,
            who: str, request_key: str) -> list[Job]:
     """Queue one ``pr`` job per watch device (the head against the merge base) and record the
-    pull request's new state in the outbox; commit. ``request_key`` (the webhook delivery, or
-    the head for an automatic run) makes a delivery GitHub sends again queue nothing twice."""
+    pull request's new state in the outbox; commit.
+
+    ``head`` is the sha the pull request had when the request was accepted, and the job runs
+    that sha even if the branch moves before a worker is free (a later push is a later
+    request). ``request_key`` is what GitHub signed (:func:`comment_key`, :func:`head_key`),
+    so a delivery sent again, by GitHub or by whoever captured it, queues nothing twice. The
+    shas are checked here but resolved by the job (:func:`.tryjob.run_try`): a delivery does no
+    git work."""
     github = config.github
     assert github is not None, "pull-request runs need [github]"
     names = {w.name for w in config.workloads}
@@ -138,9 +145,10 @@ def submit(session: Session, config: Config, number: int, head: str, merge_base:
     if unknown:
         raise tryjob.TryError(f"unknown workload(s) {', '.join(unknown[:10])} (the config has: "
                               f"{', '.join(sorted(names))})")
-    builder = make_builder(config)
-    control, treatment = builder.resolve(merge_base), builder.resolve(head)
-    payload = {"control": control.sha, "treatment": treatment.sha, "control_ref": f"merge base of #{number}",
+    for what, sha in (("head", head), ("merge base", merge_base)):
+        if not FULL_SHA.match(sha):
+            raise tryjob.TryError(f"the pull request's {what} {sha[:64]!r} is not a full commit sha")
+    payload = {"control": merge_base, "treatment": head, "control_ref": f"merge base of #{number}",
                "treatment_ref": f"pull/{number}/head", "workloads": sorted(command.workloads),
                "verify": command.verify, "who": who, "pr": number, "repo": github.repo}
     jobs = []
@@ -152,6 +160,23 @@ def submit(session: Session, config: Config, number: int, head: str, merge_base:
         pulls.enqueue(session, github, number, config.alerts.dashboard_url)
     session.commit()
     return jobs
+
+
+def comment_key(comment_id: int) -> str:
+    """The part of a ``pr`` job's dedupe key that names the comment that asked for it (its id,
+    which GitHub signs): one comment is one run, however often it is delivered."""
+    return f"comment-{comment_id}"
+
+
+def head_key(head: str) -> str:
+    """The part of an automatic run's dedupe key: the head sha from the signed payload."""
+    return f"auto-{head}"
+
+
+def queued_for(session: Session, config: GithubConfig, number: int, request_key: str) -> bool:
+    """Whether a job of pull request ``number`` was queued for ``request_key`` already."""
+    prefix = f"{pulls.job_key(config, number)}{request_key}:"
+    return session.scalar(select(Job.id).where(Job.dedupe_key.startswith(prefix, autoescape=True)).limit(1)) is not None
 
 
 def open_regressions(session: Session, config: GithubConfig, number: int) -> list[Regression]:

@@ -199,7 +199,7 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None, 
     app.state.api = api
     app.state.alerts = alerts
     app.state.config = config
-    # outermost first: rate limit (admission.install), Guard (token, body), Capacity (turns)
+    # outermost first: signed deliveries and rate limit (admission.install), Guard (token, body), Capacity (turns)
     app.add_middleware(admission.Capacity, server=api.server)
     app.add_middleware(Guard, api=api)
     app.add_exception_handler(RequestValidationError, invalid_request)
@@ -210,7 +210,7 @@ def create_app(engine: Engine, server: ServerConfig | None = None, alerts=None, 
     app.include_router(github_hooks.router)
     _report_routes(app)
     add_dashboard(app, api)  # after the routes above: the pages use them
-    admission.install(app, api)
+    admission.install(app, api, config.github if config is not None else None)
     return app
 
 

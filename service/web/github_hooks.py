@@ -3,16 +3,26 @@
 The route needs no API token (:class:`service.web.api.Guard` lets this one path through to
 it); instead the body's ``X-Hub-Signature-256`` is checked against the secret in the variable
 ``[github] webhook_secret_env`` before anything is parsed, and a delivery without a valid one
-is refused (401; 403 while the server has no secret). The server's rate limit and body limit
-apply as to every request. What a delivery asks is then checked in turn, each refusal a 4xx
-that queues nothing: the repository must be the configured one, the payload well formed, the
-commenter allowed (:func:`service.watch.pulls.may_command`), the command well written.
+is refused (401; 403 while the server has no secret). The body limit applies as to every
+request; a delivery whose signature verifies is not rate-limited and does not wait on the
+readers' turns: it has turns of its own (:class:`service.web.admission.SignedDeliveries`), so
+a burst of deliveries is queued, never refused. What a delivery asks is then checked in turn,
+each refusal a 4xx that queues nothing: the repository must be the configured one, the payload
+well formed, the command well written, the commenter allowed
+(:func:`service.watch.pulls.may_command`).
 
 - ``issue_comment`` (created, on a pull request) with a command: ``try`` queues a ``pr`` job
-  per device (201), ``triage`` records a decision on the pull request's open regressions (200);
+  per device (202) on the head the pull request has as the comment is accepted, once per
+  comment id; ``triage`` records a decision on the pull request's open regressions (200);
 - ``pull_request`` (opened, synchronize, reopened) with ``[github] pr_runs = "auto"``: the same
-  as ``try``, once per head;
+  as ``try``, once per head sha of the payload;
 - ``ping``: 200; anything else: 202, ignored.
+
+Deduplication keys on what GitHub signs (the comment's id, the head sha), never on the
+unsigned ``X-GitHub-Delivery`` header: a captured delivery sent again with a new header queues
+nothing (200, ``already queued``). The delivery's work is small: a query, GitHub's answers on
+the commenter and the pull request (head, merge base), one row per device; the git work waits
+for the job.
 """
 
 import logging
@@ -76,7 +86,7 @@ async def webhook(request: Request) -> JSONResponse:
             raise Answer(422, "malformed payload: expected a JSON object")
         if not delivery or len(delivery) > 64 or not delivery.replace("-", "").isalnum():
             raise Answer(400, "X-GitHub-Delivery is missing or malformed")
-        status, data = await run_in_threadpool(_handle, request, config, event, delivery, payload)
+        status, data = await run_in_threadpool(_handle, request, config, event, payload)
     except (ValueError, UnicodeDecodeError, BadValue) as exc:
         status, data = 400, {"detail": f"the body is not JSON: {str(exc)[:200]}"}
     except Answer as answer:
@@ -89,7 +99,7 @@ async def webhook(request: Request) -> JSONResponse:
     return JSONResponse(data, status)
 
 
-def _handle(request: Request, config: Config, event: str, delivery: str, payload: dict) -> tuple[int, dict]:
+def _handle(request: Request, config: Config, event: str, payload: dict) -> tuple[int, dict]:
     """The delivery's work, in a worker thread (it waits on the database and GitHub's API)."""
     github = config.github
     assert github is not None
@@ -116,13 +126,17 @@ def _handle(request: Request, config: Config, event: str, delivery: str, payload
         raise Answer(422, str(exc)) from None
     if command is None:
         return 202, {"detail": "no command in the comment"}
-    if not pulls.may_command(github, login):
-        raise Answer(403, f"{login[:40]} may not command runs: write access to {github.repo} is needed")
+    comment_id = _get(payload, "comment", "id", kind=int)
     with request.app.state.api.sessions() as session:
+        if command.action == "try" and pulls.queued_for(session, github, number, pulls.comment_key(comment_id)):
+            return _already(pulls.comment_key(comment_id))  # asks GitHub nothing: a replay costs one query
+        if not pulls.may_command(github, login):
+            raise Answer(403, f"{login[:40]} may not command runs: write access to {github.repo} is needed")
         if command.action == "triage":
             return _triage(session, config, payload, number, command, login)
+        # the head now, as the comment is accepted: the job runs this sha, whatever is pushed later
         head, base = pulls.read_pull(github, number)
-        return _queue(session, config, number, head, base, command, login, delivery)
+        return _queue(session, config, number, head, base, command, login, pulls.comment_key(comment_id))
 
 
 def _pull_request(request: Request, config: Config, payload: dict, login: str) -> tuple[int, dict]:
@@ -136,14 +150,17 @@ def _pull_request(request: Request, config: Config, payload: dict, login: str) -
     head, base = _get(payload, "pull_request", "head", "sha"), _get(payload, "pull_request", "base", "sha")
     if not (pulls.SHA.match(head) and pulls.SHA.match(base)):
         raise Answer(422, "malformed pull_request.head.sha or base.sha")
-    if not pulls.may_command(github, login):
-        raise Answer(403, f"{login[:40]} may not start runs: write access to {github.repo} is needed")
     with request.app.state.api.sessions() as session:
-        return _queue(session, config, number, head, base, pulls.Command("try"), login, f"auto-{head}")
+        if pulls.queued_for(session, github, number, pulls.head_key(head)):
+            return _already(pulls.head_key(head))
+        if not pulls.may_command(github, login):
+            raise Answer(403, f"{login[:40]} may not start runs: write access to {github.repo} is needed")
+        return _queue(session, config, number, head, base, pulls.Command("try"), login, pulls.head_key(head))
 
 
 def _queue(session: Session, config: Config, number: int, head: str, base: str, command: pulls.Command,
            login: str, key: str) -> tuple[int, dict]:
+    """Queue the run of ``head`` (against its merge base, as GitHub names it) under ``key``."""
     github = config.github
     assert github is not None
     merge_base = pulls.merge_base(github, base, head)
@@ -151,9 +168,14 @@ def _queue(session: Session, config: Config, number: int, head: str, base: str, 
         jobs = pulls.submit(session, config, number, head, merge_base, command, f"github:{login}", key)
     except UsageError as exc:  # an unknown workload, a commit the mirror cannot find
         raise Answer(422, str(exc)) from None
-    if not jobs:
-        return 200, {"detail": "already queued for this delivery", "jobs": []}
-    return 201, {"jobs": [{"id": j.id, "device": j.device} for j in jobs], "control": merge_base, "treatment": head}
+    if not jobs:  # a copy of this delivery queued them a moment ago
+        return _already(key)
+    return 202, {"jobs": [{"id": j.id, "device": j.device} for j in jobs], "control": merge_base, "treatment": head}
+
+
+def _already(key: str) -> tuple[int, dict]:
+    """The answer to a delivery whose run was queued before (GitHub's redelivery, or a replay)."""
+    return 200, {"detail": f"already queued for {key}", "jobs": []}
 
 
 def _triage(session: Session, config: Config, payload: dict, number: int, command: pulls.Command,
