@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -297,3 +298,47 @@ def test_hits_are_told_apart_from_cache_counters():
     assert (stats.local_hits, stats.remote_hits, stats.misses, stats.remote_errors) == (1, 3, 2, 2)
     assert stats.hit_rate == pytest.approx(4 / 6)
     assert parse_stats("").hit_rate is None
+
+
+# Sent from inside the sandbox, as a hostile build would: a write and a read through the relay.
+RELAY_PROBE = """
+import socket, sys
+def ask(*parts):
+    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+    s.sendall(b"*%d\\r\\n" % len(parts) + b"".join(b"$%d\\r\\n%s\\r\\n" % (len(p), p) for p in parts))
+    answer = s.recv(4096); s.close(); return answer
+print("SET", ask(b"SET", b"ccache:poison", b"evil"))
+print("FLUSHALL", ask(b"FLUSHALL"))
+print("GET", ask(b"GET", b"ccache:good"))
+"""
+
+
+def test_a_build_reads_the_shared_cache_through_abwatch_and_cannot_write_it(private_redis, tmp_path):
+    from abwatch.builders import sandbox
+    from abwatch.builders.ccache_relay import ReadOnlyRelay, upload
+    from abwatch.builders.procs import child_env, run_process
+    from abwatch.builders.sandbox import Sandbox
+
+    port, password = private_redis
+    remote = f"redis://127.0.0.1:{port}/2"
+    redis_cli("-n", "2", "set", "ccache:good", "entry", port=port, password=password)
+    rules = sandbox.policy()
+    relay = ReadOnlyRelay(remote, password, (rules.uid, rules.gid) if rules.uid is not None else None)
+    try:
+        assert password not in relay.storage()  # what the build's ccache is told: a socket, no password
+        proc = run_process([sys.executable, "-c", RELAY_PROBE, relay.path], cwd=tmp_path, env=child_env(),
+                           timeout_s=60, sandbox=Sandbox(build=True))
+    finally:
+        relay.close()
+    assert "SET b'-ERR abwatch: the shared compiler cache is read-only" in proc.stdout, proc.stdout + proc.stderr
+    assert "FLUSHALL b'-ERR" in proc.stdout and "GET b'$5\\r\\nentry" in proc.stdout
+    assert relay.refused == 2
+    assert ccache_keys(port, 2, password) == {"ccache:good"}  # nothing written, nothing flushed
+    # what a build's ccache wrote to its outbox is stored by abwatch, links and foreign names left
+    outbox = tmp_path / "cache" / "outbox"
+    outbox.mkdir(parents=True)
+    (outbox / "0814d3f3af32fa392dd76c042c1473532c695904").write_bytes(b"\x00compiled")
+    (outbox / "77b3b9dabe24ec4131e3113438315197fdad9c18").symlink_to("/etc/passwd")
+    (outbox / "CACHEDIR.TAG").write_text("tag")
+    assert upload(remote, password, tmp_path, "cache/outbox") == (1, 9)
+    assert ccache_keys(port, 2, password) == {"ccache:good", "ccache:0814d3f3af32fa392dd76c042c1473532c695904"}
