@@ -169,10 +169,7 @@ def configure(settings: SandboxConfig, hide: Iterable[str | os.PathLike] = ()) -
         return (f"note: [sandbox] user {settings.user!r} is not a user of this host: code under test runs as "
                 f"{_policy.user!r} (make it: useradd --system --no-create-home --shell /usr/sbin/nologin "
                 f"{settings.user})")
-    if _policy.user is None:
-        return ("note: abwatch is not root, so code under test runs as abwatch's own user (uid 65534 in its "
-                "namespace): files that user owns are readable unless hidden ([sandbox] hide)")
-    return None
+    return None  # not root: code under test keeps abwatch's uid (README, Security, says what that means)
 
 
 class UntrustedRefused(UsageError):
@@ -219,9 +216,10 @@ def reset() -> None:
 class Sandbox:
     """What one sandboxed child may do beyond reading the host: the paths it may write, and
     whether it has the network (``None``: as ``[sandbox] network`` says, the workloads' rule;
-    ``build``: as ``[sandbox] build_network`` says) and which device nodes (a GPU's:
-    ``/dev/nvidia0``, ``/dev/dri/renderD128``, ...). While a try or pull-request job runs
-    (:func:`untrusted`) no child has the network."""
+    ``build``: as ``[sandbox] build_network`` says; ``True``: always, the ``rpc`` runner's workers,
+    whose tracker is on it) and which device nodes (a GPU's: ``/dev/nvidia0``,
+    ``/dev/dri/renderD128``, ...). While a try or pull-request job runs (:func:`untrusted`) only
+    a child that asks for the network by name has it."""
 
     writable: tuple[Path | str, ...] = field(default=())
     network: bool | None = None
@@ -236,6 +234,8 @@ class Sandbox:
     def has_network(self) -> bool:
         """Whether a child started now gets the host's network."""
         rules = policy()
+        if self.network is True:  # asked for by name: an RPC worker must reach its tracker
+            return True
         if running_untrusted():
             return False
         if self.build:
