@@ -361,7 +361,7 @@ class ArtifactStore:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 os.symlink(link, path)
             for rel, link in manifest.get("links", {}).items():  # followed through the others: still inside
-                if not link.startswith("/") and not link_stays_inside(staging / rel, staging):
+                if not venv_interpreter(rel, link) and not link_stays_inside(staging / rel, staging):
                     raise InvalidManifest(f"link {rel!r} -> {link!r} leads outside the artifact through another link")
             cache.adopt_deduplicated(key, staging, listing, info)
             return Fetched(got, got_bytes, len(listing) - got)
