@@ -38,6 +38,8 @@ import argparse
 import json
 import shutil
 import signal
+import os
+import secrets
 import subprocess
 import sys
 import time
@@ -240,6 +242,8 @@ def main() -> None:
     parser.add_argument("--fetches", type=int, default=3, help="fetch: the window's commits fetched after the base")
     args = parser.parse_args()
     args.work = args.work.resolve()
+    # every host of the fleet signs and checks manifests with one key ([artifacts] manifest_key_env)
+    os.environ.setdefault("ABWATCH_MANIFEST_KEY", secrets.token_hex(32))
     commits = window(args)
     base = commits[0]
     if args.phase == "prime":

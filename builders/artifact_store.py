@@ -17,13 +17,26 @@ The store being down, refusing the credentials or missing an object is
 :class:`StoreUnavailable`: the caller builds locally.
 The password comes only from the environment variable ``[artifacts] password_env`` names and
 goes only into the Authorization header; it is masked wherever abwatch prints or stores text.
+
+Anyone with the store's or the database's password can write an object or a manifest row, so a
+manifest is used only when authenticated: its MAC (:meth:`ArtifactStore.sign`, HMAC-SHA256 over
+the canonical JSON of the artifact key and the manifest) is made with a key only abwatch holds,
+from the environment variable ``[artifacts] manifest_key_env`` names (masked like the password).
+A store without that key is refused at start (:class:`NoManifestKey`). Then every entry is
+checked before any of it is used (:func:`validate_manifest`): an object's name is a SHA-256, a
+path is relative, canonical and without ``..`` or NUL, a size a non-negative integer, a mode
+within 0o777, and a link stays inside the artifact. A manifest failing either is
+:class:`InvalidManifest`: nothing of it is used, and the caller builds the commit itself.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import posixpath
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -33,7 +46,8 @@ import requests
 from abwatch.builders.cache import BOOKKEEPING, OBJECTS, ArtifactCache
 from abwatch.builders.objects import sha256_file
 from abwatch.builders.redact import mask_url, register_secrets
-from abwatch.builders.spec import ArtifactsConfig
+from abwatch.builders.safe_copy import link_stays_inside, venv_interpreter
+from abwatch.builders.spec import ArtifactsConfig, UsageError
 
 CONNECT_TIMEOUT_S = 3.0
 CHUNK = 1 << 20
@@ -41,6 +55,20 @@ CHUNK = 1 << 20
 
 class StoreUnavailable(Exception):
     """The store cannot be used right now (unreachable, refused, an object missing): build locally."""
+
+
+MANIFEST_KEY_MIN = 32  # characters of the manifest key (e.g. `openssl rand -hex 32`)
+SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_PATH = 4096
+
+
+class NoManifestKey(UsageError):
+    """A store is configured, but the key that authenticates its manifests is not in the environment."""
+
+
+class InvalidManifest(Exception):
+    """A manifest that is not used: not authenticated with this fleet's key, or an entry of it
+    that is not safe to use (the message says which and why)."""
 
 
 class CorruptObject(Exception):
@@ -97,6 +125,79 @@ def manifest_of(cache: ArtifactCache, key: str) -> dict:
     return {"files": files, "links": links, "dirs": sorted(dirs)}
 
 
+def canonical(artifact_key: str, manifest: dict) -> bytes:
+    """What a manifest's MAC covers: the artifact key with the manifest, as canonical JSON (keys
+    sorted, no spaces, ASCII), so the same manifest names the same bytes on every host and a
+    manifest moved to another artifact's row no longer matches."""
+    return json.dumps({"artifact_key": artifact_key, "manifest": manifest}, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=True, allow_nan=False).encode()
+
+
+def _path(rel: object, what: str) -> str:
+    if not isinstance(rel, str) or not rel:
+        raise InvalidManifest(f"{what} {rel!r} is not a path")
+    if "\0" in rel or len(rel) > MAX_PATH:
+        raise InvalidManifest(f"{what} {rel!r} holds a NUL byte or is too long")
+    if rel.startswith("/"):
+        raise InvalidManifest(f"{what} {rel!r} is an absolute path")
+    if ".." in rel.split("/"):
+        raise InvalidManifest(f"{what} {rel!r} leaves the artifact (..)")
+    if rel != str(PurePosixPath(rel)) or rel == ".":
+        raise InvalidManifest(f"{what} {rel!r} is not a canonical relative path")
+    if rel in BOOKKEEPING:
+        raise InvalidManifest(f"{what} {rel!r} is a file of abwatch's cache")
+    return rel
+
+
+def validate_manifest(manifest: object) -> None:
+    """Every entry of ``manifest`` checked before any is used: :class:`InvalidManifest` naming
+    the first fault (see the module)."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) \
+            or not set(manifest) <= {"files", "links", "dirs"}:
+        raise InvalidManifest("it is not a manifest (files, links, dirs)")
+    files, links, dirs = manifest["files"], manifest.get("links", {}), manifest.get("dirs", [])
+    if not isinstance(links, dict) or not isinstance(dirs, list):
+        raise InvalidManifest("its links or dirs are not a table and a list")
+    for rel, entry in files.items():
+        _file_entry(_path(rel, "file"), entry)
+    for rel, target in links.items():
+        _link_entry(_path(rel, "link"), target)
+    for rel in dirs:
+        _path(rel, "directory")
+    named = list(files) + list(links) + list(dirs)
+    if len(set(named)) != len(named):
+        raise InvalidManifest("a path is named twice (as a file, a link or a directory)")
+    leaves = set(files) | set(links)
+    for rel in named:
+        for parent in PurePosixPath(rel).parents[:-1]:
+            if str(parent) in leaves:
+                raise InvalidManifest(f"{rel!r} lies under {str(parent)!r}, a file or link")
+
+
+def _file_entry(rel: str, entry: object) -> None:
+    if not isinstance(entry, list) or len(entry) != 3:
+        raise InvalidManifest(f"file {rel!r}: {entry!r} is not [sha256, size, mode]")
+    sha, size, mode = entry
+    if not isinstance(sha, str) or not SHA256.fullmatch(sha):
+        raise InvalidManifest(f"file {rel!r}: object {str(sha)[:80]!r} is not a SHA-256")
+    if type(size) is not int or size < 0:
+        raise InvalidManifest(f"file {rel!r}: size {size!r} is not a non-negative integer")
+    if type(mode) is not int or not 0 <= mode <= 0o777:
+        raise InvalidManifest(f"file {rel!r}: mode {mode!r} is not within 0o777 (no setuid, setgid or sticky)")
+
+
+def _link_entry(rel: str, target: object) -> None:
+    if not isinstance(target, str) or not target or "\0" in target or len(target) > MAX_PATH:
+        raise InvalidManifest(f"link {rel!r}: target {target!r} is not a path")
+    if target.startswith("/"):
+        if not venv_interpreter(rel, target):  # a venv's bin/python to the interpreter: the one exception
+            raise InvalidManifest(f"link {rel!r} -> {target!r} leads outside the artifact")
+        return
+    lexical = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+    if lexical == ".." or lexical.startswith("../"):
+        raise InvalidManifest(f"link {rel!r} -> {target!r} leads outside the artifact")
+
+
 def _safe(rel: str) -> PurePosixPath:
     """A manifest path as a relative path that stays inside the entry (else ValueError)."""
     path = PurePosixPath(rel)
@@ -109,20 +210,57 @@ class ArtifactStore:
     """A client of one WebDAV store: ``has``, ``push`` and ``fetch`` of content-addressed objects."""
 
     def __init__(self, url: str, user: str | None = None, password_env: str | None = None,
-                 timeout_s: float = 30.0, wait_s: float = 7200.0) -> None:
+                 timeout_s: float = 30.0, wait_s: float = 7200.0, manifest_key_env: str | None = None) -> None:
         self.url, self.user, self.password_env, self.timeout_s = url.rstrip("/"), user, password_env, timeout_s
         self.wait_s = wait_s  # how long a host waits for another host's build before it builds itself
         self.display = mask_url(self.url)  # what logs, rows and pages name
-        if password_env:
-            register_secrets([password_env])  # masked in whatever this process prints or stores
+        self.manifest_key_env = manifest_key_env
+        register_secrets([name for name in (password_env, manifest_key_env) if name])  # masked wherever shown
         self._http = requests.Session()
 
     @classmethod
-    def from_config(cls, config: ArtifactsConfig) -> ArtifactStore | None:
-        """The store ``[artifacts]`` names, or None when it names none."""
+    def from_config(cls, config: ArtifactsConfig, need_key: bool = True) -> ArtifactStore | None:
+        """The store ``[artifacts]`` names, or None when it names none. ``need_key``: a host that
+        builds or fetches needs the manifest key (:class:`NoManifestKey` without it); a report of
+        what the store holds does not."""
         if not config.store:
             return None
-        return cls(config.store, config.user, config.password_env, config.timeout_s, config.wait_s)
+        store = cls(config.store, config.user, config.password_env, config.timeout_s, config.wait_s,
+                    config.manifest_key_env)
+        if need_key:
+            store.manifest_key()
+        return store
+
+    def manifest_key(self) -> bytes:
+        """The key that authenticates manifests, from the environment (:class:`NoManifestKey`
+        naming the variable when it is unset or too short)."""
+        value = os.environ.get(self.manifest_key_env or "", "")
+        if len(value) < MANIFEST_KEY_MIN:
+            name = self.manifest_key_env or "(none)"
+            raise NoManifestKey(
+                f"[artifacts] store is set, but ${name} ([artifacts] manifest_key_env) is "
+                f"{'unset' if not value else f'shorter than {MANIFEST_KEY_MIN} characters'}: it holds the key that "
+                "authenticates the shared store's manifests, the same on every host of the fleet (e.g. "
+                "`openssl rand -hex 32`); abwatch neither trusts nor writes manifests without it")
+        return value.encode()
+
+    def sign(self, artifact_key: str, manifest: dict) -> str:
+        """The MAC of ``manifest`` as ``artifact_key``'s (hex HMAC-SHA256 of :func:`canonical`)."""
+        return hmac.new(self.manifest_key(), canonical(artifact_key, manifest), hashlib.sha256).hexdigest()
+
+    def check(self, artifact_key: str, manifest: object, mac: str | None) -> dict:
+        """``manifest`` if its ``mac`` is this fleet's and every entry is safe to use, else
+        :class:`InvalidManifest` saying why."""
+        if not mac:
+            raise InvalidManifest("it carries no MAC (not written by a host of this fleet's key)")
+        try:
+            expected = self.sign(artifact_key, manifest)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            raise InvalidManifest(f"it is not JSON abwatch writes ({exc})") from None
+        if not hmac.compare_digest(expected, str(mac)):
+            raise InvalidManifest("its MAC does not match (written or changed without this fleet's manifest key)")
+        validate_manifest(manifest)
+        return manifest  # type: ignore[return-value]
 
     def object_url(self, sha: str) -> str:
         """Where object ``sha`` lives in the store."""
@@ -196,6 +334,7 @@ class ArtifactStore:
         :class:`CorruptObject` for an object whose bytes do not match, :class:`StoreUnavailable`
         for one the store cannot give; either way nothing is left in the cache.
         """
+        validate_manifest(manifest)  # nothing of it is used before every entry is checked
         staging = cache.staging(key)
         listing, got, got_bytes = {}, 0, 0
         first: dict[tuple[str, int], Path] = {}  # (object, mode) -> where this fetch put it
@@ -221,6 +360,9 @@ class ArtifactStore:
                 path = staging / _safe(rel)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 os.symlink(link, path)
+            for rel, link in manifest.get("links", {}).items():  # followed through the others: still inside
+                if not venv_interpreter(rel, link) and not link_stays_inside(staging / rel, staging):
+                    raise InvalidManifest(f"link {rel!r} -> {link!r} leads outside the artifact through another link")
             cache.adopt_deduplicated(key, staging, listing, info)
             return Fetched(got, got_bytes, len(listing) - got)
         except BaseException:

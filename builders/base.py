@@ -161,7 +161,25 @@ class Builder(abc.ABC):
     # Whether an artifact of this builder works on another host once fetched into its cache (no
     # absolute path of the build host in it); only such builders use the shared store.
     shareable: ClassVar[bool] = False
-    store: ArtifactStore | None = None  # [artifacts] store: set by make_builder for shareable builders
+    _shared_store: ArtifactStore | None = None
+
+    @property
+    def untrusted(self) -> bool:
+        """Whether this builder builds code nobody merged (try and pull-request jobs: the build
+        section's ``for_untrusted``). Its artifacts never reach what trusted builds use: it has
+        no shared store and no remote compiler cache."""
+        return bool(getattr(self.config, "untrusted", False))
+
+    @property
+    def store(self) -> ArtifactStore | None:
+        """[artifacts] store: set by make_builder for shareable builders; never an untrusted one's."""
+        return None if self.untrusted else self._shared_store
+
+    @store.setter
+    def store(self, value: ArtifactStore | None) -> None:
+        if value is not None and self.untrusted:
+            raise ValueError(f"a {self.kind} builder of untrusted code gets no shared artifact store")
+        self._shared_store = value
 
     def portable(self, artifact: Path) -> bool:
         """Whether this built artifact (a cache entry) works on another host: pushed to the store

@@ -29,6 +29,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from pathlib import Path
 from collections.abc import Iterator
 
 from abwatch.builders.objects import ObjectStore, sha256_file
+from abwatch.builders.safe_copy import MODE_BITS, LinkRule, copy_tree, link_stays_inside
 
 MARKER = ".abwatch-complete"
 OBJECTS = ".abwatch-objects.json"  # {relative path: sha256} of a deduplicated entry
@@ -191,15 +193,17 @@ class ArtifactCache:
         (staging / OBJECTS).write_text(json.dumps(kept, sort_keys=True))
         return self.adopt(key, staging, info)
 
-    def put(self, key: str, source: Path, info: dict) -> Path:
+    def put(self, key: str, source: Path, info: dict, said: list[str] | None = None) -> Path:
         """Copy ``source`` into the cache as ``key``; the marker (with ``info``) goes last.
 
-        Call with the key's lock held. A stale incomplete entry is replaced.
+        Call with the key's lock held. A stale incomplete entry is replaced. The copy follows no
+        link (:func:`builders.safe_copy.copy_tree`: ``source`` itself a link is refused, a link
+        out of it dropped); what it dropped is appended to ``said``.
         """
         final = self.path(key)
         staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
         try:
-            shutil.copytree(source, staging / "a", symlinks=True)
+            copy_tree(source, staging / "a", said=said)
             if final.exists():
                 shutil.rmtree(final)
             os.rename(staging / "a", final)
@@ -208,24 +212,43 @@ class ArtifactCache:
         self._mark(final, info)
         return final
 
-    def put_deduplicated(self, key: str, source: Path, info: dict, series: str | None = None) -> Path:
+    def put_deduplicated(self, key: str, source: Path, info: dict, series: str | None = None,
+                         allow_link: LinkRule | None = None, said: list[str] | None = None) -> Path:
         """Like :meth:`put`, but every regular file is a hard link to a content-addressed object.
 
         The entry's ``{path: sha256}`` list is kept in it (``OBJECTS``). With a ``series``
         (builds of one configuration), older entries of the series are then packed against
-        this one: see :meth:`pack`.
+        this one: see :meth:`pack`. A link leading out of ``source`` is dropped unless
+        ``allow_link`` admits it, and so is anything but files, directories and links (said in
+        ``said``); setuid, setgid and sticky bits are cleared.
         """
+        if os.path.islink(source):
+            raise ValueError(f"{source} is a symbolic link: refused")
         staging = self.staging(key)
         try:
             listing = {}
-            for dirpath, _, filenames in os.walk(source):
+            for dirpath, dirnames, filenames in os.walk(source):
                 rel = Path(dirpath).relative_to(source)
                 (staging / rel).mkdir(parents=True, exist_ok=True)
-                for name in filenames:
+                links = [name for name in dirnames if os.path.islink(Path(dirpath) / name)]
+                for name in sorted(filenames) + links:
                     src, dst = Path(dirpath) / name, staging / rel / name
-                    if src.is_symlink():
-                        os.symlink(os.readlink(src), dst)
+                    st = os.lstat(src)
+                    if stat.S_ISLNK(st.st_mode):
+                        target = os.readlink(src)
+                        if link_stays_inside(src, source) or (allow_link is not None
+                                                              and allow_link(str(rel / name), target)):
+                            os.symlink(target, dst)
+                        elif said is not None:
+                            said.append(f"note: dropped the symbolic link {rel / name} -> {target}: it leads "
+                                        "outside the artifact\n")
                         continue
+                    if not stat.S_ISREG(st.st_mode):
+                        if said is not None:
+                            said.append(f"note: dropped {rel / name}: not a file, directory or link\n")
+                        continue
+                    if st.st_mode & ~MODE_BITS & 0o7777:
+                        os.chmod(src, st.st_mode & MODE_BITS)
                     with self._objects_lock():
                         sha = self.objects.add(src)
                         os.link(self.objects.full(sha), dst)

@@ -12,6 +12,7 @@ from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, 
 from abwatch.builders.cache import ArtifactCache
 from abwatch.builders.procs import child_env, cut_log, ending, run_process
 from abwatch.builders.repo import RepoMirror, remove_stale_checkouts
+from abwatch.builders.safe_copy import UnsafeArtifact, inside
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import BuildSettings, CommandBuildConfig, CommitInfo
 
@@ -54,11 +55,16 @@ class CommandBuilder(Builder):
             checkout = Path(tmp) / "src"
             with self.repo.worktree(sha, checkout):
                 log, duration = self._run(sha, checkout)
-                artifacts = checkout / self.config.artifacts
-                if not artifacts.is_dir():
-                    raise self.failed(f"build of {sha[:12]} produced no directory {self.config.artifacts!r}",
-                                      log, duration)
-                path = self.cache.put(key, artifacts, {"sha": sha, "builder": self.kind})
+                said: list[str] = []
+                try:  # the build's outputs, never what they link to (builders.safe_copy)
+                    artifacts = inside(checkout, self.config.artifacts)
+                    if not artifacts.is_dir():
+                        raise self.failed(f"build of {sha[:12]} produced no directory {self.config.artifacts!r}",
+                                          log, duration)
+                    path = self.cache.put(key, artifacts, {"sha": sha, "builder": self.kind}, said=said)
+                except UnsafeArtifact as exc:
+                    raise BuildFailed(f"build of {sha[:12]}: artifacts {exc}", log, duration) from None
+                log += "".join(said)
         return Artifact(key=key, path=path, cached=False, log=log, duration_s=duration)
 
     def binary_files(self, path: Path) -> list[Path]:

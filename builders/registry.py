@@ -18,9 +18,10 @@ BUILDERS: dict[str, type[Builder]] = {
 
 def make_builder(config: BuildSettings) -> Builder:
     """The builder the config's ``build.kind`` names (``config``: the whole ``Config`` will do),
-    with the shared artifact store of ``[artifacts]`` where its artifacts can move between hosts."""
+    with the shared artifact store of ``[artifacts]`` where its artifacts can move between hosts
+    and the code is trusted (an untrusted build, ``for_untrusted``, never reads or writes it)."""
     builder = BUILDERS[config.build.kind](config)
     artifacts = getattr(config, "artifacts", None)  # settings other than a Config may have none
-    if artifacts is not None and builder.shareable:
+    if artifacts is not None and builder.shareable and not builder.untrusted:  # try and pull-request builds: none
         builder.store = ArtifactStore.from_config(artifacts)
     return builder

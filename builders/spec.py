@@ -177,6 +177,9 @@ class CommandBuildConfig(BuildSpec):
     # globs in the artifacts whose sizes are the build's binary_size (none: not measured)
     binary_size: list[str] = Field(default_factory=list, description="globs in the artifacts directory "
                                    "(e.g. lib/*.so) whose sizes are the build's binary_size, judged by every run")
+    untrusted: bool = Field(
+        default=False, description="set by try and pull-request jobs, not in a config file: artifacts kept apart "
+        "(keys of their own) and never pushed to the shared store (see for_untrusted)")
 
     @field_validator("artifacts")
     @classmethod
@@ -195,7 +198,13 @@ class CommandBuildConfig(BuildSpec):
 
     def hashed(self) -> dict[str, Any]:
         """Everything that changes what a build produces (not its time limit)."""
-        return self.model_dump(exclude={"timeout_s", "binary_size"})  # measuring builds nothing
+        # measuring builds nothing; untrusted only when set, which keeps the keys made before it
+        return self.model_dump(exclude={"timeout_s", "binary_size", *(() if self.untrusted else ("untrusted",))})
+
+    def for_untrusted(self) -> CommandBuildConfig:
+        """The build of unmerged code shares nothing with trusted ones: its artifacts have keys of
+        their own, so a trusted build never takes one from the cache, and no store is given it."""
+        return self.model_copy(update={"untrusted": True})
 
 
 class TvmWheelBuildConfig(BuildSpec):
@@ -346,7 +355,8 @@ class ArtifactsConfig(StrictModel):
 
     ``store`` is the base URL of a WebDAV server (nginx's ``dav_methods PUT``): objects go to
     ``{store}/cas/<sha256>``; the manifests are in the database. No password in the URL: ``user``
-    with the password in the environment variable ``password_env`` (HTTP basic auth).
+    with the password in the environment variable ``password_env`` (HTTP basic auth). Each manifest
+    carries an HMAC made with the key in the environment variable ``manifest_key_env``.
     """
 
     store: str | None = Field(default=None, description="http(s)://HOST[:PORT]/PREFIX of the shared store; "
@@ -354,6 +364,10 @@ class ArtifactsConfig(StrictModel):
     user: str | None = Field(default=None, min_length=1, pattern=r"^[^:\s]+$", description="basic auth user")
     password_env: str | None = Field(default=None, pattern=ENV_NAME,
                                      description="environment variable holding the store's password")
+    manifest_key_env: str = Field(
+        default="ABWATCH_MANIFEST_KEY", pattern=ENV_NAME, description="environment variable holding the key that "
+        "authenticates the manifests (HMAC-SHA256; the same on every host, at least 32 characters): with a store "
+        "and no key, abwatch refuses to start")
     timeout_s: float = Field(default=30.0, gt=0, le=600, description="per request (connect and each read)")
     wait_s: float = Field(default=7200.0, gt=0, description="how long a host waits for another host's build of "
                           "a commit it needs before it builds the commit itself")

@@ -39,6 +39,8 @@ from abwatch.builders.environment import ArtifactInfoError, artifact_info, build
 from abwatch.builders.nofollow import read_inside, write_inside
 from abwatch.builders.procs import ProcessResult, child_env, cut_log, run_process, status
 from abwatch.builders.repo import RepoMirror
+from abwatch.builders.safe_copy import UnsafeArtifact, copy_file, copy_tree, inside, resolved_inside, \
+    venv_interpreter
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmSourceBuildConfig
 from abwatch.builders.tvm_ffi import FfiState, Step, ffi_state, install_package, package_settings, \
@@ -76,7 +78,8 @@ class TvmSourceBuilder(Builder):
         apart = "-untrusted" if self.config.untrusted else ""
         self.workspace = config.cache_dir / f"tvm-source{apart}" / self.config.workspace_hash()
         self.ccache_dir = config.cache_dir / f"ccache{apart}"
-        self.compiler_cache = CompilerCache(self.ccache_dir, self.workspace.parent, self.config.ccache_remote,
+        remote = None if self.config.untrusted else self.config.ccache_remote  # never the shared cache for untrusted code
+        self.compiler_cache = CompilerCache(self.ccache_dir, self.workspace.parent, remote,
                                             self.config.ccache_remote_password_env)
         self._fetched = False
         # what its steps may write: the workspaces, their venvs and ccache, and the local package
@@ -261,21 +264,29 @@ class TvmSourceBuilder(Builder):
             os.chmod(tmp, 0o711)  # the post-build check, as the sandbox's user, runs in it
             staging = Path(tmp) / "a"
             (staging / "lib").mkdir(parents=True)
-            libraries = sorted({p for pattern in self.config.libraries for p in build.glob(pattern) if p.is_file()})
-            if not libraries:
-                raise BuildFailed(f"build of {sha[:12]} produced no library matching {self.config.libraries}", "", 0.0)
-            for library in libraries:
-                shutil.copy2(library, staging / "lib" / library.name)
-            if (src / self.config.python_dir).is_dir():
-                shutil.copytree(src / self.config.python_dir, staging / "python", symlinks=True,
-                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info"))
-            for kept in self.config.keep:  # scripts of script:repo: and command workloads
-                _copy_into(src, kept, staging / "src")
+            # nothing is copied through a link out of the workspace (builders.safe_copy): a refusal
+            # is the commit's build failure, a link dropped is said in its log
+            try:
+                libraries = sorted({resolved_inside(build, p) for pattern in self.config.libraries
+                                    for p in build.glob(pattern) if p.is_file()})
+                if not libraries:
+                    raise BuildFailed(f"build of {sha[:12]} produced no library matching {self.config.libraries}",
+                                      "", 0.0)
+                for library in libraries:  # a versioned library's link inside the build: its file
+                    copy_file(Path(os.path.realpath(library)), staging / "lib" / library.name, log)
+                python = inside(src, self.config.python_dir)
+                if python.is_dir():
+                    copy_tree(python, staging / "python", ignore=("__pycache__", "*.pyc", "build", "*.egg-info"),
+                              said=log)
+                for kept in self.config.keep:  # scripts of script:repo: and command workloads
+                    _copy_into(src, kept, staging / "src", log)
+            except UnsafeArtifact as exc:
+                raise BuildFailed(f"build of {sha[:12]}: {exc}", "", 0.0) from None
             ffi = ffi_state(src, self._git_output)
             # the venv travels inside the artifact (its files stored once by content, as the
             # libraries are), so the artifact runs on another host: see builders.venv_copy
             venv = Path(self._venv(ffi, log)).parent.parent
-            host_paths = copy_venv(venv, staging / VENV_DIR)
+            host_paths = copy_venv(venv, staging / VENV_DIR, log)
             if host_paths:
                 log.append(f"note: the build's venv names paths of this host ({'; '.join(host_paths)[:500]}): "
                            "the artifact is not shared with other hosts\n")
@@ -287,7 +298,8 @@ class TvmSourceBuilder(Builder):
             self._check(staging, ffi, log)
             # one series per workspace: older builds of this configuration are packed against this one
             series = self.config.workspace_hash() if self.config.pack_deltas else None
-            return self.cache.put_deduplicated(key, staging, {"sha": sha, "builder": self.kind}, series=series)
+            return self.cache.put_deduplicated(key, staging, {"sha": sha, "builder": self.kind}, series=series,
+                                               allow_link=venv_interpreter, said=log)
 
     def portable(self, artifact: Path) -> bool:
         """An artifact with its venv inside (a relative ``python``) and no path of this host in
@@ -438,16 +450,17 @@ print("check passed", flush=True)
 """
 
 
-def _copy_into(src: Path, kept: str, into: Path) -> None:
-    """Copy the kept file or directory ``kept`` of the checkout ``src`` into ``into``."""
-    source, target = src / kept, into / kept
+def _copy_into(src: Path, kept: str, into: Path, said: list[str] | None = None) -> None:
+    """Copy the kept file or directory ``kept`` of the checkout ``src`` into ``into`` (never
+    through a link: :class:`UnsafeArtifact` for one that is or passes through a link)."""
+    source, target = inside(src, kept), into / kept
     if not source.exists():
         raise BuildFailed(f"build.keep: {kept} is not in this commit", "", 0.0)
     target.parent.mkdir(parents=True, exist_ok=True)
     if source.is_dir():
-        shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+        copy_tree(source, target, ignore=(".git", "__pycache__"), said=said)
     else:
-        shutil.copy2(source, target)
+        copy_file(source, target, said)
 
 
 def _cmake_value(value: str) -> str:

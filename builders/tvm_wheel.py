@@ -21,6 +21,7 @@ from abwatch.builders.base import Artifact, Builder, BuildFailed, section
 from abwatch.builders.cache import ArtifactCache
 from abwatch.builders.procs import child_env, cut_log, run_process, status
 from abwatch.builders.repo import RepoError
+from abwatch.builders.safe_copy import confine, venv_interpreter
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmWheelBuildConfig
 from abwatch.builders.wheelhouse import download, install_options, wheelhouse
@@ -72,6 +73,8 @@ class TvmWheelBuilder(Builder):
         except BuildFailed:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        # built in place, never copied: what pip left linking out of the venv goes (builders.safe_copy)
+        log += "".join(confine(staging, allow_link=venv_interpreter))
         info = {"python": "bin/python", "tvm_version": sha, "tvm_ffi_version": FFI_PINS[sha]}
         (staging / ARTIFACT_INFO).write_text(json.dumps(info, sort_keys=True))
         duration = time.monotonic() - start

@@ -14,9 +14,10 @@ returned, and the artifact is kept on its host (``TvmSourceBuilder.portable``).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
+
+from abwatch.builders.safe_copy import copy_tree, venv_interpreter
 
 # starts the python beside the script, wherever the venv is (sh runs the first two lines; for
 # Python they are a string): the form pip writes for interpreters on too long a path
@@ -26,12 +27,14 @@ RELATIVE_SHEBANG = "#!/bin/sh\n'''exec' \"$(dirname -- \"$0\")/python\" \"$0\" \
 ACTIVATE = ("activate", "activate.*", "Activate.ps1")
 
 
-def copy_venv(source: Path, target: Path) -> list[str]:
+def copy_venv(source: Path, target: Path, said: list[str] | None = None) -> list[str]:
     """Copy the venv ``source`` to ``target`` (without byte code and abwatch's own marker files),
     made independent of ``source``'s path; the paths of the build host outside the venv that
-    its imports still need (empty when the copy works on any host with the same interpreter)."""
-    shutil.copytree(source, target, symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".abwatch-*", *ACTIVATE))
+    its imports still need (empty when the copy works on any host with the same interpreter).
+    No link is followed; one leading out of the venv is dropped (said in ``said``), but for
+    ``bin/python*`` to the interpreter (:func:`builders.safe_copy.copy_tree`)."""
+    copy_tree(source, target, allow_link=venv_interpreter, ignore=("__pycache__", "*.pyc", ".abwatch-*", *ACTIVATE),
+              said=said)
     old = str(source.resolve())
     cfg = target / "pyvenv.cfg"
     if cfg.is_file():

@@ -89,6 +89,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+# The key that authenticates the shared store's manifests ([artifacts] manifest_key_env's default
+# variable): every host of a test fleet has the same one, as a deployment's environment file gives it.
+MANIFEST_KEY = "test-fleet-manifest-key-0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def manifest_key(monkeypatch) -> str:
+    """Every test (and every process it starts) has the fleet's manifest key; a test about a host
+    without it deletes the variable."""
+    monkeypatch.setenv("ABWATCH_MANIFEST_KEY", MANIFEST_KEY)
+    return MANIFEST_KEY
+
+
 @pytest.fixture(scope="session")
 def pg_admin():
     """An AUTOCOMMIT engine on the server's maintenance database."""

@@ -7,9 +7,11 @@ and the watch's jobs all take this path):
 1. the local artifact cache has the artifact: nothing to do;
 2. the store is unreachable: built here, and the build's log and the progress say so (the
    result is the same, only slower);
-3. the database has the artifact's manifest: its objects are fetched into the local cache, each
-   checked against its hash; a corrupt one is refused (said), and the artifact is built here and
-   its objects pushed again;
+3. the database has the artifact's manifest: when its MAC is this fleet's and every entry is safe
+   (:meth:`ArtifactStore.check`), its objects are fetched into the local cache, each checked
+   against its hash; a corrupt one is refused (said), and the artifact is built here and its
+   objects pushed again; a manifest that fails the check is never used: said (the commit and the
+   fault), the artifact built here, and its signed manifest written over the row;
 4. else (PostgreSQL) the artifact's build job (:mod:`service.store.build_jobs`): while a build
    host is alive, or one has claimed the job, this host waits for it and then fetches (step 3);
    with no build host, it claims the job itself and builds, so other hosts that need the same
@@ -17,6 +19,10 @@ and the watch's jobs all take this path):
 
 A build made here is pushed (objects first, each once: ``HEAD`` then ``PUT``), then its manifest
 row is committed, so a manifest never names an object the store was not given.
+
+Code nobody merged (try and pull-request jobs: ``Builder.untrusted``) never gets here: its
+builder has no store (:func:`builders.registry.make_builder`), and :func:`publish` refuses one
+that would push.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from abwatch.builders import Artifact, Builder
-from abwatch.builders.artifact_store import ArtifactStore, CorruptObject, StoreUnavailable, manifest_of
+from abwatch.builders.artifact_store import ArtifactStore, CorruptObject, InvalidManifest, StoreUnavailable, \
+    manifest_of
 from abwatch.service.compare.progress import Progress
 from abwatch.service.store import build_jobs
 from abwatch.service.store.artifacts import ArtifactManifest
@@ -52,6 +59,7 @@ class Plan:
     usable: bool = True  # the store answered: what is built here is pushed
     notes: list[str] = field(default_factory=list)  # said in the log of a build made here
     corrupt: frozenset[str] = frozenset()  # objects found corrupt in the store: put again
+    forged: bool = False  # the manifest row failed its check: this host's signed one replaces it
     claim: build_jobs.Claim | None = None  # the artifact's build job, claimed by this host
     failed: Build | None = None  # the build job's failed build: the commit does not build
 
@@ -69,6 +77,8 @@ def prepare(session: Session, builder: Builder, sha: str, progress: Progress, *,
     store = builder.store
     if store is None:
         return None
+    if builder.untrusted:  # make_builder gives such a builder no store; never rely on one alone
+        raise RuntimeError("an untrusted build was given the shared artifact store")
     key = builder.cache_key(sha)
     plan = Plan(key, store)
     if builder.cache.get(key) is not None:
@@ -81,9 +91,16 @@ def prepare(session: Session, builder: Builder, sha: str, progress: Progress, *,
     postgres = _engine(session).dialect.name == "postgresql"
     deadline, waiting = time.monotonic() + store.wait_s, False
     while True:
-        row = session.execute(select(ArtifactManifest.manifest).where(ArtifactManifest.artifact_key == key)).first()
+        row = session.execute(select(ArtifactManifest.manifest, ArtifactManifest.mac)
+                              .where(ArtifactManifest.artifact_key == key)).first()
         if row is not None:
-            return _fetch(session, builder, plan, sha, row[0], progress)
+            try:
+                manifest = store.check(key, row.manifest, row.mac)
+            except InvalidManifest as exc:
+                plan.forged = True
+                return _note(plan, progress, f"artifact store: the manifest of {key} (commit {sha[:12]}) is not used: "
+                                             f"{exc}; {sha[:12]} is built on this host")
+            return _fetch(session, builder, plan, sha, manifest, progress)
         if claimed or not postgres:
             return plan
         build_jobs.enqueue(session, sha, key)
@@ -142,6 +159,10 @@ def _fetch(session: Session, builder: Builder, plan: Plan, sha: str, manifest: d
                                          "object pushed again")
         except StoreUnavailable as exc:
             return _note(plan, progress, f"artifact store: {exc}: {sha[:12]} is built on this host")
+        except InvalidManifest as exc:
+            plan.forged = True
+            return _note(plan, progress, f"artifact store: the manifest of {plan.key} (commit {sha[:12]}) is not "
+                                         f"used: {exc}; {sha[:12]} is built on this host")
         # byte for byte what the build host made, but made for its interpreter and libraries
         problem = builder.runs_here(builder.cache.path(plan.key))
         if problem is not None:
@@ -169,8 +190,11 @@ def publish(session: Session, builder: Builder, plan: Plan | None, artifact: Art
     record its manifest (committed). Nothing for an artifact fetched from the store."""
     if plan is None or plan.fetched or not plan.usable:
         return
+    if builder.untrusted:
+        raise RuntimeError(f"{artifact.key} is an untrusted build: it is never pushed to the shared store")
+    replace = bool(plan.corrupt) or plan.forged
     have = session.execute(select(ArtifactManifest.id).where(ArtifactManifest.artifact_key == artifact.key)).first()
-    if have is not None and not plan.corrupt:
+    if have is not None and not replace:
         return
     if not builder.portable(artifact.path):  # e.g. a tvm-source artifact built before its venv moved inside
         progress.message(f"  {artifact.key} names paths of this host: it stays on this host only")
@@ -181,13 +205,13 @@ def publish(session: Session, builder: Builder, plan: Plan | None, artifact: Art
     except StoreUnavailable as exc:
         progress.message(f"  artifact store: {exc}: {artifact.key} stays on this host only")
         return
-    values = {"manifest": manifest, "objects": len({f[0] for f in manifest["files"].values()}),
+    values = {"manifest": manifest, "mac": plan.store.sign(artifact.key, manifest), "objects": len({f[0] for f in manifest["files"].values()}),
               "size_bytes": sum(f[1] for f in manifest["files"].values()), "store": plan.store.display,
               "host": f"{socket.gethostname()}:{os.getpid()}", "build_id": build.id, "updated_at": utcnow()}
     insert_ignoring_conflict(session, ArtifactManifest, {"artifact_key": artifact.key, "builder": builder.kind,
                                                          "sha": build.commit.sha, "created_at": utcnow(), **values},
                              ["artifact_key"])
-    if plan.corrupt:  # the objects of this build replace what the store held
+    if replace:  # the objects of this build (and its signed manifest) replace what was there
         session.execute(update(ArtifactManifest).where(ArtifactManifest.artifact_key == artifact.key).values(**values))
     session.commit()
     progress.message(f"  pushed {artifact.key} to {plan.store.display}: {pushed.sent} object(s) sent, "

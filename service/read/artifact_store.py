@@ -40,7 +40,7 @@ def store_report(config: Config, database_url: str, keys: list[str]) -> dict[str
     shown), ``reachable`` and ``problem`` (a request now), ``shared`` (each of ``keys``, the local
     entries, that has a manifest: key -> :func:`manifest_json`), ``manifests`` (how many the
     database holds) and ``note`` (why the database could not say)."""
-    store = ArtifactStore.from_config(config.artifacts)
+    store = ArtifactStore.from_config(config.artifacts, need_key=False)  # reads what it holds: no key needed
     if store is None:
         return None
     problem = store.reach()

@@ -27,6 +27,9 @@ class ArtifactManifest(Base):
     builder: Mapped[str] = mapped_column(String(64))
     sha: Mapped[str] = mapped_column(String(64))
     manifest: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # HMAC-SHA256 of the key and manifest (builders.artifact_store.canonical) with the fleet's
+    # manifest key: a row without the right one is never used (migration 0031)
+    mac: Mapped[str | None] = mapped_column(String(64), nullable=True)
     objects: Mapped[int] = mapped_column(Integer)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     store: Mapped[str] = mapped_column(String(1024))  # the store's URL as shown (no credentials)

@@ -28,6 +28,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from abwatch.builders.artifact_store import ArtifactStore
 from abwatch.builders.redact import mask_url
 from abwatch.service.compare import liveness
 from abwatch.service.notify import alerts
@@ -169,6 +170,7 @@ def forever(engine: Engine, config: Config, *, work: bool = True, progress: Prog
     In every-commit mode the first pass runs at once; in nightly mode at the first tick.
     """
     progress = progress or NullProgress()
+    ArtifactStore.from_config(config.artifacts)  # a store without its manifest key: refused at start
     stopper = Stopper()
     stopper.install()
     zone = ZoneInfo(config.watch.timezone)
@@ -235,6 +237,7 @@ def work(engine: Engine, config: Config, device: str, *, poll_s: float = 2.0,
     """``abwatch worker``: take this device's jobs from the queue until SIGTERM/SIGINT; the device
     registered (its fingerprint) and its heartbeat beaten all the while (:mod:`.presence`)."""
     progress = progress or NullProgress()
+    ArtifactStore.from_config(config.artifacts)  # a store without its manifest key: refused before any job
     stopper = Stopper()
     stopper.install()
     worker = queue.Worker(engine, device, handlers(config, progress))
@@ -256,6 +259,7 @@ def work_builds(engine: Engine, config: Config, *, poll_s: float = 2.0, progress
     hosts' heartbeat (device ``@builds``) beaten all the while, so device hosts know to wait for them."""
     progress = progress or NullProgress()
     builds.check(config)
+    ArtifactStore.from_config(config.artifacts)  # a store without its manifest key: refused before any job
     stopper = Stopper()
     stopper.install()
     worker = queue.Worker(engine, builds.BUILD_QUEUE, {builds.KIND: lambda session, job: builds.run_build(
