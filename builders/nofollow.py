@@ -10,6 +10,7 @@ This module imports nothing from abwatch.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -79,10 +80,8 @@ def write_inside(base: Path, relative: str, text: str, mode: int = 0o644) -> Non
     parts = Path(relative).parts
     fd = _open_parent(base, parts[:-1])
     try:
-        try:
-            os.unlink(parts[-1], dir_fd=fd)  # a link, or a file another user owns: gone
-        except FileNotFoundError:
-            pass
+        with contextlib.suppress(FileNotFoundError):  # a link, or a file another user owns: gone
+            os.unlink(parts[-1], dir_fd=fd)
         file_fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, mode, dir_fd=fd)
     finally:
         os.close(fd)

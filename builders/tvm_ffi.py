@@ -19,6 +19,7 @@ things the plain checkout lacks:
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
@@ -122,6 +123,11 @@ def fill_from(source: Path | None, target: Path) -> None:
     """
     if source is not None and not source.is_dir():
         raise BuildFailed(f"submodule_fallbacks: {source} is not a directory", "", 0.0)
+    # abwatch empties it as root, outside the sandbox: the checkout is the build's, and a link
+    # there (to a host directory) must not have that directory emptied
+    if os.path.realpath(target) != os.path.abspath(target):
+        raise BuildFailed(f"{target} is or passes through a symbolic link: not filled from submodule_fallbacks",
+                          "", 0.0)
     target.mkdir(parents=True, exist_ok=True)
     for entry in target.iterdir():
         if entry.is_dir() and not entry.is_symlink():
