@@ -12,24 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 import git
 import pytest
 import requests
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from abwatch.service.store import db
-from abwatch.service.store.models import Job
 from tests.github_standin import TOKEN, comment_event, deliver
+from tests.test_reconnect import _jobs
 from tests.test_pulls import REPO, SECRET, github, job_count, pr_config  # noqa: F401 - github: a fixture
 from tests.test_try import run_queue, serving
 
 BURST = 200
 
 
-def _jobs(url: str) -> list[Job]:
-    engine = db.make_engine(url)
-    with Session(engine) as session:
-        jobs = list(session.scalars(select(Job).order_by(Job.id)))
-    engine.dispose()
-    return jobs
 
 
 @pytest.fixture

@@ -162,26 +162,10 @@ class SignedDeliveries:
                 or pulls.SIGNATURE_HEADER.lower() not in headers):
             await self.app(scope, receive, send)
             return
-        limit = int(self.server.max_body_mb * 2**20)
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > limit:
-                await _refuse(scope, receive, send, 413, f"request body is over the limit of {limit} bytes")
-                return
-            more = message.get("more_body", False)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
+        body = await read_body(scope, receive, send, int(self.server.max_body_mb * 2**20))
+        if body is None:
+            return
+        replay = replaying(body, receive)
         secret = os.environ.get(self.github.webhook_secret_env, "")
         if not (secret and pulls.verify_signature(secret, body, headers.get(pulls.SIGNATURE_HEADER))):
             await self.app(scope, replay, send)
@@ -193,6 +177,36 @@ class SignedDeliveries:
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:
     await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
+
+
+async def read_body(scope: Scope, receive: Receive, send: Send, limit: int) -> bytes | None:
+    """A request's whole body, read before the application sees it; ``None`` when the client
+    left or the body passed ``limit`` bytes (then answered 413 here)."""
+    body, more = b"", True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if len(body) > limit:
+            await _refuse(scope, receive, send, 413, f"request body is over the limit of {limit} bytes")
+            return None
+        more = message.get("more_body", False)
+    return body
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the application ``body`` (already read) once, then the client's."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:

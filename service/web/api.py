@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 from pydantic import BaseModel, Field, model_validator
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -150,26 +150,10 @@ class Guard:
             await _refuse(scope, receive, send, 413, f"request body of {declared} bytes is over the limit of "
                                                      f"{limit} bytes")
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > limit:
-                await _refuse(scope, receive, send, 413, f"request body is over the limit of {limit} bytes")
-                return
-            more = message.get("more_body", False)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        body = await admission.read_body(scope, receive, send, limit)
+        if body is None:
+            return
+        await self.app(scope, admission.replaying(body, receive), send)
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, detail: str,
