@@ -161,7 +161,7 @@ def configure(settings: SandboxConfig, hide: Iterable[str | os.PathLike] = ()) -
                 "unsandboxed and can read abwatch's environment and memory (its secrets) through /proc")
     _policy = _policy_for(settings, True, shutil.which(settings.bwrap) or settings.bwrap, hidden)
     # every sandboxed child starts with abwatch's interpreter (USAGE): its user must reach it
-    unreachable = reachable(os.path.realpath(sys.executable), _policy)
+    unreachable = reachable(sys.executable, _policy) or reachable(os.path.realpath(sys.executable), _policy)
     if unreachable:
         _policy = None
         raise SandboxUnavailable(f"[sandbox]: {unreachable} (scripts/sandbox-user.sh does both for this host)")

@@ -15,13 +15,17 @@ if ! id "$user" >/dev/null 2>&1; then
   echo "made the user $user, whom code under test runs as"
 fi
 python="${1:-python3}"
-interpreter=$(readlink -f "$("$python" -c 'import sys; print(sys.executable)')")
-dir=$(dirname "$interpreter")
-while [ "$dir" != "/" ]; do
-  mode=$(stat -c %a "$dir")
-  if (( (${mode: -1} & 1) == 0 )); then
-    chmod o+x "$dir"
-    echo "chmod o+x $dir: $user must reach $interpreter"
-  fi
-  dir=$(dirname "$dir")
+executable=$("$python" -c 'import sys; print(sys.executable)')
+# the interpreter as abwatch starts it (a venv's link), where that link leads, and this
+# checkout (its default cache_dir, .abwatch, holds the builds code under test runs)
+for path in "$executable" "$(readlink -f "$executable")" "$PWD/.abwatch"; do
+  dir=$(dirname "$path")
+  while [ "$dir" != "/" ]; do
+    mode=$(stat -c %a "$dir")
+    if (( (${mode: -1} & 1) == 0 )); then
+      chmod o+x "$dir"
+      echo "chmod o+x $dir: $user must reach $path"
+    fi
+    dir=$(dirname "$dir")
+  done
 done
