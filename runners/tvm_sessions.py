@@ -17,6 +17,7 @@ import json
 import math
 import os
 import queue
+import signal
 import subprocess
 import tempfile
 import threading
@@ -117,7 +118,7 @@ class Worker:
             raise WorkerError(f"killed after {timeout_s:g}s timeout") from None
         if line is None:
             self.proc.wait(5)
-            raise WorkerError(f"worker exited with status {self.proc.returncode}: {self.tail()}")
+            raise WorkerError(f"worker {self._ending()}: {self.tail()}")
         try:
             reply = json.loads(line)
         except json.JSONDecodeError:
@@ -129,6 +130,16 @@ class Worker:
         if "error" in reply:
             raise WorkerError(mask_secrets(str(reply["error"])))
         return reply
+
+    def _ending(self) -> str:
+        """How the worker's process ended: killed by a signal (bubblewrap says 128 + N for a
+        sandboxed one), or its exit status."""
+        code = self.proc.returncode
+        number = -code if code is not None and code < 0 else code - 128 if self._tmp and code and code > 128 else 0
+        try:
+            return f"killed by {signal.Signals(number).name}" if number else f"exited with status {code}"
+        except ValueError:
+            return f"exited with status {code}"
 
     def tail(self) -> str:
         """The last lines the worker wrote to stderr."""
