@@ -223,3 +223,12 @@ def test_a_build_that_cannot_reach_a_server_fails_as_a_build(tmp_path, host):
     with pytest.raises(BuildFailed, match="exited with status 1"):
         _builder(tmp_path, tmp_path / "repo").build(sha)
     socket.create_connection(("127.0.0.1", port), timeout=3).close()  # the server is up: the sandbox cut it
+
+
+def test_a_missing_sandbox_user_falls_back_to_nobody_and_says_how_to_make_it():
+    try:
+        note = sandbox.configure(SandboxConfig(user="no-such-abwatch-user"))
+        assert sandbox.policy().user == "nobody" and sandbox.policy().uid not in (None, 0)
+        assert note is not None and "useradd --system" in note and "no-such-abwatch-user" in note
+    finally:
+        sandbox.reset()
