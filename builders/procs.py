@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 import psutil
 
 from abwatch.builders.redact import mask_secrets
-from abwatch.builders.limits import ENTER, make_cgroup
+from abwatch.builders.limits import enter, make_cgroup
 from abwatch.builders.sandbox import Sandbox, policy, reachable
 from abwatch.builders.spec import storable
 
@@ -170,7 +170,8 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
                                 cgroup_procs=cgroup.procs_files if cgroup else ())
             try:
                 result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output,
-                              keep if keep is not None else max_output or KEEP_BYTES, pass_fds=(usage_w,))
+                              keep if keep is not None else max_output or KEEP_BYTES, pass_fds=(usage_w,),
+                              sweep=cgroup is None)
             finally:
                 os.close(usage_w)
             result = _inner_usage(result, usage_r)
@@ -181,9 +182,9 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
         cgroup = make_cgroup(policy().limits) if sandbox is not None else None
         if cgroup is not None:
             stack.callback(cgroup.close)
-            argv = [sys.executable, "-I", "-S", "-c", ENTER, *cgroup.procs_files, "--", *argv]
+            argv = enter(cgroup.procs_files, list(argv))
         result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output,
-                      keep if keep is not None else max_output or KEEP_BYTES)
+                      keep if keep is not None else max_output or KEEP_BYTES, sweep=cgroup is None)
         if cgroup is not None and cgroup.oom_killed():
             result = dataclasses.replace(result, out_of_memory=True)
         return result
@@ -238,7 +239,8 @@ def _startable(program: str, cwd: Path | str | None, env: Mapping[str, str]) -> 
 
 
 def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], timeout_s: float,
-         merge_stderr: bool, max_output: int | None, keep: int, pass_fds: tuple[int, ...] = ()) -> ProcessResult:
+         merge_stderr: bool, max_output: int | None, keep: int, pass_fds: tuple[int, ...] = (),
+         sweep: bool = True) -> ProcessResult:
     start = time.monotonic()
     tag = uuid.uuid4().hex
     proc = subprocess.Popen(
@@ -278,8 +280,10 @@ def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], ti
     for reader in readers:
         reader.join(timeout=max(0.0, deadline - time.monotonic()) if not timed_out else GRACE_S)
     # whatever it left running (a daemon, a detached spinner that would slow the next
-    # invocation) belongs to this child: its group and every process carrying its tag
-    kill_tree(proc.pid, tag)
+    # invocation) belongs to this child: its group and every process carrying its tag (a
+    # cgroup, where there is one, is emptied by its caller: ``sweep`` off)
+    if sweep or any(reader.is_alive() for reader in readers):
+        kill_tree(proc.pid, tag)
     for stream in streams.values():
         if stream is not None:
             stream.close()  # ours; a reader still blocked on it stops (ValueError, handled there)

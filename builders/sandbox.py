@@ -46,7 +46,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from abwatch.builders.limits import ENTER, Limits
+from abwatch.builders.limits import Limits, enter
 from abwatch.builders.spec import SandboxConfig, UsageError
 
 NOBODY = "65534"  # the uid and gid code under test has inside its user namespace
@@ -285,7 +285,7 @@ class Sandbox:
             command = ["setpriv", f"--reuid={rules.uid}", f"--regid={rules.gid}", "--clear-groups",
                        "--inh-caps=-all", "--bounding-set=-all", "--", *command]
         if cgroup_procs:
-            command = [sys.executable, "-I", "-S", "-c", ENTER, *cgroup_procs, "--", *command]
+            command = enter(cgroup_procs, command)
         return command
 
 
