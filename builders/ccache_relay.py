@@ -52,6 +52,10 @@ class _Reader:
     def __init__(self, sock: socket.socket) -> None:
         self.file = sock.makefile("rb")
 
+    def close(self) -> None:
+        """Close the reading file (the socket is its owner's to close)."""
+        self.file.close()
+
     def line(self) -> bytes:
         data = self.file.readline(65536)
         if not data.endswith(b"\r\n"):
@@ -109,6 +113,7 @@ def _connect(remote: str, password: str | None) -> tuple[socket.socket, _Reader]
             if not reader.reply().startswith(b"+"):
                 raise RelayError(f"Redis has no database {database}")
     except (OSError, RelayError, ValueError):
+        reader.close()
         sock.close()
         raise
     return sock, reader
@@ -148,7 +153,9 @@ class ReadOnlyRelay:
             except (OSError, RelayError, ValueError):
                 return  # ccache counts a remote error and compiles
             stack.enter_context(upstream)
+            stack.callback(replies.close)
             commands = _Reader(client)
+            stack.callback(commands.close)
             while True:
                 try:
                     command = commands.command()
@@ -192,7 +199,7 @@ def upload(remote: str, password: str | None, base: Path, outbox: str, limit: in
         return 0, 0
     sock, reader = _connect(remote, password)
     sent = size = 0
-    with sock:
+    with sock, contextlib.closing(reader.file):
         for name in names:
             try:
                 data = read_bytes_inside(base, f"{outbox}/{name}", limit=limit)
