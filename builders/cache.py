@@ -153,6 +153,8 @@ class ArtifactCache:
         final = self.path(key)
         if final.exists():
             shutil.rmtree(final)
+        # mkdtemp made it 0700: code under test runs in it as the sandbox's own user
+        os.chmod(staging, 0o755)
         os.rename(staging, final)
         self._mark(final, info)
         return final
