@@ -20,6 +20,7 @@ This module imports nothing from abwatch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -39,6 +40,7 @@ class Limits:
     memory: int
 
 
+@functools.cache  # once per process: not a mkdir and two writes before every child
 def _v2_parent() -> Path | None:
     controllers = ROOT / "cgroup.controllers"
     try:
@@ -55,6 +57,7 @@ def _v2_parent() -> Path | None:
         return None
 
 
+@functools.cache
 def _v1_parents() -> tuple[Path, Path] | None:
     memory, pids = ROOT / "memory", ROOT / "pids"
     try:

@@ -154,7 +154,11 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
     bytes of stdout were left out before them.
     """
     with contextlib.ExitStack() as stack:
-        tmpdir = None
+        keep = keep if keep is not None else max_output or KEEP_BYTES
+        # code under test, sandboxed or not: its limits, and one place to find all it started
+        cgroup = make_cgroup(policy().limits) if sandbox is not None else None
+        if cgroup is not None:
+            stack.callback(cgroup.close)  # what the child left in it is killed
         if sandbox is not None and sandbox.active:  # a private, writable TMPDIR, removed after the child
             _startable(argv[0], cwd, env)  # as Popen would say, not as bwrap's exit status
             problem = reachable(cwd) if cwd is not None else None
@@ -163,28 +167,18 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
             tmpdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="abwatch-tmp-", ignore_cleanup_errors=True))
             usage_r, usage_w = os.pipe()  # the command's CPU figures, from inside (sandbox.USAGE)
             stack.callback(os.close, usage_r)
-            cgroup = make_cgroup(policy().limits)
-            if cgroup is not None:
-                stack.callback(cgroup.close)  # what the child left in it is killed
             argv = sandbox.wrap(argv, cwd, tmpdir, usage_fd=usage_w,
                                 cgroup_procs=cgroup.procs_files if cgroup else ())
             try:
-                result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output,
-                              keep if keep is not None else max_output or KEEP_BYTES, pass_fds=(usage_w,),
+                result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output, keep, pass_fds=(usage_w,),
                               sweep=cgroup is None)
             finally:
                 os.close(usage_w)
             result = _inner_usage(result, usage_r)
-            if cgroup is not None and cgroup.oom_killed():
-                result = dataclasses.replace(result, out_of_memory=True)
-            return result
-        # code under test without a sandbox: still its limits, and one place to find all it started
-        cgroup = make_cgroup(policy().limits) if sandbox is not None else None
-        if cgroup is not None:
-            stack.callback(cgroup.close)
-            argv = enter(cgroup.procs_files, list(argv))
-        result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output,
-                      keep if keep is not None else max_output or KEEP_BYTES, sweep=cgroup is None)
+        else:
+            if cgroup is not None:
+                argv = enter(cgroup.procs_files, list(argv))
+            result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output, keep, sweep=cgroup is None)
         if cgroup is not None and cgroup.oom_killed():
             result = dataclasses.replace(result, out_of_memory=True)
         return result

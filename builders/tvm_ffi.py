@@ -45,6 +45,11 @@ class FfiState:
     release: str | None
 
 
+def _output(argv: list[str]) -> str:
+    """A command's standard output, run here (tests and benchmarks; a builder passes its sandbox's)."""
+    return subprocess.run(argv, capture_output=True, text=True).stdout
+
+
 def ffi_state(src: Path, output: Callable[[list[str]], str] | None = None) -> FfiState | None:
     """The tvm-ffi submodule of the checkout ``src``, or ``None`` when it has none.
 
@@ -55,7 +60,7 @@ def ffi_state(src: Path, output: Callable[[list[str]], str] | None = None) -> Ff
     ffi = src / FFI_PATH
     if not (ffi / ".git").exists():
         return None
-    run = output or (lambda argv: subprocess.run(argv, capture_output=True, text=True).stdout)
+    run = output or _output
 
     def git(*args: str) -> str:
         return run(["git", "-C", str(ffi), *args]).strip()
@@ -176,8 +181,7 @@ def remove_worktree(ffi: FfiState, target: Path, output: Callable[[list[str]], s
     """Remove the worktree ``target`` (if any) and forget it in the submodule's repository
     (``output``: as for :func:`ffi_state`)."""
     shutil.rmtree(target, ignore_errors=True)
-    run = output or (lambda argv: subprocess.run(argv, capture_output=True, text=True).stdout)
-    run(["git", "-C", str(ffi.path), "worktree", "prune"])
+    (output or _output)(["git", "-C", str(ffi.path), "worktree", "prune"])
 
 
 def package_settings(cmake: Mapping[str, str], launcher: str | None) -> list[str]:
