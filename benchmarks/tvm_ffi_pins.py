@@ -27,7 +27,7 @@ from pathlib import Path
 from abwatch.builders.base import BuildFailed, failure_lines
 from abwatch.builders.procs import child_env, run_process
 from abwatch.builders.tvm_ffi import FFI_PATH, FfiState, install_package
-from abwatch.builders.tvm_source import tool
+from abwatch.builders.build_tools import tool
 
 
 def _pairs(values: list[str]) -> dict[str, str]:

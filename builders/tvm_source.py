@@ -32,6 +32,7 @@ from pathlib import Path
 
 from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, failure_lines, missing_tool, \
     repo_url, section
+from abwatch.builders.build_tools import BuildTools, check_build_tools, tool
 from abwatch.builders.cache import ArtifactCache, flocked
 from abwatch.builders.compiler_cache import STATS_LOG, CompilerCache, parse_stats
 from abwatch.builders.environment import ArtifactInfoError, artifact_info, build_environment, build_python, \
@@ -52,12 +53,6 @@ LOG_LIMIT = 400_000
 RUNTIME_TARGET = "tvm_runtime"
 VENV_DIR = "venv"  # the build's venv, inside the artifact
 RPATH_ORIGIN = "CMAKE_BUILD_RPATH_USE_ORIGIN:BOOL=ON"
-
-
-def tool(name: str) -> str | None:
-    """A build tool from abwatch's own environment (pip's cmake, ninja, ccache) or the PATH."""
-    local = Path(sys.executable).parent / name
-    return str(local) if local.exists() else shutil.which(name)
 
 
 class TvmSourceBuilder(Builder):
@@ -87,9 +82,12 @@ class TvmSourceBuilder(Builder):
         local = tuple(p for p in self.config.python_packages if "{" not in p and Path(p).is_dir())
         self._sandbox = Sandbox(writable=(self.workspace.parent, self.ccache_dir, *local), build=True)
         self._toolchain: str | None = None
+        self._tools: BuildTools | None = None  # checked at the first resolve or build
 
     def resolve(self, ref: str) -> CommitInfo:
         if not self._fetched:  # bring the mirror up to date once per builder
+            # the tools first: one too old is refused now, not after the fetch and an hour's compile
+            self._tools = check_build_tools()
             self.repo.fetch_for(ref)
             self._fetched = True
         return self.repo.resolve(ref)
@@ -217,9 +215,9 @@ class TvmSourceBuilder(Builder):
                 write_inside(mine, f"{relative}/config.cmake", config_cmake)  # only on change: no needless reconfigure
         except OSError as exc:
             raise BuildFailed(f"{build}/config.cmake: {exc.strerror} (the build directory holds a link?)", "", 0.0) from None
-        cmake, ninja, ccache = tool("cmake"), tool("ninja"), tool("ccache")
-        if cmake is None or ninja is None:
-            raise BuildFailed("tvm-source needs cmake and ninja (pip install 'abwatch[source]')", "", 0.0)
+        if self._tools is None:
+            self._tools = check_build_tools()
+        cmake, ninja, ccache = self._tools.cmake, self._tools.ninja, self._tools.ccache
         if ccache:
             self.compiler_cache.begin(log)
         env = self._ccache_env()
@@ -254,8 +252,13 @@ class TvmSourceBuilder(Builder):
                    "steps": len(re.findall(r"^\[\d+/\d+\]", out, flags=re.M)), "jobs": int(jobs),
                    "toolchain": self.toolchain()}
         if ccache:
-            counted = self._run([ccache, "--print-log-stats"], [], "ccache", env=self._ccache_env(stats_log))
-            metrics.update(self.compiler_cache.metrics(parse_stats(counted), log))
+            # the counts describe a good build; failing to read them is said, never the build's failure
+            try:
+                counted = self._run([ccache, "--print-log-stats"], [], "ccache", env=self._ccache_env(stats_log))
+            except (BuildFailed, InfraFailure) as exc:
+                log.append(f"warning: this build's ccache counts could not be read ({exc}); the build is good\n")
+            else:
+                metrics.update(self.compiler_cache.metrics(parse_stats(counted), log))
         return metrics
 
     def _store(self, key: str, sha: str, log: list[str]) -> Path:

@@ -20,6 +20,8 @@ apt_install() {
 command -v cc >/dev/null || apt_install gcc
 command -v valgrind >/dev/null || apt_install valgrind  # the instruction counter where perf cannot count
 command -v bwrap >/dev/null || apt_install bubblewrap  # the sandbox of code under test (tests/test_sandbox.py)
+# Debian's own ccache (4.7): a build tool too old for abwatch, refused before a build (tests/test_build_tools.py)
+[ -x /usr/bin/ccache ] || apt_install ccache
 # nginx's WebDAV module: the shared artifact store the fleet's tests start (tests/webdav.py)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt_install nginx
 # real non-CPU drivers for the gpu runner's tests: Mesa's lavapipe (Vulkan) and pocl (OpenCL),

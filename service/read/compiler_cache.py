@@ -11,7 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from abwatch.builders.compiler_cache import lifetime_stats, reach
 from abwatch.builders.redact import mask_secrets, mask_url
 from abwatch.builders.spec import TvmSourceBuildConfig
-from abwatch.builders.tvm_source import tool
+from abwatch.builders.build_tools import tool
 from abwatch.service.config import Config
 from abwatch.service.read import stored
 from abwatch.service.read.serialize import build_json, compiler_cache_json
