@@ -5,6 +5,15 @@
 # does 10% more work than v1.0, to show a regression being caught.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# bubblewrap: the sandbox code under test runs in (README, Security); without it abwatch runs
+# that code bare, with a warning
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap
+  else
+    echo "quickstart: no bubblewrap here, so code under test runs unsandboxed; install it first (Debian: sudo apt-get install bubblewrap)" >&2
+  fi
+fi
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 # not --quiet: a minute of downloads shows what it is doing

@@ -162,7 +162,8 @@ deadline_s = 300
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode in (0, 130), proc.stderr.read()
+    _, err = proc.communicate()  # closes its pipe
+    assert proc.returncode in (0, 130), err
     assert stopped < 5, f"SIGTERM took {stopped:.1f} s"
     (row,) = _deliveries(url, trickler)
     assert row.status == DeliveryStatus.PENDING  # not lost: the next round sends it

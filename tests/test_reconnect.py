@@ -44,27 +44,27 @@ def test_an_idle_worker_reconnects_after_its_connections_are_dropped(tmp_path, f
     make_demo_repo(repo, (step("base", "Baseline"),))
     config = write_watch_config(tmp_path, repo, 'control = "previous"')
     db.upgrade(fresh_pg_url)
-    log = open(tmp_path / "worker.log", "w+")  # noqa: SIM115 - the worker writes it while it runs
-    worker = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "worker", "--config", config,
-                               "--device", "bench-box", "--db", fresh_pg_url], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while "advisory" not in _activity(pg_admin, fresh_pg_url) and time.monotonic() < deadline:
-            time.sleep(0.2)  # the worker has polled once: its lock connection is open
-        assert _terminate(pg_admin, fresh_pg_url) >= 1
-        # a job queued after the drop: the worker must come back for it
-        assert main(["watch", "--config", config, "--once", "--no-work", "--db", fresh_pg_url]) == 0
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(j.status == JobStatus.DONE for j in _jobs(fresh_pg_url)):
-            assert worker.poll() is None, f"the worker exited {worker.returncode}: {_read(log)}"
-            time.sleep(0.5)
-        assert [j.status for j in _jobs(fresh_pg_url)] == [JobStatus.DONE]
-    finally:
-        worker.terminate()
-        worker.wait(timeout=30)
-    said = _read(log)
-    assert "database connection lost (OperationalError: " in said, said
-    assert "reconnected" in said and "PendingRollbackError" not in said
+    with open(tmp_path / "worker.log", "w+") as log:  # the worker writes it while it runs
+        worker = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "worker", "--config", config,
+                                   "--device", "bench-box", "--db", fresh_pg_url], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while "advisory" not in _activity(pg_admin, fresh_pg_url) and time.monotonic() < deadline:
+                time.sleep(0.2)  # the worker has polled once: its lock connection is open
+            assert _terminate(pg_admin, fresh_pg_url) >= 1
+            # a job queued after the drop: the worker must come back for it
+            assert main(["watch", "--config", config, "--once", "--no-work", "--db", fresh_pg_url]) == 0
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not all(j.status == JobStatus.DONE for j in _jobs(fresh_pg_url)):
+                assert worker.poll() is None, f"the worker exited {worker.returncode}: {_read(log)}"
+                time.sleep(0.5)
+            assert [j.status for j in _jobs(fresh_pg_url)] == [JobStatus.DONE]
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+        said = _read(log)
+        assert "database connection lost (OperationalError: " in said, said
+        assert "reconnected" in said and "PendingRollbackError" not in said
 
 
 def test_a_command_whose_connection_dies_names_the_real_cause(write_config, fresh_pg_url, pg_admin, capsys,

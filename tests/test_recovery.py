@@ -68,7 +68,7 @@ def test_kill_9_mid_run_is_marked_abandoned_by_the_next_command(write_config, db
     proc = _start(["compare", "--config", str(config), "--control", "base", "--treatment", "noop", "--db", db_url])
     _wait_for(lambda: _invocations(db_url) >= 6, what="six stored invocations")
     proc.kill()
-    proc.wait()
+    proc.communicate()  # reaps it and closes its pipes
     [run] = _runs(db_url)
     assert run.status == RunStatus.RUNNING and run.pid == proc.pid  # nobody has looked yet
     kept = _invocations(db_url)
@@ -103,7 +103,7 @@ def test_a_killed_verify_returns_its_regression_to_benchmark(write_config, db_ur
     proc = _start(["verify", str(first["run_id"]), "--db", db_url], env={"FLAKY_SLOWDOWN": "1.3"})
     _wait_for(lambda: _invocations(db_url, RunType.VERIFY) >= 2, what="the verify run's invocations")
     proc.kill()
-    proc.wait()
+    proc.communicate()  # reaps it and closes its pipes
     engine = db.make_engine(db_url)
     with db.session_scope(engine) as session:
         assert session.scalars(select(Regression)).one().state == RegressionState.VERIFY
@@ -145,7 +145,7 @@ command = ["cat", "r.json"]
     _wait_for(lambda: checkouts.is_dir() and any(checkouts.iterdir()), what="the build's checkout")
     time.sleep(0.5)
     proc.kill()
-    proc.wait()
+    proc.communicate()  # reaps it and closes its pipes
     mirror = next((tmp_path / "cache" / "repos").glob("*.git"))
     assert "detached" in git.Repo(mirror).git.worktree("list")  # left registered by the kill
 
