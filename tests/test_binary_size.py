@@ -179,6 +179,33 @@ def test_a_library_that_grows_is_a_binary_size_regression(tmp_path, sqlite_url, 
     assert "binary_size" in table and "regression" in table and f"{int(size['treatment']):,}" in table
 
 
+def test_a_run_that_exits_1_for_its_builds_alone_says_why_and_is_listed(tmp_path, sqlite_url, capsys):
+    # the benchmark is the same code on both sides, counted: its verdict is `same`, so only the
+    # library's growth can make the run exit 1, and every listing must show what did
+    repo = tmp_path / "repo"
+    _history(repo)
+    config = _config(tmp_path, repo, measure='["instructions"]')
+    capsys.readouterr()
+    assert main(["compare", "--config", config, "--control", "v1", "--treatment", "v2", "--db", sqlite_url]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("exit 1: the builds themselves regressed (binary size +"), last
+    assert "no workload did" in last
+    (run,) = json.loads(_out(capsys, "runs", "--json", "--db", sqlite_url))
+    assert run["verdicts"] == {"same": 1} and run["build_verdicts"] == {"binary_size": "regression"}
+    assert "1 same; builds: binary size regression" in _out(capsys, "runs", "--db", sqlite_url)
+    assert json.loads(_out(capsys, "regressions", "--json", "--db", sqlite_url)) == []  # no workload regressed
+    listed = _out(capsys, "regressions", "--db", sqlite_url)
+    assert "builds that regressed themselves" in listed and f"run {run['id']}: binary size +" in listed
+    _, shown = _run(capsys, "show", str(run["id"]), "--db", sqlite_url)
+    assert shown["exit"] == {"status": 1, "why": last}
+
+
+def _out(capsys, *argv: str) -> str:
+    capsys.readouterr()
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
 def test_without_globs_a_command_build_is_not_sized_and_a_workload_cannot_ask_for_it(tmp_path, sqlite_url, capsys):
     repo = tmp_path / "repo"
     _history(repo)
@@ -256,3 +283,11 @@ def test_a_larger_build_is_exit_1_unless_a_workload_left_the_run_incomplete():
     assert CompareOutcome(1, "benchmark", "completed", [], [], (same,)).exit_code == 0
     assert CompareOutcome(1, "benchmark", "incomplete", [], [], (grew,)).exit_code == 4
     assert CompareOutcome(1, "benchmark", "build_failed", [], [], (grew,)).exit_code == 3
+    # the report's last line says which of them made the status
+    assert CompareOutcome(1, "benchmark", "completed", [], [], (grew,)).exit_reason == (
+        "exit 1: the builds themselves regressed (binary size +10.00%); no workload did "
+        "(abwatch runs and abwatch regressions list it as a build regression)")
+    assert CompareOutcome(1, "benchmark", "completed", [], [], (same,)).exit_reason == "exit 0: no regression"
+    assert CompareOutcome(1, "benchmark", "incomplete", [], [], (grew,)).exit_reason.startswith("exit 4: not judged")
+    assert CompareOutcome(1, "benchmark", "build_failed", [], [], (grew,)).exit_reason.startswith(
+        "exit 3: a build failed")

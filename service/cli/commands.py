@@ -162,8 +162,12 @@ def _regressions_command(call: Call) -> int:
     if call.args.state:
         query = query.where(Regression.state == RegressionState(call.args.state))
     regressions = list(call.session.scalars(query))
-    print(json.dumps([report.regression_json(call.session, r) for r in regressions])) if call.args.json \
-        else report.print_regressions(call.out, regressions)
+    if call.args.json:
+        print(json.dumps([report.regression_json(call.session, r) for r in regressions]))
+        return 0
+    report.print_regressions(call.out, regressions)
+    if not call.args.state:  # a build regression has no state of its own
+        report.print_build_regressions(call.out, stored.build_regressions(call.session))
     return 0
 
 

@@ -109,6 +109,7 @@ def print_outcome(out: Console, stored: StoredRun, as_json: bool, ops: bool = Fa
             out.print(f"{r.workload}: {r.verdict.reason}{stop}", markup=False)
         print_instructions(out, r)
         print_tvm_details(out, r, ops)
+    out.print(outcome.exit_reason, markup=False)
 
 
 def verdict_table(outcome: CompareOutcome, width: int) -> Table:
@@ -279,13 +280,30 @@ def print_regressions(out: Console, rows: list[Regression]) -> None:
                       f"{e.reason}", markup=False)
 
 
+def print_build_regressions(out: Console, rows) -> None:
+    """The runs whose builds themselves regressed (their size), a line each: what made them exit 1
+    where no workload regressed."""
+    if not rows:
+        return
+    out.print("builds that regressed themselves (no workload did; the run exited 1):", markup=False)
+    for run, m in rows:
+        change = f" {m.change_pct:+.2f}%" if m.change_pct is not None else ""
+        figures = (f" ({m.control_value:,.0f} -> {m.treatment_value:,.0f} {m.unit}, {m.source})"
+                   if m.control_value is not None and m.treatment_value is not None else "")
+        metric = str(getattr(m.metric, "value", m.metric)).replace("_", " ")
+        out.print(f"  run {run.id}: {metric}{change}{figures}; "
+                  f"{short_sha(run.control_ref)} → {short_sha(run.treatment_ref)}", markup=False)
+
+
 def print_runs(out: Console, rows) -> None:
     """The runs, newest first, with their verdict counts."""
     table = Table(title="runs (newest first; `abwatch show ID` for one)", box=box.SIMPLE_HEAD)
     for column in ("id", "type", "status", "started", "control → treatment", "verdicts"):
         table.add_column(column, overflow="fold", no_wrap=column in ("id", "started"))
-    for r, counts in rows:
+    for r, counts, built in rows:
         verdicts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "-"
+        if built:  # the builds' own metrics (binary size): a regression there makes the run exit 1 too
+            verdicts += "; builds: " + ", ".join(f"{m.replace('_', ' ')} {v}" for m, v in sorted(built.items()))
         table.add_row(str(r.id), r.run_type.value, r.status.value, f"{r.started_at:%Y-%m-%d %H:%M}",
                       f"{short_sha(r.control_ref)} → {short_sha(r.treatment_ref)}", verdicts)
     out.print(table)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from abwatch.service.exits import EXIT_BUILD_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_REGRESSION
-from abwatch.service.store.models import BuildMeasurement, RunStatus
+from abwatch.service.store.models import BuildMeasurement, BuildStatus, RunStatus
 from abwatch.builders.spec import UsageError
 from abwatch.service.stats.verdict import Outcome, Verdict
 
@@ -111,12 +111,34 @@ class CompareOutcome:
             return EXIT_REGRESSION
         return EXIT_OK
 
+    @property
+    def exit_reason(self) -> str:
+        """What made :attr:`exit_code` what it is, in one line (the report's last)."""
+        code = self.exit_code
+        if code == EXIT_BUILD_FAILED:
+            failed = [b.side for b in self.builds if b.status != BuildStatus.SUCCESS.value]
+            return f"exit {code}: a build failed ({', '.join(failed) or 'see above'}), so nothing was measured"
+        workloads = [r.workload for r in self.results if regressed(r)]
+        if workloads:
+            return f"exit {code}: a regression in {', '.join(workloads)} (abwatch regressions lists it)"
+        if code == EXIT_INCOMPLETE:
+            unjudged = [r.workload for r in self.results if r.failure]
+            return f"exit {code}: not judged: {', '.join(unjudged) or 'the run stopped'}"
+        grown = [m for m in self.build_metrics if m.verdict.verdict == Outcome.REGRESSION]
+        if grown:
+            said = ", ".join(f"{m.metric.replace('_', ' ')} {m.verdict.change_pct:+.2f}%"
+                             if m.verdict.change_pct is not None else m.metric.replace("_", " ") for m in grown)
+            return (f"exit {code}: the builds themselves regressed ({said}); no workload did "
+                    "(abwatch runs and abwatch regressions list it as a build regression)")
+        return f"exit {code}: no regression"
+
     def to_json(self) -> dict:
         """The ``--json`` object of ``abwatch compare``."""
         return {
             "run_id": self.run_id,
             "run_type": self.run_type,
             "status": self.status,
+            "exit": {"status": self.exit_code, "why": self.exit_reason},
             "results": [result_json(r) for r in self.results],
             "build_metrics": [m.to_json() for m in self.build_metrics],
             "builds": [

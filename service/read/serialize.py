@@ -73,7 +73,7 @@ def runs_json(rows) -> list[dict]:
              "device": r.device.name if r.device else None, "parent_run_id": r.parent_run_id,
              "started_at": r.started_at.isoformat() if r.started_at else None,
              "finished_at": r.finished_at.isoformat() if r.finished_at else None,
-             "verdicts": counts} for r, counts in rows]
+             "verdicts": counts, "build_verdicts": built} for r, counts, built in rows]
 
 
 def builds_json(rows) -> list[dict]:

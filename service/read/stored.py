@@ -21,7 +21,7 @@ from abwatch.service.compare.outcome import CompareOutcome, DriverError, MetricR
 from abwatch.service.store.models import (
     Build, BuildMeasurement, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType,
 )
-from abwatch.service.stats.verdict import Verdict, RegressionKind
+from abwatch.service.stats.verdict import Outcome, Verdict, RegressionKind
 
 if TYPE_CHECKING:  # a TypedDict: at run time it is a dict, and attribution imports NumPy
     from abwatch.service.compare.attribution import TvmDetails
@@ -186,15 +186,32 @@ def _regressions_by_workload(session: Session, run: Run) -> tuple[dict[int, int]
     return speed, correctness
 
 
-def list_runs(session: Session, limit: int = 20) -> list[tuple[Run, dict[str, int]]]:
-    """The newest runs first, each with how many of its workloads got each verdict."""
+def list_runs(session: Session, limit: int = 20) -> list[tuple[Run, dict[str, int], dict[str, str]]]:
+    """The newest runs first, each with how many of its workloads got each verdict and the
+    verdict on each metric of its two builds (``{"binary_size": "regression"}``): a run that
+    exits 1 because its builds grew says so here too."""
     runs = list(session.scalars(select(Run).order_by(Run.id.desc()).limit(limit)))
     counts: dict[int, dict[str, int]] = {r.id: {} for r in runs}
+    builds: dict[int, dict[str, str]] = {r.id: {} for r in runs}
     if runs:
         for run_id, verdict in session.execute(
                 select(Comparison.run_id, Comparison.verdict).where(Comparison.run_id.in_(counts))):
             counts[run_id][verdict.value] = counts[run_id].get(verdict.value, 0) + 1
-    return [(r, counts[r.id]) for r in runs]
+        for run_id, metric, verdict in session.execute(
+                select(BuildMeasurement.run_id, BuildMeasurement.metric, BuildMeasurement.verdict)
+                .where(BuildMeasurement.run_id.in_(counts))):
+            builds[run_id][str(getattr(metric, "value", metric))] = verdict.value
+    return [(r, counts[r.id], builds[r.id]) for r in runs]
+
+
+def build_regressions(session: Session, limit: int = 20) -> list[tuple[Run, BuildMeasurement]]:
+    """The newest runs whose two builds themselves regressed (a metric of the builds, such as
+    their binary size), with that verdict: no regression row holds them (no workload did it),
+    yet they make a run exit 1, so ``abwatch regressions`` lists them apart."""
+    rows = session.execute(select(Run, BuildMeasurement).join(BuildMeasurement, BuildMeasurement.run_id == Run.id)
+                           .where(BuildMeasurement.verdict == Outcome.REGRESSION)
+                           .order_by(Run.id.desc()).limit(limit))
+    return [(run, measured) for run, measured in rows]
 
 
 def list_builds(session: Session, failed: bool = False, limit: int = 20, builder: str | None = None) -> list[Build]:
