@@ -11,6 +11,7 @@ COPY pyproject.toml README.md ./
 COPY service service
 COPY builders builders
 COPY runners runners
+COPY core core
 COPY migrations migrations
 COPY config config
 RUN pip install --no-cache-dir '.[source]' && pip install --no-cache-dir --no-deps 'apache-otava==0.8.0'

@@ -23,7 +23,8 @@ import random
 import statistics
 import time
 
-from abwatch.runners.harness import CONTROL, interleaved_schedule
+from abwatch.core.sides import CONTROL
+from abwatch.runners.harness import interleaved_schedule
 from abwatch.service import stats
 from benchmarks.detector.real import RealBench
 

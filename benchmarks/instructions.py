@@ -32,9 +32,10 @@ import statistics
 import time
 from collections import Counter
 
+from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners.counters import choose
 from abwatch.runners.results import InvocationResult
-from abwatch.runners.harness import CONTROL, TREATMENT, Slot, interleaved_schedule
+from abwatch.runners.harness import Slot, interleaved_schedule
 from abwatch.service import stats
 from abwatch.service.compare import fresh
 from abwatch.service.compare.instructions import FIRST_LOOK

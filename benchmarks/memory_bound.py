@@ -19,9 +19,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners import CpuRunner
 from abwatch.runners.counters import choose
-from abwatch.runners.harness import CONTROL, TREATMENT, interleaved_schedule
+from abwatch.runners.harness import interleaved_schedule
 from abwatch.service import stats
 from abwatch.service.config import CommandWorkloadConfig, RunnerConfig
 

@@ -26,9 +26,9 @@ import random
 import time
 from pathlib import Path
 
+from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.builders import TvmWheelBuilder
 from abwatch.runners import CpuRunner
-from abwatch.runners.harness import CONTROL, TREATMENT
 from abwatch.service.compare import compile_time, instructions
 from abwatch.service.compare.progress import NullProgress
 from abwatch.service.config import load_config

@@ -1,8 +1,8 @@
 """Builders turn a commit into an artifact; registered by kind in :data:`BUILDERS`.
 
-Importing this package must stay cheap: every module under it (``builders.metrics``, the one
-``Metric``; ``builders.spec``, the config models) is imported through it, the command line's
-parser among them, while the builders themselves need GitPython and the build tools. The API
+Importing this package must stay cheap: every module under it (``builders.spec``, the config
+models) is imported through it, the command line's parser among them, while the builders
+themselves need GitPython and the build tools. The API
 below is therefore resolved on first use (PEP 562), as ``service.stats`` does; type checkers
 see the plain imports.
 """

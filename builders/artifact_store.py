@@ -43,11 +43,12 @@ from pathlib import Path, PurePosixPath
 
 import requests
 
+from abwatch.core.redact import mask_url, register_secrets
+from abwatch.core.errors import UsageError
 from abwatch.builders.cache import BOOKKEEPING, OBJECTS, ArtifactCache
 from abwatch.builders.objects import sha256_file
-from abwatch.builders.redact import mask_url, register_secrets
 from abwatch.builders.safe_copy import link_stays_inside, venv_interpreter
-from abwatch.builders.spec import ArtifactsConfig, UsageError
+from abwatch.builders.spec import ArtifactsConfig
 
 CONNECT_TIMEOUT_S = 3.0
 CHUNK = 1 << 20

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
+from abwatch.core.commit_info import CommitInfo
 from abwatch.builders.artifact_store import ArtifactStore
 from abwatch.builders.cache import ArtifactCache
 from abwatch.builders.sizes import BinarySize, binary_size
-from abwatch.builders.spec import BuildSettings, BuildSpec, CacheConfig, CommitInfo
+from abwatch.builders.spec import BuildSettings, BuildSpec, CacheConfig
 
 GB = 2**30
 FULL_BYTES = 16 * 2**20  # a file system with less free than this is full, whatever cache.min_free_gb says

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from abwatch.builders.spec import UsageError
+from abwatch.core.errors import UsageError
 
 # -S/-B (CMake 3.13), --build --parallel (3.12), CMAKE_BUILD_RPATH_USE_ORIGIN (3.14): what
 # abwatch's own configure and build steps use; TVM's CMakeLists states its own minimum, which

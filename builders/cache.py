@@ -37,6 +37,7 @@ from datetime import datetime, UTC
 from pathlib import Path
 from collections.abc import Iterator
 
+from abwatch.core.file_lock import flocked
 from abwatch.builders.objects import ObjectStore, sha256_file
 from abwatch.builders.safe_copy import MODE_BITS, LinkRule, copy_tree, link_stays_inside
 
@@ -453,21 +454,3 @@ class ArtifactCache:
         marker_tmp = final / f"{MARKER}.tmp"
         marker_tmp.write_text(json.dumps(stamp, sort_keys=True))
         os.replace(marker_tmp, final / MARKER)
-
-
-@contextmanager
-def flocked(path: Path, operation: int = fcntl.LOCK_EX) -> Iterator[bool]:
-    """Hold ``flock(operation)`` on ``path`` for the block; yields whether it was taken.
-
-    Only a non-blocking operation (``LOCK_NB``) can yield False: the lock was held elsewhere.
-    """
-    with open(path, "w") as handle:
-        try:
-            fcntl.flock(handle, operation)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -8,13 +8,14 @@ import platform
 import tempfile
 from pathlib import Path
 
+from abwatch.core.commit_info import CommitInfo
 from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, missing_tool, repo_url, section
 from abwatch.builders.cache import ArtifactCache
 from abwatch.builders.procs import child_env, cut_log, ending, run_process
 from abwatch.builders.repo import RepoMirror, remove_stale_checkouts
 from abwatch.builders.safe_copy import UnsafeArtifact, inside
 from abwatch.builders.sandbox import Sandbox
-from abwatch.builders.spec import BuildSettings, CommandBuildConfig, CommitInfo
+from abwatch.builders.spec import BuildSettings, CommandBuildConfig
 
 LOG_LIMIT = 200_000  # characters of build output kept in the database
 

@@ -6,7 +6,7 @@ remote storage (``CCACHE_NOREMOTE_ONLY``), and a miss in both is compiled once a
 both: a header change compiled on one build host is a remote hit on every other. The password
 (or HTTP bearer token) is read from the environment variable ``ccache_remote_password_env``
 names and put only into the build's own environment; abwatch masks it wherever it prints or
-stores text (:func:`abwatch.builders.redact.register_secrets`), and the URL it shows and stores
+stores text (:func:`abwatch.core.redact.register_secrets`), and the URL it shows and stores
 never holds it.
 
 Unreachable storage never fails a build or changes its output. Before each build a TCP
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from abwatch.core.redact import mask_url, register_secrets
 from abwatch.builders.ccache_relay import ReadOnlyRelay, RelayError, upload
-from abwatch.builders.redact import mask_url, register_secrets
 from abwatch.builders.sandbox import policy
 from abwatch.builders.spec import REMOTE_STORAGE_PORTS
 

@@ -13,7 +13,7 @@ Everything abwatch runs on behalf of the code under test goes through :func:`run
 * only a bounded tail of each stream is held (``keep`` bytes): a build that prints a
   gigabyte costs abwatch a few megabytes, and the result says how much was cut;
 * the child runs in the sandbox its caller names (:mod:`abwatch.builders.sandbox`), and
-  every known secret's value is masked in what it printed (:func:`~abwatch.builders.redact.mask_secrets`).
+  every known secret's value is masked in what it printed (:func:`~abwatch.core.redact.mask_secrets`).
 
 This module imports nothing from abwatch, so builders and runners can use it freely.
 """
@@ -40,10 +40,10 @@ from collections.abc import Mapping, Sequence
 
 import psutil
 
-from abwatch.builders.redact import mask_secrets
+from abwatch.core.redact import mask_secrets
+from abwatch.core.commit_info import storable
 from abwatch.builders.limits import enter, make_cgroup
 from abwatch.builders.sandbox import Sandbox, policy, reachable
-from abwatch.builders.spec import storable
 
 POLL_S = 0.1  # how often a running child is checked for its limits
 

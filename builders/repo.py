@@ -17,9 +17,10 @@ from collections.abc import Iterator
 import git
 import psutil
 
-from abwatch.builders.redact import mask_url
-from abwatch.builders.cache import flocked
-from abwatch.builders.spec import SUMMARY_CHARS, CommitInfo, UsageError, storable
+from abwatch.core.redact import mask_url
+from abwatch.core.file_lock import flocked
+from abwatch.core.commit_info import SUMMARY_CHARS, CommitInfo, storable
+from abwatch.core.errors import UsageError
 
 
 _FULL_SHA = re.compile(r"[0-9a-f]{40}")

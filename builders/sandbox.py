@@ -46,8 +46,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from abwatch.core.errors import UsageError
 from abwatch.builders.limits import Limits, enter
-from abwatch.builders.spec import SandboxConfig, UsageError
+from abwatch.builders.spec import SandboxConfig
 
 NOBODY = "65534"  # the uid and gid code under test has inside its user namespace
 # Where secrets live on a host, hidden whether or not the operator lists them: PostgreSQL's

@@ -1,130 +1,28 @@
-"""What builders, runners and the service share: the spec models, commits, the artifact file.
+"""What builders and runners read of the configuration: the build, cache, artifact store,
+runner and sandbox models, and the protocols a builder or runner takes its settings by.
 
-This module is the bottom of abwatch's layers (``service`` -> ``runners`` -> ``builders``):
-it imports nothing from abwatch, so builders and runners can describe what they build and
-run without knowing the service. :mod:`abwatch.service.config` puts these models into the
-whole :class:`~abwatch.service.config.Config`; a builder or runner takes only the parts it
-needs (:class:`BuildSettings` is the part a builder reads). The workloads' models are in
+The words every layer shares (:class:`~abwatch.core.config_base.StrictModel`,
+:func:`~abwatch.core.config_base.spec_hash`, commits, errors) are in :mod:`abwatch.core`, below
+this module. :mod:`abwatch.service.config` puts these models into the whole
+:class:`~abwatch.service.config.Config`; a builder or runner takes only the parts it needs
+(:class:`BuildSettings` is the part a builder reads). The workloads' models are in
 :mod:`abwatch.builders.workload_spec`, just above this module.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal, Protocol
-from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-
-class UsageError(Exception):
-    """A request abwatch cannot carry out as asked — a bad config value, an unknown ref, a
-    record that does not validate, a device that is not there — and whose message names what
-    is at fault. The command line answers every one with that message and exit status 2."""
+from abwatch.core.config_base import ENV_NAME, StrictModel, spec_hash
 
 
 # The file a TVM build writes into its artifact: which Python runs the worker, and its environment.
 ARTIFACT_INFO = "abwatch-artifact.json"
-
-
-def spec_hash(payload: Mapping[str, Any]) -> str:
-    """The short, stable hash of a JSON-able payload (cache keys, series, watch identities).
-
-    Keys are sorted, so the order a payload was built in never changes the hash; 16 hex
-    digits are what build rows, cache keys and watch rows have always stored.
-    """
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-# A duration in a config (``90``, ``90s``, ``30m``, ``6h``, ``2d``), or ``off``.
-DURATION_OR_OFF = r"^\s*(?i:off|\d+(\.\d+)?\s*[smhd]?)\s*$"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-
-
-def duration_s(text: str) -> float | None:
-    """Seconds of a duration (``90``, ``90s``, ``30m``, ``6h``, ``2d``); None for ``off``."""
-    match = _DURATION.match(text.lower())
-    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]] if match else None
-
-
-# What a commit's text may hold once stored: the authors column's length, and a bound on a
-# summary (git puts no limit on either; one pushed commit must not fill a database).
-SUMMARY_CHARS = 1000
-AUTHOR_CHARS = 256
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def storable(text: str | bytes, limit: int) -> str:
-    """``text`` as both databases can store it: bytes decoded as UTF-8 (invalid bytes
-    replaced), NUL and lone surrogates replaced by U+FFFD, at most ``limit`` characters.
-
-    PostgreSQL refuses NUL in text and the drivers cannot encode a lone surrogate; git accepts
-    both (``git hash-object --literally`` writes any commit), so whatever comes from git or a
-    child process passes through here before it can reach a row.
-    """
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    text = _SURROGATE.sub("\ufffd", text.replace("\0", "\ufffd"))
-    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
-
-
-@dataclass(frozen=True)
-class CommitInfo:
-    """What abwatch records about one commit (or one release, for release builds).
-
-    The summary and author are made storable (:func:`storable`) on construction: every
-    commit read from git is one of these before it is stored, shown or compared.
-    """
-
-    sha: str
-    summary: str
-    author: str
-    # The commit time as an instant in UTC, and the committer's UTC offset in minutes apart:
-    # git accepts offsets up to +-99:59 (Python's and PostgreSQL's time zones stop before
-    # 24 h and 16 h) and any instant, before 1970 too; each database stores these two as they are.
-    committed_at: datetime | None
-    committed_offset_min: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "summary", storable(self.summary, SUMMARY_CHARS))
-        object.__setattr__(self, "author", storable(self.author, AUTHOR_CHARS))
-        when = self.committed_at
-        if when is not None and when.tzinfo is not None:  # an aware time: its instant and its offset
-            offset = when.utcoffset()
-            if self.committed_offset_min is None and offset is not None:
-                object.__setattr__(self, "committed_offset_min", int(offset.total_seconds()) // 60)
-            object.__setattr__(self, "committed_at", when.astimezone(UTC))
-        elif when is not None:  # a naive time is taken as UTC
-            object.__setattr__(self, "committed_at", when.replace(tzinfo=UTC))
-
-    def local_time(self) -> str | None:
-        """The commit time as git shows it, in the committer's offset (``2026-01-07 12:00:00 +2300``)."""
-        return format_git_time(self.committed_at, self.committed_offset_min)
-
-
-def format_git_time(instant: datetime | None, offset_min: int | None) -> str | None:
-    """``instant`` (UTC) on the committer's wall clock with git's ``+HHMM`` (any offset git accepts)."""
-    if instant is None:
-        return None
-    offset = offset_min or 0
-    sign, size = ("-" if offset < 0 else "+"), abs(offset)
-    try:
-        wall = instant.replace(tzinfo=None) + timedelta(minutes=offset)
-    except OverflowError:  # near year 1 or 9999 the wall clock may lie outside what Python holds
-        wall, sign, size = instant.replace(tzinfo=None), "+", 0
-    return f"{wall:%Y-%m-%d %H:%M:%S} {sign}{size // 60:02d}{size % 60:02d}"
-
-
-class StrictModel(BaseModel):
-    """Base for config sections: unknown keys are errors (they are usually typos); frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RepoConfig(StrictModel):
@@ -220,7 +118,6 @@ class TvmWheelBuildConfig(BuildSpec):
         return {"kind": self.kind, "packages": sorted(self.packages)}
 
 
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # ccache's remote storage backends abwatch hands a password to, with their default ports
 REMOTE_STORAGE_PORTS = {"redis": 6379, "http": 80}
 

@@ -30,10 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from abwatch.core.file_lock import flocked
+from abwatch.core.commit_info import CommitInfo
 from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, failure_lines, missing_tool, \
     repo_url, section
 from abwatch.builders.build_tools import BuildTools, check_build_tools, tool
-from abwatch.builders.cache import ArtifactCache, flocked
+from abwatch.builders.cache import ArtifactCache
 from abwatch.builders.compiler_cache import STATS_LOG, CompilerCache, parse_stats
 from abwatch.builders.environment import ArtifactInfoError, artifact_info, build_environment, build_python, \
     missing_libraries
@@ -43,7 +45,7 @@ from abwatch.builders.repo import RepoMirror
 from abwatch.builders.safe_copy import UnsafeArtifact, copy_file, copy_tree, inside, resolved_inside, \
     venv_interpreter
 from abwatch.builders.sandbox import Sandbox
-from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmSourceBuildConfig
+from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, TvmSourceBuildConfig
 from abwatch.builders.tvm_ffi import FfiState, Step, ffi_state, install_package, package_settings, \
     update_submodules
 from abwatch.builders.venv_copy import copy_venv, interpreter_problem

@@ -17,13 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+from abwatch.core.commit_info import CommitInfo
 from abwatch.builders.base import Artifact, Builder, BuildFailed, section
 from abwatch.builders.cache import ArtifactCache
 from abwatch.builders.procs import child_env, cut_log, run_process, status
 from abwatch.builders.repo import RepoError
 from abwatch.builders.safe_copy import confine, venv_interpreter
 from abwatch.builders.sandbox import Sandbox
-from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, CommitInfo, TvmWheelBuildConfig
+from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, TvmWheelBuildConfig
 from abwatch.builders.wheelhouse import download, install_options, wheelhouse
 
 # apache-tvm release -> the apache-tvm-ffi release it works with (each pair checked here:

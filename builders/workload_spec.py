@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from abwatch.builders.metrics import FROM_TIMED_PROCESSES, GENERATION, OF_BUILDS, OF_WORKLOADS, Metric
-from abwatch.builders.spec import StrictModel
+from abwatch.core.sides import TREATMENT
+from abwatch.core.metric_names import FROM_TIMED_PROCESSES, GENERATION, OF_BUILDS, OF_WORKLOADS, Metric
+from abwatch.core.config_base import StrictModel
 
 # What one invocation of a command workload may print and report, unless its config says more.
 MAX_OUTPUT_MB = 16
@@ -64,7 +65,7 @@ class WorkloadSpec(StrictModel):
 
     def generates_tokens(self) -> bool:
         """Whether its processes generate tokens, and so report the generation's metrics
-        (:data:`~abwatch.builders.metrics.GENERATION`): a built-in LLM's (``builtin:llm-decode``)."""
+        (:data:`~abwatch.core.metric_names.GENERATION`): a built-in LLM's (``builtin:llm-decode``)."""
         return False
 
     @model_validator(mode="after")
@@ -195,7 +196,7 @@ class TvmWorkloadConfig(WorkloadSpec):
     def overrides(self, side: str) -> dict[str, Any]:
         """What ``side`` changes of the workload: ``treatment_options`` for the treatment, nothing
         for the control (the TVM worker merges them over the workload's own settings)."""
-        return self.treatment_options if side == "treatment" else {}
+        return self.treatment_options if side == TREATMENT else {}
 
     @model_validator(mode="after")
     def _onnx_needs_md5(self) -> TvmWorkloadConfig:

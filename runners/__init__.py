@@ -4,7 +4,7 @@ from abwatch.builders.spec import RunnerSettings
 from abwatch.runners.base import Runner, RunnerUnavailable
 from abwatch.runners.cpu import CpuRunner
 from abwatch.runners.gpu import GpuRunner
-from abwatch.runners.results import DeviceInfo, InvocationResult, TvmMetrics
+from abwatch.runners.results import InvocationResult, TvmMetrics
 from abwatch.runners.rpc import RpcRunner
 from abwatch.runners.workload_kind import WorkloadKind
 from abwatch.runners.workloads import WORKLOAD_KINDS
@@ -21,5 +21,5 @@ def make_runner(config: RunnerSettings) -> Runner:
     return RUNNERS[config.runner.kind](config.runner)
 
 
-__all__ = ["CpuRunner", "DeviceInfo", "GpuRunner", "InvocationResult", "RpcRunner", "Runner", "RunnerUnavailable",
+__all__ = ["CpuRunner", "GpuRunner", "InvocationResult", "RpcRunner", "Runner", "RunnerUnavailable",
            "RUNNERS", "TvmMetrics", "WORKLOAD_KINDS", "WorkloadKind", "make_runner"]

@@ -1,8 +1,9 @@
 """The runner plug-in interface: prepare a device, run one invocation, tear down.
 
-What a runner returns (:class:`~abwatch.runners.results.InvocationResult`,
-:class:`~abwatch.runners.results.DeviceInfo`) lives in :mod:`.results`, below every module a
-runner is made of, so that this module can import the workload kinds and the TVM sessions.
+What a runner returns (:class:`~abwatch.runners.results.InvocationResult`) lives in
+:mod:`.results`, below every module a runner is made of, so that this module can import the
+workload kinds and the TVM sessions; the device it describes is
+:class:`~abwatch.core.device_identity.DeviceInfo`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import socket
 from pathlib import Path
 from typing import ClassVar
 
-from abwatch.builders.spec import RunnerConfig, UsageError
+from abwatch.core.sides import CONTROL
+from abwatch.core.errors import UsageError
+from abwatch.core.device_identity import DeviceInfo
+from abwatch.builders.spec import RunnerConfig
 from abwatch.builders.workload_spec import WorkloadSpec
 from abwatch.runners.counters import InstructionCounter
-from abwatch.runners.results import DeviceInfo, InvocationResult
+from abwatch.runners.results import InvocationResult
 from abwatch.runners.tvm_sessions import TvmSessions
 from abwatch.runners.workload_kind import WorkloadKind
 from abwatch.runners.workloads import WORKLOAD_KINDS
@@ -49,7 +53,7 @@ class Runner(abc.ABC):
     tvm: TvmSessions
 
     def run(self, artifact_dir: Path, workload: WorkloadSpec,
-            timeout_s: float, side: str = "control") -> InvocationResult:
+            timeout_s: float, side: str = CONTROL) -> InvocationResult:
         """Run one invocation of ``workload`` with the build in ``artifact_dir``, as its kind
         (:data:`~abwatch.runners.workloads.WORKLOAD_KINDS`) says.
 
@@ -59,13 +63,13 @@ class Runner(abc.ABC):
         return self.kind_of(workload).run(self.tvm, artifact_dir, workload, timeout_s, side)
 
     def compile_time(self, artifact_dir: Path, workload: WorkloadSpec,
-                     timeout_s: float, side: str = "control") -> InvocationResult:
+                     timeout_s: float, side: str = CONTROL) -> InvocationResult:
         """One fresh process that only compiles ``workload`` with the build in ``artifact_dir``;
         its one sample is the compile time in ms (kinds without a compile step refuse)."""
         return self.kind_of(workload).compile_time(self.tvm, artifact_dir, workload, timeout_s, side)
 
     def count_instructions(self, artifact_dir: Path, workload: WorkloadSpec,
-                           timeout_s: float, counter: InstructionCounter, side: str = "control",
+                           timeout_s: float, counter: InstructionCounter, side: str = CONTROL,
                            what: str = "run") -> InvocationResult:
         """One fresh process of ``workload`` under ``counter``; its one sample is the number of
         instructions ``what`` ("run" or "compile") retired (what each kind counts:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
+from abwatch.core.device_identity import DeviceInfo
 from abwatch.builders.spec import RunnerConfig
 from abwatch.runners.fingerprint import host_fingerprint
 from abwatch.runners.base import Runner
-from abwatch.runners.results import DeviceInfo
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 

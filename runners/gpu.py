@@ -22,6 +22,7 @@ import socket
 from pathlib import Path
 from typing import TypeGuard
 
+from abwatch.core.device_identity import DeviceInfo
 from abwatch.builders.environment import ArtifactInfoError, build_environment, build_python
 from abwatch.builders.procs import child_env, run_process
 from abwatch.builders.sandbox import Sandbox
@@ -30,7 +31,6 @@ from abwatch.runners.fingerprint import host_fingerprint
 from abwatch.runners.base import Runner, RunnerUnavailable
 from abwatch.runners import worker_device
 from abwatch.runners.device_apis import DeviceApi, api_of
-from abwatch.runners.results import DeviceInfo
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 

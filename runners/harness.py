@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Mapping
 
+from abwatch.core.safejson import BadValue, loads, milliseconds
+from abwatch.core.sides import CONTROL, TREATMENT, Side
 from abwatch.runners.results import TvmMetrics
-from abwatch.runners.safejson import BadValue, loads, milliseconds
-
-CONTROL = "control"
-TREATMENT = "treatment"
 
 
 class OutputError(Exception):
@@ -29,7 +27,7 @@ class OutputError(Exception):
 class Slot:
     """One planned invocation: which side, its place in the order, whether it is warm-up."""
 
-    side: str
+    side: Side
     position: int
     warmup: bool
 
@@ -39,9 +37,9 @@ def interleaved_schedule(repetitions: int, warmup: int, rng: random.Random, star
 
     ``start`` is the position of the first slot, so later batches continue the numbering.
     """
-    sides: list[tuple[str, bool]] = []
+    sides: list[tuple[Side, bool]] = []
     for count, is_warmup in ((warmup, True), (repetitions, False)):
-        pairs: list[tuple[str, str]] = []
+        pairs: list[tuple[Side, Side]] = []
         while len(pairs) < count:
             first, second = (CONTROL, TREATMENT) if rng.random() < 0.5 else (TREATMENT, CONTROL)
             pairs.extend([(first, second), (second, first)])

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from abwatch.builders.spec import storable
+from abwatch.core.commit_info import storable
 
 TOP = 200  # functions kept per profile: the stored size stays bounded whatever the region ran
 SHOWN = 5  # functions a comment or an alert names

@@ -1,5 +1,5 @@
-"""What a runner yields: its device's description, each invocation's result and the metrics a
-TVM worker reports.
+"""What a runner yields: each invocation's result and the metrics a TVM worker reports (its
+device's description is :class:`abwatch.core.device_identity.DeviceInfo`).
 
 Apart from :mod:`.base` (the runner interface) so that the modules a runner is made of
 (the harness, the workload kinds, the TVM sessions) and the service can all use these types
@@ -85,19 +85,3 @@ class InvocationResult:
         """The wall time the CPU figures cover: the timing batch's where reported, else the
         whole invocation's."""
         return self.usage_wall_s or self.wall_s
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What :meth:`~abwatch.runners.base.Runner.prepare` says about the device: stored on the device row and in
-    every record (``hardware``, ``hardware_config``, ``software_config``, ``runtime_config``).
-
-    ``fingerprint`` (:mod:`.fingerprint`) is the part whose change starts a new series: the
-    device row is one per (name, fingerprint)."""
-
-    name: str  # the device's identity in the database
-    kind: str  # the runner's kind
-    hardware_config: dict[str, Any]
-    software_config: dict[str, Any]
-    runtime_config: dict[str, Any] = field(default_factory=dict)
-    fingerprint: dict[str, Any] = field(default_factory=dict)

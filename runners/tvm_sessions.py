@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
+from abwatch.core.redact import mask_secrets
 from abwatch.builders.environment import ArtifactInfoError, build_environment, build_python
 from abwatch.builders.procs import child_env, kill_tree
-from abwatch.builders.redact import mask_secrets
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig
 from abwatch.builders.workload_spec import TvmWorkloadConfig

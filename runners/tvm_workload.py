@@ -9,7 +9,8 @@ import hashlib
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from abwatch.builders.spec import BuildSpec, TvmSourceBuildConfig, UsageError
+from abwatch.core.errors import UsageError
+from abwatch.builders.spec import BuildSpec, TvmSourceBuildConfig
 from abwatch.builders.workload_spec import SCRIPT_REPO, TvmWorkloadConfig
 from abwatch.runners.counters import InstructionCounter
 from abwatch.runners.outputs import OutputDiff, first_compiled, output_error

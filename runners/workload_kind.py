@@ -51,7 +51,7 @@ class WorkloadKind(abc.ABC):
     def resolve(self, workload: Any, base_dir: Path) -> WorkloadSpec:
         """``workload`` with its local paths made absolute against ``base_dir`` (the config
         file's directory), and whatever else must be read when the config is read; raises
-        :class:`~abwatch.builders.spec.UsageError` whose message starts with the key at fault
+        :class:`~abwatch.core.errors.UsageError` whose message starts with the key at fault
         (``model: cannot read ...``). Kinds without paths return it as it is."""
         return workload
 

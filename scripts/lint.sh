@@ -8,5 +8,5 @@ cd "$(dirname "$0")/.."
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 mkdir "$tree/abwatch"
-for package in service builders runners migrations; do ln -s "$PWD/$package" "$tree/abwatch/$package"; done
-MYPYPATH="$tree" .venv/bin/mypy -p abwatch.service -p abwatch.builders -p abwatch.runners
+for package in service builders runners core migrations; do ln -s "$PWD/$package" "$tree/abwatch/$package"; done
+MYPYPATH="$tree" .venv/bin/mypy -p abwatch.service -p abwatch.builders -p abwatch.runners -p abwatch.core

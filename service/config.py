@@ -15,12 +15,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from abwatch.builders.metrics import Metric
-# The models builders and runners share live in builders.spec (the bottom layer); the
-# config re-uses them, and service code may import them from here or from there.
-from abwatch.builders.spec import (  # noqa: F401  (re-exported)
-    BUILD_KINDS, DURATION_OR_OFF, ArtifactsConfig, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig, SandboxConfig,
-    TvmSourceBuildConfig, TvmWheelBuildConfig, UsageError, StrictModel, duration_s,
+from abwatch.core.config_base import DURATION_OR_OFF, StrictModel, duration_s
+from abwatch.core.errors import UsageError
+from abwatch.core.metric_names import Metric
+from abwatch.builders.spec import (  # noqa: F401 - re-exported: the models builders and runners read, re-used here
+    BUILD_KINDS, ArtifactsConfig, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig,
+    SandboxConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
 )
 from abwatch.builders.workload_spec import (  # noqa: F401  (re-exported)
     MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, CommandWorkloadConfig, TvmWorkloadConfig, WorkloadSpec,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from abwatch.builders import TvmSourceBuilder, build_tools
-from abwatch.builders.spec import UsageError
+from abwatch.core.errors import UsageError
 from tests.test_tvm_source import make_config, project  # noqa: F401  (the fixture)
 
 DEBIAN_CCACHE = "/usr/bin/ccache"

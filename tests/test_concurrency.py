@@ -19,6 +19,7 @@ import git
 import pytest
 from sqlalchemy import func, select, text
 
+from abwatch.core.commit_info import CommitInfo
 from abwatch.service.compare import noise
 from abwatch.service.store import db, locks
 from abwatch.service.store.models import (
@@ -26,7 +27,6 @@ from abwatch.service.store.models import (
 )
 from abwatch.service.stats.verdict import RegressionState
 from abwatch.builders.repo import RepoMirror
-from abwatch.builders.spec import CommitInfo
 from abwatch.service.stats import Outcome
 from abwatch.service.store.rows import get_commit, get_repository, get_workload
 from tests.test_compare import compare

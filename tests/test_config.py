@@ -80,7 +80,7 @@ def test_config_hashes_stay_what_caches_and_build_rows_hold():
     # Cache keys, build rows and watch identities hold these: a changed hash rebuilds every
     # cached artifact and starts new watch series, so a change must be deliberate.
     from abwatch.service.config import TvmSourceBuildConfig, TvmWheelBuildConfig
-    from abwatch.builders.spec import spec_hash
+    from abwatch.core.config_base import spec_hash
     assert CommandBuildConfig(command=["make"]).config_hash() == "4c77e072e4148f9a"
     assert TvmWheelBuildConfig(packages=["onnx", "b"]).config_hash() == "03248355197ea73e"
     assert TvmWheelBuildConfig(packages=["b", "onnx"]).config_hash() == "03248355197ea73e"

@@ -10,9 +10,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.builders.procs import child_env, run_process
 from abwatch.builders.sandbox import Sandbox
-from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, ProcessFigures
+from abwatch.runners.harness import Measurement, ProcessFigures
 from abwatch.service import stats
 from abwatch.service.compare import contended
 from abwatch.service.config import CommandWorkloadConfig, CommandBuildConfig, Config

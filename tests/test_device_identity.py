@@ -18,8 +18,9 @@ import requests
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from abwatch.runners import CpuRunner, DeviceInfo
-from abwatch.runners.fingerprint import changes, digest, summary, target_string
+from abwatch.core.device_identity import DeviceInfo, changes, digest, summary
+from abwatch.runners import CpuRunner
+from abwatch.runners.fingerprint import target_string
 from abwatch.service.config import Config, load_config
 from abwatch.service.notify import alerts
 from abwatch.service.store import db

@@ -10,13 +10,14 @@ from contextlib import ExitStack
 
 from sqlalchemy import func, select
 
+from abwatch.core.sides import Side
 from abwatch.builders import CommandBuilder
 from abwatch.runners import CpuRunner
 from abwatch.service.compare import driver
 from abwatch.service.store import db
 from abwatch.service.compare.building import build_commits, build_pair
 from abwatch.service.config import load_config
-from abwatch.service.store.models import Build, BuildStatus, Comparison, Invocation, Run, RunStatus, RunType, Side
+from abwatch.service.store.models import Build, BuildStatus, Comparison, Invocation, Run, RunStatus, RunType
 from abwatch.service.store.rows import get_commit, get_device, get_repository
 
 

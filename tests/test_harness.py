@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from abwatch.runners.harness import CONTROL, TREATMENT, OutputError, interleaved_schedule, parse_output
+from abwatch.core.sides import CONTROL, TREATMENT
+from abwatch.runners.harness import OutputError, interleaved_schedule, parse_output
 
 
 @pytest.mark.parametrize("repetitions,warmup", [(2, 0), (5, 1), (10, 2), (11, 3)])

@@ -15,7 +15,7 @@ import git
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.builders.spec import CommitInfo, storable
+from abwatch.core.commit_info import CommitInfo, storable
 from abwatch.service.store import db
 from abwatch.service.cli.main import main
 from abwatch.service.cli.demo import make_demo_repo

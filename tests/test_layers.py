@@ -1,10 +1,12 @@
-"""The layers' arrows run one way: service -> runners -> builders (builders.spec at the bottom).
+"""The layers' arrows run one way: service -> runners -> builders -> core (core at the bottom).
 
 Builders and runners are plug-ins the service drives; if they imported the service, a new
 builder could not be written, tested or run (a watch worker, a board agent) without the
-database, the API and the whole CLI coming along. No module imports another in a cycle, nor
-hides an import in a function (bar a short allow-list kept for start-up time), and migrations
-import no abwatch code.
+database, the API and the whole CLI coming along. The words every layer shares (errors,
+commits, metric names, sides, redaction, a device's identity) are in core, which imports no
+other abwatch package: the service's lower packages take them from there, not from a plug-in.
+No module imports another in a cycle, nor hides an import in a function (bar a short
+allow-list kept for start-up time), and migrations import no abwatch code.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # package folder -> the abwatch packages its modules must not import
 FORBIDDEN = {
+    "core": ("abwatch.service", "abwatch.runners", "abwatch.builders", "abwatch.migrations"),
     "builders": ("abwatch.service", "abwatch.runners"),
     "runners": ("abwatch.service",),
 }
@@ -47,15 +50,20 @@ def modules_of(package: str) -> list[Path]:
     return sorted((ROOT / package).glob("*.py"))
 
 
+def forbidden_imports(files: list[Path], forbidden: tuple[str, ...], root: Path = ROOT) -> list[str]:
+    """``path:line: imports name`` for each import in ``files`` of a package in ``forbidden``."""
+    return [
+        f"{path.relative_to(root)}:{line}: imports {name}"
+        for path in files for line, name in imported_names(path)
+        if any(name == bad or name.startswith(bad + ".") for bad in forbidden)
+    ]
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_no_module_imports_an_upper_layer(package):
     files = modules_of(package)
     assert len(files) >= 5, f"found only {files} in {package}/"
-    wrong = [
-        f"{path.relative_to(ROOT)}:{line}: imports {name}"
-        for path in files for line, name in imported_names(path)
-        if any(name == bad or name.startswith(bad + ".") for bad in FORBIDDEN[package])
-    ]
+    wrong = forbidden_imports(files, FORBIDDEN[package])
     assert not wrong, "\n".join(wrong)
 
 
@@ -69,6 +77,44 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     names = [name for _, name in imported_names(bad)]
     assert "abwatch.service.config" in names and "abwatch.service.stats" in names
     assert "abwatch.runners.cpu" in names and "abwatch.service" in names
+
+
+def test_the_checker_sees_a_core_module_importing_a_plug_in(tmp_path):
+    # core's entry above would pass vacuously if a plug-in import in core went unseen
+    bad = tmp_path / "core" / "x.py"
+    bad.parent.mkdir()
+    bad.write_text("import json\nfrom abwatch.core.errors import UsageError\nfrom abwatch.builders.spec import RepoConfig\n"
+                   "def f():\n    import abwatch.runners.harness\nfrom ..builders import cache\n")
+    wrong = forbidden_imports([bad], FORBIDDEN["core"], tmp_path)
+    # core importing core (line 2) is fine; a builder, a runner in a function, a relative import are not
+    assert sorted({w.split(": ", 1)[0] for w in wrong}) == ["core/x.py:3", "core/x.py:5", "core/x.py:6"], wrong
+    assert {"core/x.py:3: imports abwatch.builders.spec", "core/x.py:5: imports abwatch.runners.harness",
+            "core/x.py:6: imports abwatch.builders.cache"} <= set(wrong), wrong
+
+
+def test_importing_core_loads_nothing_else_of_abwatch():
+    # transitively too: a fresh interpreter imports every core module
+    modules = [f"abwatch.core.{path.stem}" for path in modules_of("core") if path.stem != "__init__"]
+    code = ("import importlib, sys\n"
+            f"for name in {modules!r}: importlib.import_module(name)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('abwatch.') and not m.startswith('abwatch.core')))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('abwatch.core')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "[]", f"core pulled in {out[0]}"
+    assert "abwatch.core.sides" in out[1] and "abwatch.core.device_identity" in out[1]
+
+
+# The service's lower packages need only shared words of the plug-ins (errors, commits, metric
+# names, redaction, a device's identity, JSON checks, the file lock): they take them from core,
+# so storing, judging, recording and alerting never load a builder or a runner.
+SHARED_WORDS_ONLY = ("stats", "store", "records", "notify")
+
+
+def test_the_lower_service_packages_import_no_plug_in():
+    wrong = [problem for package in SHARED_WORDS_ONLY
+             for problem in forbidden_imports(sorted((ROOT / "service" / package).rglob("*.py")),
+                                              ("abwatch.builders", "abwatch.runners"))]
+    assert not wrong, "take the shared word from abwatch.core:\n" + "\n".join(wrong)
 
 
 def test_importing_builders_and_runners_loads_no_service_module():
@@ -150,11 +196,11 @@ LAZY_ALLOWED = {
     # PEP 562: models import .verdict, and that must not load NumPy and SciPy with .core; its
     # `if TYPE_CHECKING:` block names the same modules, so the cycle test below sees those edges
     "service/stats/__init__.py": "the package's API is resolved on first use",
-    # PEP 562 too: every builders module (the one Metric, the config models the parser and the
-    # models use) is imported through the package, which must not load GitPython with the builders
+    # PEP 562 too: every builders module (the config models the parser and the models use) is
+    # imported through the package, which must not load GitPython with the builders
     "builders/__init__.py": "the package's API is resolved on first use",
 }
-CODE_PACKAGES = ("service", "builders", "runners")
+CODE_PACKAGES = ("service", "builders", "runners", "core")
 
 
 def module_of(path: Path, root: Path = ROOT) -> str:
@@ -312,6 +358,49 @@ def test_the_checkers_see_hidden_imports_and_cycles(tmp_path):
     # b imports a at module level, a imports b for the type checker only: still a cycle
     assert find_cycle(graph) == ["abwatch.service.a", "abwatch.service.b", "abwatch.service.a"]
     assert find_cycle({**graph, "abwatch.service.b": set()}) is None
+
+
+# --- One module name, one job --------------------------------------------------------------
+# A module's file name is what a reader searches for and what a traceback shows: two modules of
+# one name in different packages send both to the wrong file. The repeats below predate this
+# test; each pairs a plug-in's module with the service's view of the same thing (or a store
+# table with its read side), and they stay as they are. Any new repeat fails here.
+REPEATED_NAMES: dict[str, set[str]] = {
+    # builders: the shared artifact store; service/read: what the API and CLI show of it
+    "artifact_store": {"builders", "service/read"},
+    # the base classes of builders and runners; service/store: the ORM's declarative base
+    "base": {"builders", "runners", "service/store"},
+    # builders: ccache's settings and figures; service/read: what is shown of them
+    "compiler_cache": {"builders", "service/read"},
+    # service/store: the device tables; service/read: what is shown of them; service/watch: their presence
+    "devices": {"service/read", "service/store", "service/watch"},
+    # service/watch: pull requests queued as jobs; service/notify: their results posted back
+    "pulls": {"service/notify", "service/watch"},
+}
+
+
+def repeated_module_names(root: Path = ROOT, packages: tuple[str, ...] = CODE_PACKAGES) -> dict[str, set[str]]:
+    """File stem -> the folders that hold a module of that name, for stems in more than one."""
+    where: dict[str, set[str]] = {}
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            if path.stem not in ("__init__", "__main__"):
+                where.setdefault(path.stem, set()).add(str(path.parent.relative_to(root)))
+    return {stem: folders for stem, folders in where.items() if len(folders) > 1}
+
+
+def test_no_module_name_is_repeated_for_another_job():
+    repeated = repeated_module_names()
+    new = {stem: folders for stem, folders in repeated.items() if REPEATED_NAMES.get(stem) != folders}
+    assert not new, f"name the new module for its own job (or, if it is one job, put it in one place): {new}"
+    gone = sorted(set(REPEATED_NAMES) - set(repeated))
+    assert not gone, f"no longer repeated: take {gone} off REPEATED_NAMES"
+
+
+def test_the_name_checker_sees_a_repeat(tmp_path):
+    _plant(tmp_path, {"core/a.py": "", "core/__init__.py": "", "service/__init__.py": "", "service/x/a.py": "",
+                      "service/x/__init__.py": "", "builders/b.py": "", "runners/c.py": ""})
+    assert repeated_module_names(tmp_path) == {"a": {"core", "service/x"}}
 
 
 # --- A workload's kind is asked of its kind, not tested for ---------------------------------

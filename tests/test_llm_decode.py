@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 
 from conftest import live_server
 
-from abwatch.builders.metrics import GENERATION, Metric
+from abwatch.core.metric_names import GENERATION, Metric
 from abwatch.service.cli.main import main
 from abwatch.service.config import ConfigError, TvmWorkloadConfig, load_config
 

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 
 from conftest import live_server
 
-from abwatch.builders.metrics import Metric
+from abwatch.core.metric_names import Metric
 from abwatch.runners import code_size
 from abwatch.service.cli.main import main
 from abwatch.service.compare import metrics

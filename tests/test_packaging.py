@@ -30,11 +30,11 @@ def test_wheel_installs_only_the_abwatch_namespace(tmp_path):
     probe = f"""
 import importlib.util, json, sys
 sys.path.insert(0, {str(target)!r})
-import abwatch.service.cli.main, abwatch.builders, abwatch.runners, abwatch.migrations
+import abwatch.service.cli.main, abwatch.builders, abwatch.runners, abwatch.core, abwatch.migrations
 from abwatch.service.store import db
 db.upgrade("sqlite:///" + {str(tmp_path / "x.db")!r})  # the migrations ship in the package
 print(json.dumps({{"cli": abwatch.service.cli.main.__file__,
-                  "flat": [n for n in ("service", "builders", "runners", "migrations")
+                  "flat": [n for n in ("service", "builders", "runners", "core", "migrations")
                            if importlib.util.find_spec(n) is not None]}}))
 """
     # run outside the source tree, so only the installed copy can be found

@@ -15,13 +15,14 @@ import requests
 from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
+from abwatch.core.sides import Side
 from abwatch.service.cli.main import main
 from abwatch.service.config import Config
 from abwatch.service.store import db, prune
 from abwatch.service.store.base import utcnow
 from abwatch.service.store.models import (
     BisectionStep, Build, BuildStatus, Commit, Comparison, Device, Invocation, InvocationStatus, Regression,
-    RegressionEvent, Repository, Run, RunStatus, RunType, Sample, Side, StepSide, StepVerdict, Workload,
+    RegressionEvent, Repository, Run, RunStatus, RunType, Sample, StepSide, StepVerdict, Workload,
 )
 from abwatch.service.stats.verdict import Outcome, RegressionState
 from abwatch.service.watch import retention

@@ -296,7 +296,7 @@ def test_configure_hides_the_config_file_and_the_listed_paths(tmp_path):
 
 
 def test_known_secrets_are_masked_in_any_form_and_nothing_else_is(monkeypatch):
-    from abwatch.builders import redact
+    from abwatch.core import redact
 
     monkeypatch.setenv("ABWATCH_DATABASE_URL", "postgresql://abwatch:p%40ss-word9@db/abwatch")
     monkeypatch.setenv("MY_HOOK", "https://hooks.example.com/services/T0/B0/XYZsecret")

@@ -15,7 +15,8 @@ from typing import Literal
 import pytest
 from sqlalchemy import select
 
-from abwatch.builders.spec import RunnerConfig, UsageError
+from abwatch.core.errors import UsageError
+from abwatch.builders.spec import RunnerConfig
 from abwatch.builders.workload_spec import CommandWorkloadConfig, TvmWorkloadConfig, WorkloadSpec
 from abwatch.runners import WORKLOAD_KINDS, CpuRunner, InvocationResult, RpcRunner, WorkloadKind
 from abwatch.runners.outputs import output_error

@@ -8,9 +8,10 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.detector.rules import Trial
+from abwatch.core.sides import CONTROL
 from abwatch.builders import CommandBuilder
 from abwatch.runners import CpuRunner
-from abwatch.runners.harness import CONTROL, interleaved_schedule
+from abwatch.runners.harness import interleaved_schedule
 from abwatch.service.config import CommandBuildConfig, CommandWorkloadConfig, Config, RepoConfig, RunnerConfig
 from abwatch.service.cli.demo import Step, make_demo_repo
 

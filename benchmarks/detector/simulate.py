@@ -7,7 +7,8 @@ import random
 import numpy as np
 
 from benchmarks.detector.rules import Trial
-from abwatch.runners.harness import CONTROL, interleaved_schedule
+from abwatch.core.sides import CONTROL
+from abwatch.runners.harness import interleaved_schedule
 
 SHAPES = ("lognormal", "bimodal", "drift", "heavy-tail", "phases")
 

@@ -20,9 +20,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from abwatch.core.redact import mask_secrets, mask_url, register_secrets
+from abwatch.core.errors import UsageError
 from abwatch.builders import sandbox
-from abwatch.builders.redact import mask_secrets, mask_url, register_secrets
-from abwatch.builders.spec import SandboxConfig, UsageError
+from abwatch.builders.spec import SandboxConfig
 from abwatch.service.cli import cache_report, history_command, report
 from abwatch.service.compare import liveness
 from abwatch.service.read import stored, triage_report

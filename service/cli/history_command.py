@@ -9,7 +9,7 @@ import json
 from rich.console import Console
 from sqlalchemy.orm import Session
 
-from abwatch.builders.spec import UsageError
+from abwatch.core.errors import UsageError
 from abwatch.service.cli import report
 from abwatch.service.compare.outcome import DriverError
 

@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from collections.abc import Sequence
 
-from abwatch.builders.metrics import SERIES
+from abwatch.core.metric_names import SERIES
 from abwatch.service.exits import MEANINGS
 from abwatch.service.stats.verdict import RegressionState, TriageStatus
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from abwatch.core.commit_info import CommitInfo
+from abwatch.core.sides import Side
 from abwatch.builders import Artifact, Builder, BuildFailed
-from abwatch.builders.spec import CommitInfo
-from abwatch.service.store.models import Build, BuildStatus, Run, RunStatus, Side, utcnow
+from abwatch.service.store.models import Build, BuildStatus, Run, RunStatus, utcnow
 from abwatch.service.compare import shared
 from abwatch.service.compare.progress import NullProgress, Progress
 from abwatch.service.store.rows import get_commits, get_repository, get_success_build

@@ -20,9 +20,10 @@ from collections.abc import Mapping, Sequence
 
 from sqlalchemy.orm import Session
 
+from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners.base import Runner
 from abwatch.runners.results import InvocationResult
-from abwatch.runners.harness import CONTROL, TREATMENT, Slot
+from abwatch.runners.harness import Slot
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
 from abwatch.service.compare import fresh, lifecycle

@@ -14,7 +14,8 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from abwatch.runners.harness import CONTROL, TREATMENT, Measurement
+from abwatch.core.sides import CONTROL, TREATMENT
+from abwatch.runners.harness import Measurement
 from abwatch.service import stats
 from abwatch.service.config import Config
 

@@ -25,11 +25,13 @@ from collections.abc import Callable, Mapping
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from abwatch.core.metric_names import SHOWN_APART
+from abwatch.core.redact import mask_url
+from abwatch.core.device_identity import DeviceInfo
+from abwatch.core.sides import CONTROL, TREATMENT, Side
 from abwatch.builders import Builder, make_builder
-from abwatch.builders.metrics import SHOWN_APART
-from abwatch.builders.redact import mask_url
-from abwatch.runners import WORKLOAD_KINDS, DeviceInfo, Runner, make_runner
-from abwatch.runners.harness import CONTROL, TREATMENT, Measurement, interleaved_schedule, measure
+from abwatch.runners import WORKLOAD_KINDS, Runner, make_runner
+from abwatch.runners.harness import Measurement, interleaved_schedule, measure
 from abwatch.service import stats
 from abwatch.service.compare import attribution, compile_time, contended, infra, lifecycle, liveness
 from abwatch.service.compare import measured_rows, metrics, noise
@@ -41,8 +43,7 @@ from abwatch.service.compare.outcome import (
 )
 from abwatch.service.config import Config, WorkloadSpec
 from abwatch.service.store.models import (
-    Build, BuildMeasurement, Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, Side,
-    utcnow,
+    Build, BuildMeasurement, Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, utcnow,
 )
 from abwatch.service.stats.verdict import Metric, RegressionKind
 from abwatch.service.compare.progress import NullProgress, Progress

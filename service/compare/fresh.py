@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners.results import InvocationResult
-from abwatch.runners.harness import CONTROL, TREATMENT, Slot, interleaved_schedule
+from abwatch.runners.harness import Slot, interleaved_schedule
 from abwatch.service import stats
 
 BATCH = 2  # pairs added after a look that decided nothing

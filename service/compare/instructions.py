@@ -26,11 +26,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners.base import Runner
 from abwatch.runners.results import InvocationResult
 from abwatch.runners.counters import CounterUnavailable, choose
 from abwatch.runners import profiles
-from abwatch.runners.harness import CONTROL, TREATMENT, Slot
+from abwatch.runners.harness import Slot
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
 from abwatch.service.compare import fresh

@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from abwatch.builders.metrics import Metric
-from abwatch.runners.harness import CONTROL, TREATMENT, Measurement
+from abwatch.core.metric_names import Metric
+from abwatch.core.sides import CONTROL, TREATMENT
+from abwatch.runners.harness import Measurement
 from abwatch.service import stats
 from abwatch.service.compare import compile_time
 from abwatch.service.compare.outcome import MetricResult, WorkloadResult

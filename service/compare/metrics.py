@@ -1,4 +1,4 @@
-"""The metric registry: ``METRICS``, one class per metric (named by ``builders.metrics.Metric``).
+"""The metric registry: ``METRICS``, one class per metric (named by ``core.metric_names.Metric``).
 
 A metric class knows its unit, its default threshold, how it is measured for a workload (or
 that it is measured elsewhere), and how verify and bisection read its verdict from a workload's
@@ -22,7 +22,7 @@ The classes they are made of (the context, the interface, judged beside the timi
 process) are in :mod:`.metric_base`.
 
 A new metric is one class here (its measuring, if the runners do not report it yet, goes to
-``runners``) and its name in ``builders.metrics.Metric``. Every verdict is stored as a row of
+``runners``) and its name in ``core.metric_names.Metric``. Every verdict is stored as a row of
 ``measurements``, a verdict on the builds as one of ``build_measurements``
 (``service.compare.measured_rows``).
 """
@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from abwatch.builders.metrics import FROM_TIMED_PROCESSES, Metric
-from abwatch.runners.harness import CONTROL, TREATMENT
+from abwatch.core.metric_names import FROM_TIMED_PROCESSES, Metric
+from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
 from abwatch.service.compare import compile_time, contended, instructions
@@ -277,7 +277,7 @@ class BinarySize(MetricKind):
 # name -> metric, as BUILDERS and RUNNERS: the one place a metric is registered
 METRICS: dict[Metric, MetricKind] = {m.metric: m for m in (Time(), Instructions(), CpuTime(), MaxRss(), CodeSize(),
                                                            Ttft(), DecodeLatency(), TokensPerS(), BinarySize())}
-assert set(METRICS) == set(Metric), "every metric named in builders.metrics has its class here"
+assert set(METRICS) == set(Metric), "every metric named in core.metric_names has its class here"
 
 
 def measure(ctx: Context) -> list[MetricResult]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from abwatch.core.errors import UsageError
 from abwatch.service.exits import EXIT_BUILD_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_REGRESSION
 from abwatch.service.store.models import BuildMeasurement, BuildStatus, RunStatus
-from abwatch.builders.spec import UsageError
 from abwatch.service.stats.verdict import Outcome, Verdict
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class MetricResult:
     judged it and ``measurements`` (``build_measurements``) stores it: each side's values (one
     per process, in the interleaved order; one per build) and who measured them."""
 
-    metric: str  # a builders.metrics.Metric value
+    metric: str  # a core.metric_names.Metric value
     phase: str  # a RegressionKind value (runtime or compile-time), or "build" for a metric of the builds
     verdict: Verdict
     control_values: tuple[float, ...]

@@ -6,13 +6,14 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from abwatch.runners.results import DeviceInfo
+from abwatch.core.device_identity import DeviceInfo
+from abwatch.core.sides import Side
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service.compare.attribution import TvmDetails
 from abwatch.service.compare.metrics import record_fields
 from abwatch.service.compare.outcome import MetricResult
 from abwatch.service.config import Config
-from abwatch.service.store.models import Build, Run, Side
+from abwatch.service.store.models import Build, Run
 from abwatch.service.records.v01 import BenchmarkRecord, to_row
 
 
@@ -33,7 +34,7 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
     fill in what abwatch does not know), ``tvm`` the TVM details of the comparison, ``counted``
     its instruction counts (:func:`service.compare.instructions.details`) where it has them,
     ``measured`` the metrics of its timed processes (CPU time, peak memory)."""
-    commit = run.control_commit if side == "control" else run.treatment_commit
+    commit = run.control_commit if side == Side.CONTROL else run.treatment_commit
     extra: dict = {}
     for record in given:
         for key, value in record.items():
@@ -57,7 +58,7 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
     if tvm and worker is not None:
         metrics.update(compilation_ms=tvm["compile_ms"][side], max_abs_error=tvm["error"]["max_abs"],
                        max_rel_error=tvm["error"]["max_rel"],
-                       ops={op["name"]: op["control_us"] if side == "control" else op["treatment_us"]
+                       ops={op["name"]: op["control_us"] if side == Side.CONTROL else op["treatment_us"]
                             for op in tvm["ops"]},
                        op_features=tvm["op_features"].get(side, {}))
         compiled = compile_counted or {}
@@ -77,7 +78,7 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
         timestamp=time.time(),
         schema_version="0.1",
         metadata={**extra.get("metadata", {}), "run_id": run.id, "run_type": run.run_type.value, "side": side,
-                  "ref": run.control_ref if side == "control" else run.treatment_ref,
+                  "ref": run.control_ref if side == Side.CONTROL else run.treatment_ref,
                   "commit_summary": commit.summary},
         workload_args={**extra.get("workload_args", {}), **args},
         workload_metadata={**extra.get("workload_metadata", {}), **meta},

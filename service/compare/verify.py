@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from abwatch.runners.fingerprint import changes
+from abwatch.core.device_identity import changes
 
 from abwatch.service import stats
 from abwatch.service.compare import lifecycle, metrics

@@ -58,7 +58,7 @@ import requests
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, object_session, sessionmaker
 
-from abwatch.builders.redact import redact_endpoint
+from abwatch.core.redact import redact_endpoint
 from abwatch.service.config import AlertsConfig, GithubConfig
 from abwatch.service.notify import explained, github, pulls
 from abwatch.service.store import explain
@@ -134,7 +134,7 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
 
 def label(webhook: str) -> str:
     """How ``webhook`` (a config entry) is stored and shown: ``env:NAME`` as it is, a URL
-    redacted (:func:`~abwatch.builders.redact.redact_endpoint`); a label stays itself."""
+    redacted (:func:`~abwatch.core.redact.redact_endpoint`); a label stays itself."""
     if webhook.startswith("env:") or "/\u2026#" in webhook:
         return webhook
     return redact_endpoint(webhook)

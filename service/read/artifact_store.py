@@ -10,8 +10,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, defer
 
+from abwatch.core.redact import mask_secrets
 from abwatch.builders.artifact_store import ArtifactStore
-from abwatch.builders.redact import mask_secrets
 from abwatch.service.config import Config
 from abwatch.service.store import db
 from abwatch.service.store.artifacts import ArtifactManifest

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from abwatch.core.redact import mask_secrets, mask_url
 from abwatch.builders.compiler_cache import lifetime_stats, reach
-from abwatch.builders.redact import mask_secrets, mask_url
 from abwatch.builders.spec import TvmSourceBuildConfig
 from abwatch.builders.build_tools import tool
 from abwatch.service.config import Config

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from abwatch.runners.fingerprint import summary
+from abwatch.core.device_identity import summary
 from abwatch.service.store.base import aware
 from abwatch.service.store.models import Device, DeviceHost, Job, JobStatus, Run, utcnow
 

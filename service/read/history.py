@@ -20,14 +20,14 @@ import git
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
+from abwatch.core.metric_names import OF_WORKLOADS, Metric, series_name
+from abwatch.core.errors import UsageError
+from abwatch.core.device_identity import summary
 from abwatch.service import stats
-from abwatch.builders.metrics import OF_WORKLOADS, Metric, series_name
 from abwatch.service.compare.metrics import METRICS as REGISTRY
 from abwatch.service.stats.verdict import RegressionKind
 from abwatch.service.store.models import Commit, Comparison, Device, MetricMeasurement, Record, Run, Workload
 from abwatch.builders.repo import RepoError, RepoMirror
-from abwatch.builders.spec import UsageError
-from abwatch.runners.fingerprint import summary
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from sqlalchemy import func, or_, select, text
 from sqlalchemy.orm import Session, joinedload
 
 # stats resolves its functions on first use: NumPy and SciPy load only for the pages that draw a series
-from abwatch.builders.redact import mask_secrets
+from abwatch.core.sides import Side
+from abwatch.core.redact import mask_secrets
 from abwatch.service import stats
 from abwatch.service.read import serialize, stored
 from abwatch.service.read.artifact_store import manifest_of
@@ -94,7 +95,7 @@ def run_report(session: Session, run_id: int) -> dict[str, Any]:
     data = serialize.outcome_json(stored.load_outcome(session, run_id))
     for build in data["builds"]:
         row = session.get(Build, build["build_id"])
-        commit = run.control_commit if build["side"] == "control" else run.treatment_commit
+        commit = run.control_commit if build["side"] == Side.CONTROL else run.treatment_commit
         build.update(summary=commit.summary, duration_s=row.duration_s if row else None,
                      compiler_cache=serialize.compiler_cache_json(row.metrics) if row else None)
     regressions = session.scalars(select(Regression).options(*REGRESSION_LOADS)

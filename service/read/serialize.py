@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 from sqlalchemy.orm import Session
 
-from abwatch.builders.redact import mask_secrets
+from abwatch.core.redact import mask_secrets
 from abwatch.service.compare.building import build_failure
 from abwatch.service.read.stored import StoredRun
 from abwatch.service.store import explain

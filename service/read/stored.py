@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, cast
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from abwatch.builders.redact import mask_secrets
+from abwatch.core.sides import Side
+from abwatch.core.redact import mask_secrets
+from abwatch.core.metric_names import SHOWN_APART
 from abwatch.service.compare.building import BuildOutcome
-from abwatch.builders.metrics import SHOWN_APART
 from abwatch.service.compare.outcome import CompareOutcome, DriverError, MetricResult, WorkloadResult, build_result
 from abwatch.service.store.models import (
     Build, BuildMeasurement, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType,
@@ -62,8 +63,8 @@ def load_outcome(session: Session, run_id: int) -> StoredRun:
         raise DriverError(f"run {run_id} does not exist (see `abwatch runs`)")
     builds, logs = [], {}
     for side, build_id, ref, commit in (
-        ("control", run.control_build_id, run.control_ref, run.control_commit),
-        ("treatment", run.treatment_build_id, run.treatment_ref, run.treatment_commit),
+        (Side.CONTROL, run.control_build_id, run.control_ref, run.control_commit),
+        (Side.TREATMENT, run.treatment_build_id, run.treatment_ref, run.treatment_commit),
     ):
         if build_id is None:
             continue
@@ -164,7 +165,7 @@ def _cached_for(session: Session, run: Run, side: str, build: Build) -> bool:
     """
     if build.status != BuildStatus.SUCCESS:
         return False
-    if side == "treatment" and run.control_build_id == build.id:
+    if side == Side.TREATMENT and run.control_build_id == build.id:
         return True
     earlier = session.scalar(select(exists().where(
         Run.id < run.id, or_(Run.control_build_id == build.id, Run.treatment_build_id == build.id))))

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.runners.safejson import BadValue, loads
+from abwatch.core.safejson import BadValue, loads
 from abwatch.service.config import format_validation_error
 from abwatch.service.store.models import Record
 from abwatch.service.records.v01 import (

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.runners.safejson import MAX_MS, BadValue, check, loads
-from abwatch.builders.spec import UsageError
+from abwatch.core.safejson import MAX_MS, BadValue, check, loads
+from abwatch.core.errors import UsageError
 from abwatch.service.config import format_validation_error
 from abwatch.service.store.models import Record
 

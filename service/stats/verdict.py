@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from abwatch.builders.metrics import Metric  # noqa: F401 - re-exported: the one definition
+from abwatch.core.metric_names import Metric  # noqa: F401 - re-exported: the one definition
 
 # A false `same` costs a missed change smaller than about the threshold; a false
 # `regression` costs a verify run, a bisection and an alert, so it keeps the stricter alpha.

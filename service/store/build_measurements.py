@@ -1,5 +1,5 @@
 """What a run measured of its two builds themselves (``build_measurements``): one row per
-metric of the builds (``builders.metrics.OF_BUILDS``: ``binary_size``), judged once per run
+metric of the builds (``core.metric_names.OF_BUILDS``: ``binary_size``), judged once per run
 between its control's and its treatment's build.
 
 Not a ``measurements`` row (those are a comparison's, of one workload) and not a regression

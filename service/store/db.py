@@ -22,8 +22,8 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, NoSuchModu
 from sqlalchemy.orm import Session, sessionmaker
 
 from abwatch import migrations
-from abwatch.builders.spec import UsageError
-from abwatch.builders.redact import mask_url
+from abwatch.core.errors import UsageError
+from abwatch.core.redact import mask_url
 from abwatch.service.store import locks, masking  # noqa: F401  (masking: secrets masked in every flush)
 
 DEFAULT_DATABASE_URL = "sqlite:///abwatch.db"

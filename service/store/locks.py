@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 
 from sqlalchemy import Connection, Engine, text
 
-from abwatch.builders.cache import flocked  # the one flock helper
+from abwatch.core.file_lock import flocked  # the one flock helper
 
 # Namespaces of the two-integer advisory locks (the first integer); keys are the second.
 DEVICE_LOCK, JOB_LOCK, SCHEMA_LOCK = 0x41420001, 0x41420002, 0x41420003

@@ -1,4 +1,4 @@
-"""No secret is stored: every text a row is given passes :func:`abwatch.builders.redact.mask_secrets`
+"""No secret is stored: every text a row is given passes :func:`abwatch.core.redact.mask_secrets`
 before it is written (build logs, workload errors, run and job errors, JSON details).
 
 A ``before_flush`` listener on every ORM session masks the string and JSON attributes of the
@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import event, inspect
 from sqlalchemy.orm import Session
 
-from abwatch.builders.redact import mask_secrets, secret_values
+from abwatch.core.redact import mask_secrets, secret_values
 
 
 def masked(value: Any) -> Any:

@@ -26,9 +26,10 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from abwatch.builders.redact import mask_url
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
+from abwatch.core.redact import mask_url
+from abwatch.core.sides import Side
 from abwatch.service.stats.verdict import Metric, Outcome, RegressionKind, RegressionState, TriageStatus
 
 from abwatch.service.store.base import Base, _enum, utcnow  # noqa: F401 - utcnow: re-exported
@@ -69,13 +70,6 @@ class RunStatus(str, enum.Enum):
     INCOMPLETE = "incomplete"  # finished, but at least one workload could not be judged
     INTERRUPTED = "interrupted"  # stopped by SIGINT/SIGTERM; what was measured is kept
     ABANDONED = "abandoned"  # its process died (kill -9, power loss); found by a later command
-
-
-class Side(str, enum.Enum):
-    """Which build of the pair."""
-
-    CONTROL = "control"
-    TREATMENT = "treatment"
 
 
 class InvocationStatus(str, enum.Enum):

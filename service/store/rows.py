@@ -19,11 +19,11 @@ from sqlalchemy import ColumnElement, Table, TextClause, func, insert, select, t
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from abwatch.core.redact import mask_url
+from abwatch.core.commit_info import CommitInfo
+from abwatch.core.config_base import spec_hash
+from abwatch.core.device_identity import DeviceInfo, changes, digest as fingerprint_digest
 from abwatch.service.store.models import Base, Build, BuildStatus, Commit, Device, Repository, Run, Workload, utcnow
-from abwatch.builders.redact import mask_url
-from abwatch.builders.spec import CommitInfo, spec_hash
-from abwatch.runners.fingerprint import changes, digest as fingerprint_digest
-from abwatch.runners.results import DeviceInfo
 
 # Spec fields that do not change what is timed: changing them keeps the workload's series.
 NOT_IDENTITY = frozenset({"name", "timeout_s", "rtol", "atol"})

@@ -33,8 +33,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from abwatch.core.commit_info import CommitInfo, storable
 from abwatch.builders.repo import RepoError, RepoMirror
-from abwatch.builders.spec import CommitInfo, storable
 from abwatch.service import stats
 from abwatch.service.compare import driver, lifecycle, metrics, outcome
 from abwatch.service.notify import alerts, github

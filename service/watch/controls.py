@@ -20,8 +20,8 @@ from typing import ClassVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from abwatch.core.commit_info import CommitInfo
 from abwatch.builders.repo import RepoError, RepoMirror
-from abwatch.builders.spec import CommitInfo
 from abwatch.service.compare import driver, lifecycle
 from abwatch.service.watch import bisect
 from abwatch.service.config import Config

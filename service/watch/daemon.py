@@ -28,8 +28,8 @@ from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from abwatch.core.redact import mask_url
 from abwatch.builders.artifact_store import ArtifactStore
-from abwatch.builders.redact import mask_url
 from abwatch.service.compare import liveness
 from abwatch.service.notify import alerts
 from abwatch.service.store import db

@@ -23,6 +23,8 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from abwatch.core.commit_info import CommitInfo, storable
+from abwatch.core.config_base import spec_hash
 from abwatch.service.compare import building, driver, lifecycle, outcome, verify
 from abwatch.service.notify import alerts, github
 from abwatch.service.watch import bisect, queue, retry, upkeep
@@ -35,7 +37,6 @@ from abwatch.service.store.models import (
 from abwatch.service.stats.verdict import RegressionState
 from abwatch.builders import BuildFailed, make_builder
 from abwatch.builders.repo import RepoError, RepoMirror
-from abwatch.builders.spec import CommitInfo, spec_hash, storable
 from abwatch.service.store import build_jobs
 from abwatch.service.store.rows import get_commit, get_repository, insert_ignoring_conflict
 

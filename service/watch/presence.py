@@ -26,8 +26,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session
 
-from abwatch.runners import DeviceInfo, make_runner
-from abwatch.runners.fingerprint import summary
+from abwatch.core.device_identity import DeviceInfo, summary
+from abwatch.runners import make_runner
 from abwatch.service.compare.liveness import Periodic
 from abwatch.service.compare.progress import NullProgress, Progress
 from abwatch.service.config import Config

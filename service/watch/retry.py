@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from abwatch.builders.spec import storable
+from abwatch.core.commit_info import storable
 from abwatch.service.compare import infra
 from abwatch.service.config import Config
 from abwatch.service.notify import github

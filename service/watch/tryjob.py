@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
+from abwatch.core.errors import UsageError
 from abwatch.builders import make_builder, sandbox
-from abwatch.builders.spec import UsageError
 from abwatch.service.compare import driver, verify
 from abwatch.service.compare.outcome import NothingToVerify
 from abwatch.service.config import Config

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, model_validator
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from abwatch.builders.spec import UsageError
+from abwatch.core.errors import UsageError
 from abwatch.service.read import build_series, devices, queries, serialize, triage as triage_mod, triage_report
 from abwatch.service.config import ServerConfig
 from abwatch.service.watch import tryjob
@@ -32,9 +32,9 @@ from abwatch.service.watch.devices import device_names
 from abwatch.service.web import admission, github_hooks
 from abwatch.service.web.dashboard import add_dashboard
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations at run time
+from abwatch.core.safejson import BadValue, loads
 from abwatch.service.store.models import Record
 from abwatch.service.stats.verdict import RegressionState, TriageStatus
-from abwatch.runners.safejson import BadValue, loads
 from abwatch.service.records.v01 import RecordError, add_new, to_dict, to_row, validate_objects
 
 # Text that reaches PostgreSQL must not hold NUL; ids must fit its integer.

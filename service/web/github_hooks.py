@@ -34,8 +34,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from abwatch.builders.spec import UsageError
-from abwatch.runners.safejson import BadValue, loads
+from abwatch.core.errors import UsageError
+from abwatch.core.safejson import BadValue, loads
 from abwatch.service.config import Config
 from abwatch.service.read import triage as triage_mod
 from abwatch.service.watch import pulls

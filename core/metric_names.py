@@ -1,9 +1,9 @@
 """The names of what a workload can be measured by: the one ``Metric`` definition.
 
-At the bottom of the layers so that the config models (``builders.spec``: a workload's
-``measure``), the runners and the service (a regression's ``metric`` column, the metric
-registry ``service.compare.metrics.METRICS``) all name metrics by the same enum. What each
-metric means, how it is measured and judged is the registry's; this module only names them.
+In core, below every layer, so that the config models (``builders.workload_spec``: a
+workload's ``measure``), the runners and the service (a regression's ``metric`` column, the
+metric registry ``service.compare.metrics.METRICS``) all name metrics by the same enum. What
+each metric means, how it is measured and judged is the registry's; this module only names them.
 """
 
 from __future__ import annotations
