@@ -7,9 +7,11 @@ The models themselves live with what they configure (``builders.spec``, ``builde
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
+import typing
 from typing import Any
 from collections.abc import Mapping
 
@@ -44,3 +46,26 @@ class StrictModel(BaseModel):
 
 # An environment variable's name (a config names the variable that holds a secret, never the secret)
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models an annotation names: itself, a union's members, a list's or dict's items."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
+
+
+def unknown_key_hint(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """``"; did you mean 'repetitions'?"`` for the unknown key at ``loc`` (pydantic's error
+    location under ``root``), from the keys the model at that place knows; "" when none is close.
+    A union's tag in the path (``build.tvm-source.x``) keeps every member in view."""
+    models = [root]
+    for part in loc[:-1]:
+        if isinstance(part, int):  # a list's index
+            continue
+        inner = [m for model in models if (f := model.model_fields.get(part)) is not None
+                 for m in _models_in(f.annotation)]
+        models = inner or models
+    known = sorted({name for model in models for name in model.model_fields})
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6) if loc else []
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -13,9 +13,9 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from abwatch.core.config_base import DURATION_OR_OFF, StrictModel, duration_s
+from abwatch.core.config_base import DURATION_OR_OFF, StrictModel, duration_s, unknown_key_hint
 from abwatch.core.errors import UsageError
 from abwatch.core.metric_names import Metric
 from abwatch.builders.spec import (  # noqa: F401 - re-exported: the models builders and runners read, re-used here
@@ -368,12 +368,15 @@ def _format_loc(where: tuple) -> str:
     return text
 
 
-def format_validation_error(source: str, error: ValidationError) -> str:
-    """Render pydantic's errors as ``file: key: message`` lines."""
+def format_validation_error(source: str, error: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """Render pydantic's errors as ``file: key: message`` lines; an unknown key of ``model``
+    (the root the errors are of) says which known key it is closest to."""
     lines = []
     for item in error.errors():
         message = item["msg"]
         message = message[:1].lower() + message[1:]
+        if model is not None and item["type"] == "extra_forbidden":
+            message += unknown_key_hint(model, tuple(item["loc"]))
         where = _format_loc(item["loc"]) or "(top level)"
         lines.append(f"{source}: {where}: {message}")
     return "\n".join(lines)
@@ -384,7 +387,7 @@ def parse_config(data: dict, source: str, base_dir: Path) -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
+        raise ConfigError(format_validation_error(source, exc, Config)) from None
     updates: dict = {}
     if config.repo is not None and _is_local_path(config.repo.url):
         url = config.repo.url.removeprefix("file://")

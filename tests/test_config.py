@@ -65,6 +65,27 @@ def test_errors_name_file_and_key(tmp_path, edit, message):
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t + '\n[run]\nrepetitons = 3\n', "run.repetitons: extra inputs are not permitted; did you mean 'repetitions'?"),
+        (lambda t: t.replace('artifacts = "out"', 'artifact = "out"'), "build.artifact: extra inputs are not permitted; did you mean 'artifacts'?"),
+        (lambda t: 'cache_dri = "x"\n' + t, "cache_dri: extra inputs are not permitted; did you mean 'cache_dir'?"),
+        (lambda t: t + '\n[stats]\nthreshhold_pct = 2.0\n', "stats.threshhold_pct: extra inputs are not permitted; did you mean 'threshold_pct'?"),
+    ],
+)
+def test_a_mistyped_key_is_told_the_nearest_known_one(tmp_path, edit, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, edit(VALID)))
+    assert f"abwatch.toml: {message}" in str(info.value)
+
+
+def test_a_key_like_no_known_one_gets_no_guess(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, VALID + '\n[run]\nzzz_qqq = 3\n'))
+    assert str(info.value).endswith("run.zzz_qqq: extra inputs are not permitted")
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="missing.toml: cannot read config"):
         load_config(tmp_path / "missing.toml")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -174,10 +175,20 @@ def test_shared_service_modules_import_no_package():
         assert not [n for n in names if service_package_of(n) not in (None, *SHARED)], module
 
 
-def test_no_service_module_is_a_sprawl():
-    # a module a newcomer can read in one sitting; the largest today are about 400 lines
-    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "service").rglob("*.py")}
-    assert not {p: n for p, n in sizes.items() if n > 450}, sizes
+# A module is one concept (the review's rule); its length is a hint, not a rule: a line count
+# met by re-wrapping lines or splitting by size rather than by meaning helps no reader. Past
+# LONG a module is named in the test log (pyproject.toml shows the warning, never fails on it);
+# past SPRAWL no single concept is left.
+LONG, SPRAWL = 450, 700
+
+
+def test_no_module_is_a_sprawl():
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+             for package in CODE_PACKAGES for p in (ROOT / package).rglob("*.py")}
+    for path, n in sorted(sizes.items()):
+        if LONG < n <= SPRAWL:
+            warnings.warn(f"{path}: {n} lines; a module is one concept: is it still one?", UserWarning, stacklevel=1)
+    assert not {p: n for p, n in sizes.items() if n > SPRAWL}, sizes
 
 
 # --- No import cycle, and none dodged ------------------------------------------------------
