@@ -6,6 +6,7 @@ commit messages are never put into a shell string.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 import shutil
@@ -119,6 +120,15 @@ class RepoMirror:
                 raise RepoError(f"commit {ref} is not in the mirror of {self.display_url} "
                                 "and the repository cannot be fetched") from None
 
+    def _nearest(self, ref: str) -> str:
+        """``"; nearest: v1.2, v1.0"``: the tags and branches whose names are closest to ``ref``."""
+        try:
+            names = self.repo.git.for_each_ref("--format=%(refname:short)", "refs/tags", "refs/heads").split()
+        except git.GitCommandError:
+            return ""
+        close = difflib.get_close_matches(ref, names, n=3, cutoff=0.5)
+        return f"; nearest: {', '.join(close)}" if close else ""
+
     def resolve(self, ref: str) -> CommitInfo:
         """The commit ``ref`` (branch, tag or sha) names; RepoError naming the ref if none."""
         if not ref or ref.startswith("-") or "\0" in ref:
@@ -126,7 +136,7 @@ class RepoMirror:
         try:
             sha = self.repo.git.rev_parse("--verify", "--quiet", f"{ref}^{{commit}}")
         except git.GitCommandError:
-            raise RepoError(f"unknown ref {ref!r} in repository {self.display_url}") from None
+            raise RepoError(f"unknown ref {ref!r} in repository {self.display_url}{self._nearest(ref)}") from None
         commit = self.repo.commit(sha)
         try:  # git writes whatever it is given (hash-object --literally): a date past time_t, say
             when, offset = commit_time(self.repo.odb.stream(commit.binsha).read())

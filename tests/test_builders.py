@@ -93,6 +93,8 @@ def test_unknown_ref_and_bad_repository(bench_repo, tmp_path):
     mirror = RepoMirror(str(bench_repo), tmp_path)
     with pytest.raises(RepoError, match="unknown ref 'v9.9'"):
         mirror.resolve("v9.9")
+    with pytest.raises(RepoError, match=r"unknown ref 'slowr' in repository .*; nearest: slower"):
+        mirror.resolve("slowr")  # a typo: the tags and branches nearest to it
     with pytest.raises(RepoError, match="cannot clone repository"):
         RepoMirror(str(tmp_path / "no-repo"), tmp_path).resolve("main")
 

@@ -304,7 +304,9 @@ def test_history_command_lists_the_measured_commits(capsys, write_config, sqlite
     # machine can turn around (the step itself is judged within one run, by compare)
     assert all(point["median_ms"] > 0 for point in payload["series"])
     assert main(["history", "nothing", "--db", sqlite_url]) == 2
-    assert "no history for workload 'nothing'" in capsys.readouterr().err
+    assert "no history for workload 'nothing'; measured workloads: loop" in capsys.readouterr().err
+    assert main(["history", "lop", "--db", sqlite_url]) == 2
+    assert "no history for workload 'lop'; did you mean 'loop'? measured workloads: loop" in capsys.readouterr().err
 
 
 def test_a_run_stopped_by_an_unexpected_error_is_marked_failed(write_config, sqlite_url, monkeypatch):

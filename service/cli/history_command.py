@@ -41,7 +41,7 @@ def run(args: argparse.Namespace, session: Session, out: Console, err: Console) 
         err.print(said, markup=False)
     points = history.series(session, args.workload, args.device, series_id, args.metric, device_id)
     if not points:
-        raise DriverError(f"no history for workload {args.workload!r}"
+        raise DriverError(f"no history for workload {args.workload!r}" + history.unknown_workload(session, args.workload)
                           + (f" on device {args.device!r}" if args.device else "")
                           + (f" on {args.metric} (it is recorded only where measured)" if args.metric != "time" else ""))
     skipped = 0

@@ -8,6 +8,7 @@ time; :func:`service.stats.change_points` finds the steps.
 
 from __future__ import annotations
 
+import difflib
 import graphlib
 import itertools
 import statistics as pystats
@@ -59,6 +60,17 @@ def series_of(session: Session, workload: str) -> list[Workload]:
         select(Workload, newest).join(Comparison, Comparison.workload_id == Workload.id)
         .where(Workload.name == workload).group_by(Workload.id).order_by(newest.desc())).all()
     return [row for row, _ in rows]
+
+
+def unknown_workload(session: Session, workload: str) -> str:
+    """What to say of a workload nothing measured: the nearest measured name, and every one
+    (``""`` when ``workload`` has been measured)."""
+    names = sorted(set(session.scalars(select(Workload.name).join(Comparison, Comparison.workload_id == Workload.id))))
+    if workload in names:
+        return ""
+    close = difflib.get_close_matches(workload, names, n=1, cutoff=0.6)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    return f"; {guess}measured workloads: {', '.join(names) or 'none yet'}"
 
 
 def devices_of(session: Session, workload: str, series_id: int | None = None,
