@@ -11,6 +11,7 @@ read them too.
 
 from __future__ import annotations
 
+import difflib
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -210,8 +211,10 @@ class TvmWorkloadConfig(WorkloadSpec):
                              "(prompt_tokens, hidden, ...), not from input_shape")
         known = MODEL_OPTIONS.get("onnx" if source == "onnx" else self.model)
         if known is None:
-            raise ValueError(f"model: unknown model {self.model!r} "
-                             f"(known: {', '.join(sorted(MODEL_OPTIONS))}:<path>, script:<path>)")
+            names = [name for name in sorted(MODEL_OPTIONS) if name != "onnx"] + ["onnx:<path>", "script:<path>"]
+            close = difflib.get_close_matches(self.model, names, n=1, cutoff=0.6)
+            raise ValueError(f"model: unknown model {self.model!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                             + f" (known: {', '.join(names)})")
         for where, options in (("options", self.options),
                                ("treatment_options.options", self.treatment_options.get("options", {}))):
             for key in options:

@@ -152,8 +152,13 @@ def test_treatment_and_model_options_reject_unknown_keys(tmp_path, line, message
 
 
 def test_unknown_model_is_named(tmp_path):
-    with pytest.raises(ConfigError, match="unknown model 'builtin:vgg'"):
+    with pytest.raises(ConfigError, match="unknown model 'builtin:vgg'") as info:
         load_config(write(tmp_path, TVM.replace("builtin:mlp", "builtin:vgg")))
+    # every known model once, each written as a config writes it
+    assert "(known: builtin:cnn, builtin:llm-decode, builtin:mlp, builtin:resnet18, builtin:transformer, " \
+           "te:conv2d, te:matmul, onnx:<path>, script:<path>)" in str(info.value)
+    with pytest.raises(ConfigError, match="unknown model 'builtin:resnet'; did you mean 'builtin:resnet18'"):
+        load_config(write(tmp_path, TVM.replace("builtin:mlp", "builtin:resnet")))
 
 
 def test_supported_treatment_overrides_reach_the_treatment_worker_only(tmp_path):
