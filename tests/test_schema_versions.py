@@ -104,3 +104,14 @@ def test_a_downgrade_that_loses_data_lists_it_and_needs_yes(fresh_pg_url, capsys
     assert main(["db", "downgrade", "--revision", "nope", "--db", url]) == 2
     assert "--revision 'nope': no such schema revision" in capsys.readouterr().err
     engine.dispose()
+
+
+def test_a_reading_command_creates_no_sqlite_file_and_a_missing_directory_is_named(tmp_path, capsys):
+    missing = tmp_path / "none.db"
+    assert main(["runs", "--db", f"sqlite:///{missing}"]) == 2
+    assert f"no database at {missing}" in capsys.readouterr().err and not missing.exists()
+    nowhere = tmp_path / "no-such-dir" / "abwatch.db"
+    for argv in (["runs"], ["db", "upgrade"]):  # a reader and a writer alike
+        assert main([*argv, "--db", f"sqlite:///{nowhere}"]) == 2
+        assert f"the directory {nowhere.parent} does not exist" in capsys.readouterr().err
+    assert not nowhere.parent.exists()

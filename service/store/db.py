@@ -78,6 +78,10 @@ def make_engine(url: str, *, pool_size: int | None = None, pool_timeout_s: float
     connection (``abwatch serve``'s deadlines; SQLite has no such setting and ignores it).
     """
     url = normalize_url(url)
+    folder = sqlite_folder(url)
+    if folder is not None and not folder.is_dir():  # SQLite would say only "unable to open database file"
+        raise DatabaseUrlError(f"{make_url(url).render_as_string()}: the directory {folder} does not exist; "
+                               "create it, or name a database elsewhere (--db)")
     pool: dict = {}
     if pool_size is not None and make_url(url).database not in (None, "", ":memory:"):
         pool = {"pool_size": pool_size, "max_overflow": 0}
@@ -307,7 +311,11 @@ def _ensure_schema_locked(engine: Engine, url: str, head: str) -> None:
 
 
 def check_schema(engine: Engine) -> None:
-    """For commands that only read: the database must be at head already; never migrates."""
+    """For commands that only read: the database must be at head already; never migrates, and
+    never creates a SQLite file that is not there (connecting would)."""
+    if (missing := missing_database(engine.url.render_as_string(hide_password=False))) is not None:
+        raise SchemaError(f"{engine.url.render_as_string()}: {missing}; a command that only reads does not create "
+                          "one (run `abwatch db upgrade`, or a command that writes such as `abwatch compare`)")
     current = current_revision(engine)
     head = head_revision(engine.url.render_as_string(hide_password=False))
     if current == head:
@@ -318,6 +326,14 @@ def check_schema(engine: Engine) -> None:
                           "(run `abwatch db upgrade`, or a command that writes such as `abwatch compare`)")
     _refuse_newer(engine)
     raise SchemaError(f"{where}: schema is at {current}, this abwatch needs {head}; run `abwatch db upgrade`")
+
+
+def sqlite_folder(url: str) -> Path | None:
+    """The directory of a SQLite database file (None for PostgreSQL or an in-memory database)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).parent
 
 
 def missing_database(url: str) -> str | None:
