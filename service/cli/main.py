@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help=JSON_HELP)
 
     p = with_db(sub.add_parser("history", help="a workload's per-commit series and its step changes; "
-                               "--metric binary-size: each build configuration's"))
+                               "--metric binary-size: each build configuration's sizes"))
     p.add_argument("workload", nargs="?", help="workload name, as in the config (none with --metric binary-size)")
     p.add_argument("--device", help="device (record 'hardware') to restrict to")
     p.add_argument("--fingerprint", metavar="HASH",

@@ -9,6 +9,9 @@ that cannot finish returns them to ``benchmark``. Confirmed ones are alerted thr
 
 from __future__ import annotations
 
+from collections import Counter
+
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from abwatch.core.device_identity import changes
@@ -34,7 +37,11 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         raise DriverError(f"run {run_id} does not exist")
     pending = lifecycle.pending_for_run(session, run_id)
     if not pending:
-        raise NothingToVerify(f"nothing to verify: run {run_id} has no suspected regressions (state 'benchmark')")
+        found = session.scalars(select(Regression.state).where(Regression.run_id == run_id)).all()
+        states = ", ".join(f"{n} {state.value}" for state, n in sorted(Counter(found).items(), key=lambda i: i[0].value))
+        raise NothingToVerify(f"nothing to verify: run {run_id} " + (
+            f"has no regression still waiting for it (its regressions: {states}; `abwatch regressions`)" if found
+            else "found no regression"))
     config = Config.model_validate(original.config)
     names = {r.workload.name for r in pending}
     repetitions = max(config.run.repetitions + 1, round(config.run.repetitions * config.run.verify_factor))
