@@ -382,15 +382,19 @@ def print_build_series(out: Console, found, as_json: bool = False) -> int:
 
 
 def print_status(out: Console, found: dict) -> None:
-    """``abwatch status``: watched branches, then the queue per device."""
-    table = Table(title="watched branches", box=box.SIMPLE_HEAD)
-    for column in ("repository", "branch", "device", "last seen", "last tested", "commits"):
-        table.add_column(column)
-    for w in found["watched"]:
-        commits = ", ".join(f"{k} {v}" for k, v in sorted(w["commits"].items()))
-        table.add_row(w["repository"], w["branch"], w["device"], short_sha(w["last_seen"] or "-"),
-                      short_sha(w["last_tested"] or "-"), commits)
-    out.print(table)
+    """``abwatch status``: watched branches (or a line saying none is), then the queue per device."""
+    if found["watched"]:
+        table = Table(title="watched branches", box=box.SIMPLE_HEAD)
+        for column in ("repository", "branch", "device", "last seen", "last tested", "commits"):
+            table.add_column(column)
+        for w in found["watched"]:
+            commits = ", ".join(f"{k} {v}" for k, v in sorted(w["commits"].items()))
+            table.add_row(w["repository"], w["branch"], w["device"], short_sha(w["last_seen"] or "-"),
+                          short_sha(w["last_tested"] or "-"), commits)
+        out.print(table)
+    else:  # compare-only use: no empty table
+        out.print("no branch is watched (`abwatch watch --config FILE` starts a watch; `abwatch runs` lists "
+                  "the comparisons)", markup=False)
     for w in found["watched"]:
         if w["message"]:
             out.print(f"{w['branch']} on {w['device']}: {w['message']}", markup=False)
