@@ -13,3 +13,38 @@ def test_status_without_a_watch_says_so_instead_of_an_empty_table(tmp_path, caps
     out = capsys.readouterr().out
     assert "no branch is watched" in out and "watched branches" not in out
     assert "open regressions: 0" in out
+
+
+def _tvm_result(verdict):
+    """A TVM workload's result as the driver returns it, with an operator table whose shares are
+    big only because the total change is small."""
+    from abwatch.service.compare.attribution import op_table
+    from abwatch.service.compare.outcome import WorkloadResult
+
+    control = [{"ops": {"fused_matmul_add": 100.0, "fused_relu": 50.0}}]
+    treatment = [{"ops": {"fused_matmul_add": 107.0, "fused_relu": 43.1}}]
+    details = {"compile_ms": {"control": 150.0, "treatment": 149.0}, "ops": op_table(control, treatment),
+               "op_features": {}, "error": {"max_abs": 0.0, "max_rel": 0.0, "mismatch": False}, "workers": {}}
+    return WorkloadResult(workload="mlp", verdict=verdict, comparison_id=1, regression_id=None, failure=None,
+                          details=details)
+
+
+def test_operator_shares_are_shown_only_where_the_total_change_was_decided():
+    from rich.console import Console
+
+    from abwatch.service.cli.report import print_tvm_details
+    from abwatch.service.stats.exact import compare_exact
+
+    undecided = _tvm_result(compare_exact(150.0, 150.1, threshold_pct=1.0, unit="ms"))
+    assert undecided.details["ops"][0]["share_pct"] > 1000  # what would be printed: 7 us of a 0.1 us change
+    console = Console(record=True, width=200)
+    print_tvm_details(console, undecided, ops=True)
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "control µs" in line)
+    assert "share" not in header and "+7.0%" in text and "-13.8%" in text  # each operator's own change kept
+    assert "no share column: the total change was not decided (same)" in text
+
+    decided = _tvm_result(compare_exact(150.0, 165.0, threshold_pct=1.0, unit="ms"))
+    console = Console(record=True, width=200)
+    print_tvm_details(console, decided, ops=True)
+    assert "share: the operator's part of the total change" in console.export_text()

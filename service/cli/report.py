@@ -241,20 +241,24 @@ def print_tvm_details(out: Console, r: WorkloadResult, ops: bool = False) -> Non
     if not details.get("ops") or not (ops or r.verdict.verdict.value == "regression"):
         return
     title = "operators behind the change" if r.verdict.verdict.value == "regression" else "operators"
+    # a share of a total change that was not decided (same, unknown) divides by noise: 1398 % of +0.06 %
+    decided = r.verdict.verdict.value in ("regression", "improvement")
     table = Table(title=f"{r.workload}: {title}", box=box.SIMPLE_HEAD)
     table.add_column("operator", overflow="fold")
     table.add_column("type", overflow="fold")
-    for column in ("control µs", "treatment µs", "change", "share"):
+    for column in ("control µs", "treatment µs", "change", *(("share",) if decided else ())):
         table.add_column(column, no_wrap=True, justify="right")
     fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
     shown = details["ops"] if ops else details["ops"][:10]
     for op in shown:
+        share = (fmt(op["share_pct"], ".0f") + ("%" if op["share_pct"] is not None else ""),) if decided else ()
         table.add_row(op["name"], op.get("features") or op["type"], fmt(op["control_us"], ".1f"),
                       fmt(op["treatment_us"], ".1f"),
-                      fmt(op["change_pct"], "+.1f") + ("%" if op["change_pct"] is not None else ""),
-                      fmt(op["share_pct"], ".0f") + ("%" if op["share_pct"] is not None else ""))
+                      fmt(op["change_pct"], "+.1f") + ("%" if op["change_pct"] is not None else ""), *share)
     out.print(table)
-    out.print("share: the operator's part of the total change", markup=False)
+    out.print("share: the operator's part of the total change" if decided else
+              f"no share column: the total change was not decided ({r.verdict.verdict.value}); each operator's "
+              "change stands alone", markup=False)
 
 
 def print_regressions(out: Console, rows: list[Regression]) -> None:
