@@ -1,5 +1,6 @@
-"""The decisions apart from their persistence, without a database: which commit a bisection
-tests next or names (service.watch.bisect_search)."""
+"""The decisions apart from their persistence, without a database: which regressions a judged
+workload opens (service.compare.decide) and which commit a bisection tests next or names
+(service.watch.bisect_search)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,103 @@ import math
 
 import pytest
 
+from abwatch.service import stats
+from abwatch.service.compare import decide
+from abwatch.service.stats.verdict import Metric, Outcome, RegressionKind
 from abwatch.service.store.models import StepSide
 from abwatch.service.watch import bisect_search
 from abwatch.service.watch.bisect_search import BAD, GOOD, SKIP
+
+# --- the compare decision ---------------------------------------------------------------
+
+
+def verdict(outcome: Outcome, change: float = 0.0, reason: str = "judged") -> stats.Verdict:
+    ci = None if outcome == Outcome.UNKNOWN else (change - 1.0, change + 1.0)
+    return stats.Verdict(outcome, change, ci, 0.001, 20, 20, 10.0, 10.0 * (1 + change / 100), 1.0, 0.01, 0.99,
+                         reason)
+
+
+SLOWER, FASTER = verdict(Outcome.REGRESSION, 8.0, "slower by 8%"), verdict(Outcome.IMPROVEMENT, -8.0)
+SAME, UNKNOWN = verdict(Outcome.SAME), verdict(Outcome.UNKNOWN)
+AGREE = {"max_abs": 0.0, "max_rel": 0.0, "mismatch": False, "reason": "", "rtol": 1e-5, "atol": 1e-6}
+
+
+def found(first: stats.Verdict = SAME, *, measure=(Metric.TIME,), run=(), compile=(), output=None,
+          benchmark=True) -> decide.Found:
+    return decide.Found("w", tuple(measure), first, tuple(run), tuple(compile), output, benchmark)
+
+
+def test_a_slower_first_metric_opens_a_runtime_regression_by_it():
+    d = decide.decide(found(SLOWER))
+    assert d.workload == "w"
+    assert d.runtime == decide.Opening(RegressionKind.RUNTIME, Metric.TIME, SLOWER, None)
+    assert d.compile_time is None and d.correctness is None and not d.mismatch
+    assert not d.learn_noise  # a change is no noise
+
+
+@pytest.mark.parametrize("first", [SAME, UNKNOWN, FASTER])
+def test_same_unknown_or_faster_open_nothing(first):
+    d = decide.decide(found(first))
+    assert (d.runtime, d.compile_time, d.correctness) == (None, None, None)
+    assert d.learn_noise == (first is SAME)  # only a `same` verdict's samples are the pair's noise
+
+
+def test_another_metric_opens_where_the_first_did_not_regress():
+    d = decide.decide(found(SAME, measure=(Metric.TIME, Metric.MAX_RSS), run=[(Metric.MAX_RSS, SLOWER)]))
+    assert d.runtime is not None and d.runtime.metric == Metric.MAX_RSS
+    # yet the comparison's own verdict (same) still teaches the noise profile
+    assert d.learn_noise
+
+
+def test_the_measure_order_picks_the_opener_not_the_order_judged():
+    cpu_slower = verdict(Outcome.REGRESSION, 5.0)
+    d = decide.decide(found(SAME, measure=(Metric.TIME, Metric.INSTRUCTIONS, Metric.CPU_TIME),
+                            run=[(Metric.CPU_TIME, cpu_slower), (Metric.INSTRUCTIONS, SLOWER)]))
+    assert d.runtime is not None and (d.runtime.metric, d.runtime.verdict) == (Metric.INSTRUCTIONS, SLOWER)
+    # a metric the workload does not name comes after those it does
+    assert decide.first_regression([Metric.TIME], [(Metric.MAX_RSS, SLOWER), (Metric.TIME, cpu_slower)]) \
+        == (Metric.TIME, cpu_slower)
+
+
+def test_a_slower_compile_opens_a_compile_time_regression_saying_which_measure():
+    compile_slower = verdict(Outcome.REGRESSION, 12.0, "slower by 12.00%")
+    d = decide.decide(found(SAME, compile=[(Metric.TIME, SAME), (Metric.INSTRUCTIONS, compile_slower)]))
+    assert d.runtime is None
+    assert d.compile_time is not None
+    assert (d.compile_time.kind, d.compile_time.metric) == (RegressionKind.COMPILE_TIME, Metric.INSTRUCTIONS)
+    assert d.compile_time.verdict is compile_slower
+    assert d.compile_time.reason == "compile instructions slower by 12.00%"
+    on_time = decide.decide(found(SAME, compile=[(Metric.TIME, compile_slower)])).compile_time
+    assert on_time is not None and on_time.reason == "compile time slower by 12.00%"
+
+
+def test_a_slower_run_and_compile_open_one_of_each_kind():
+    d = decide.decide(found(SLOWER, compile=[(Metric.TIME, SLOWER)]))
+    assert d.runtime is not None and d.runtime.kind == RegressionKind.RUNTIME
+    assert d.compile_time is not None and d.compile_time.kind == RegressionKind.COMPILE_TIME
+
+
+def test_differing_outputs_open_a_correctness_regression_whatever_the_speed():
+    wrong = {**AGREE, "max_abs": 0.5, "max_rel": 0.25, "mismatch": True}
+    d = decide.decide(found(FASTER, output=wrong))
+    assert d.mismatch and d.runtime is None
+    assert d.correctness == "outputs differ: max abs error 0.5, max rel 0.25 (rtol 1e-05, atol 1e-06)"
+    shaped = decide.decide(found(SAME, output={**wrong, "max_abs": None, "reason": "shapes (2,) and (3,)"}))
+    assert shaped.correctness == "outputs differ: shapes (2,) and (3,)"
+
+
+def test_agreeing_or_unchecked_outputs_open_no_correctness_regression():
+    for output in (AGREE, None):
+        d = decide.decide(found(SLOWER, output=output))
+        assert d.correctness is None and not d.mismatch
+
+
+def test_only_a_benchmark_run_opens_regressions():
+    wrong = {**AGREE, "max_abs": 1.0, "max_rel": 1.0, "mismatch": True}
+    d = decide.decide(found(SLOWER, compile=[(Metric.TIME, SLOWER)], output=wrong, benchmark=False))
+    assert (d.runtime, d.compile_time, d.correctness) == (None, None, None)
+    assert d.mismatch  # still said: a verify run that sees wrong outputs tells so
+
 
 # --- the bisection's search ---------------------------------------------------------------
 
