@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from sqlalchemy.orm import Session
 
@@ -28,7 +28,7 @@ from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
 from abwatch.service.compare import fresh, lifecycle
 from abwatch.service.stats.verdict import Metric, RegressionKind
-from abwatch.service.store.models import Comparison, Regression, Run, RunType
+from abwatch.service.store.models import Comparison, Regression, Run
 from abwatch.service.compare.outcome import verdict_json
 
 KIND = RegressionKind.COMPILE_TIME
@@ -79,27 +79,20 @@ def details(judged: CompileJudged) -> dict:
     }
 
 
-def open_if_slower(session: Session, run: Run, comparison: Comparison, attach=None,
-                   verdicts: Sequence[tuple[Metric, stats.Verdict | None]] = ()) -> tuple[int | None, Metric]:
-    """Open a ``compile-time`` regression when a benchmark run found compiles slower (or note it
-    on the open one ``attach`` finds it the same as): by the first of the compile's ``verdicts``
-    that regressed, in the metric registry's order (its wall time, its instructions, its peak
-    memory). The regression's id (None when none) and the metric that opened it."""
-    opener = next(((metric, v) for metric, v in verdicts
-                   if v is not None and v.verdict == stats.Outcome.REGRESSION), None)
-    if opener is None or run.run_type != RunType.BENCHMARK:
-        return None, Metric.TIME
-    metric, v = opener
-    what = "compile time" if metric is Metric.TIME else f"compile {metric.value.replace('_', ' ')}"
+def open_slower(session: Session, run: Run, comparison: Comparison, metric: Metric, verdict: stats.Verdict,
+                reason: str | None, attach=None) -> int:
+    """Open the ``compile-time`` regression a benchmark run's slower compiles call for (found by
+    :func:`service.compare.decide.decide`: ``metric``'s ``verdict``), or note it on the open one
+    ``attach`` finds it the same as. The regression's id."""
     regression: Regression = lifecycle.open_or_attach(
-        session, run, comparison, KIND, v, attach, reason=f"{what} {v.reason}", metric=metric)
+        session, run, comparison, KIND, verdict, attach, reason=reason, metric=metric)
     if regression.run_id != run.id:  # a re-run of the pair, or attached: the one opened earlier stays as it was
-        return regression.id, metric
-    assert v.change_pct is not None  # a regression verdict always carries its estimate
-    regression.change_pct = v.change_pct
-    regression.benchmark_verdict = {**verdict_json(v, run.id), "kind": KIND.value, "metric": metric.value}
+        return regression.id
+    assert verdict.change_pct is not None  # a regression verdict always carries its estimate
+    regression.change_pct = verdict.change_pct
+    regression.benchmark_verdict = {**verdict_json(verdict, run.id), "kind": KIND.value, "metric": metric.value}
     session.flush()
-    return regression.id, metric
+    return regression.id
 
 
 def verdict_of(workload_details: Mapping[str, Any] | None) -> stats.Verdict:

@@ -2,10 +2,12 @@
 
 :func:`run_compare` is the one path a comparison takes (``compare``, verify, the watch and
 bisection all call it): it resolves the refs, stores the run, builds the pair
-(:func:`service.compare.building.build_pair`) and measures it (:func:`measure_pair`). The builder
-and runner are the config's unless the caller passes its own (a watch worker keeps one
-runner for many runs). :func:`service.compare.verify.run_verify` re-runs the pair of a benchmark run's
-suspected regressions through it.
+(:func:`service.compare.building.build_pair`) and measures it (:func:`measure_pair`; what each
+workload's verdicts call for is :mod:`service.compare.decide`'s, written by
+:mod:`service.compare.storing`). The builder and runner are the config's unless the caller
+passes its own (a watch worker keeps one runner for many runs).
+:func:`service.compare.verify.run_verify` re-runs the pair of a benchmark run's suspected
+regressions through it.
 
 Transactions are short and the driver commits them itself, at the points where a reader
 (or the next command, after a kill) must see progress: run started, each build, each
@@ -25,40 +27,33 @@ from collections.abc import Callable, Mapping
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from abwatch.core.metric_names import SHOWN_APART
 from abwatch.core.redact import mask_url
 from abwatch.core.device_identity import DeviceInfo
 from abwatch.core.sides import CONTROL, TREATMENT, Side
 from abwatch.builders import Builder, make_builder
-from abwatch.runners import WORKLOAD_KINDS, Runner, make_runner
+from abwatch.runners import Runner, make_runner
 from abwatch.runners.harness import Measurement, interleaved_schedule, measure
 from abwatch.service import stats
-from abwatch.service.compare import attribution, compile_time, contended, infra, lifecycle, liveness
+from abwatch.service.compare import contended, infra, liveness
 from abwatch.service.compare import measured_rows, metrics, noise
 from abwatch.service.notify import alerts
 from abwatch.service.store import locks
 from abwatch.service.compare.building import build_pair
 from abwatch.service.compare.outcome import (
-    CompareOutcome, DriverError, MetricResult, WorkloadResult, build_result, verdict_json,
+    CompareOutcome, DriverError, MetricResult, WorkloadResult, build_result,
 )
 from abwatch.service.config import Config, WorkloadSpec
 from abwatch.service.store.models import (
-    Build, BuildMeasurement, Comparison, Invocation, InvocationStatus, Regression, Run, RunStatus, RunType, utcnow,
+    Build, BuildMeasurement, Comparison, Invocation, InvocationStatus, Run, RunStatus, RunType, utcnow,
 )
-from abwatch.service.stats.verdict import Metric, RegressionKind
+from abwatch.service.stats.verdict import Metric
 from abwatch.service.compare.progress import NullProgress, Progress
-from abwatch.service.compare.run_records import write_records
+from abwatch.service.compare.storing import Attach, store_result
 from abwatch.service.store.rows import (
     device_note, earlier_series, get_commits, get_repository, get_workload, seen_device, write_samples,
 )
 
 MAX_REF_LENGTH = 256  # the refs' column width
-
-
-# Given the run, the comparison, the regression kind and the least change (%) the run's evidence
-# allows (its confidence interval's lower end), the open regression this slowdown is the same as
-# (the watch's pinned-base mode), or None to open a new one.
-Attach = Callable[[Session, Run, Comparison, RegressionKind, float], Regression | None]
 
 
 def engine_of(session: Session) -> Engine:
@@ -211,8 +206,8 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
             verdict = first.verdict
             m = replace(m, failure=first.failure)
         assert verdict is not None
-        results.append(_store_result(session, config, run, workload, m, verdict, device_info, progress, own,
-                                     attach, tuple(beside)))
+        results.append(store_result(session, config, run, workload, m, verdict, device_info, progress, own,
+                                    attach, tuple(beside)))
     unjudged = [r.workload for r in results if r.failure]
     run.status = RunStatus.INCOMPLETE if unjudged else RunStatus.COMPLETED
     if unjudged:
@@ -310,97 +305,3 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
             return measurement, step.verdict
         progress.message(f"  {workload.name}: look {look}: {step.verdict.reason}; adding {step.next_pairs} pairs")
         schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
-
-
-def _store_result(session: Session, config: Config, run: Run, workload: WorkloadSpec,
-                  m: Measurement, verdict: stats.Verdict, device_info: DeviceInfo, progress: Progress,
-                  own: metrics.Own, attach: Attach | None = None,
-                  beside: tuple[MetricResult, ...] = ()) -> WorkloadResult:
-    """Store the comparison and a ``measurements`` row per metric, open regressions (speed,
-    compile time, output; by the first metric of ``measure`` that regressed) if found, write the
-    records."""
-    row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
-    error = WORKLOAD_KINDS[workload.kind].check_outputs(workload, m.metrics) if m.failure is None else None
-    extra = attribution.tvm_details(m.metrics, error) if error is not None else None
-    # what the registry's metrics of their own processes show under keys of their own (compile,
-    # instructions, compile_instructions), whole; comparisons.details keeps only what their
-    # measurements rows do not hold (the profiles, the compile-time regression opened)
-    shown: dict[str, dict] = {}
-    kept: dict[str, dict] = {}
-    keys: dict[tuple[Metric, RegressionKind], str] = {}
-    for (metric, phase), j in own.items():
-        if j is not None and (found := metrics.METRICS[metric].shown(phase, j)) is not None:
-            keys[metric, phase], shown[found[0]], kept[found[0]] = found
-        if j is not None:
-            progress.message(f"  {workload.name}: {metrics.METRICS[metric].said(phase, j)}")
-    if extra is not None and "compile" in shown:  # a compile is shown with a TVM workload's details
-        extra["compile"] = shown["compile"]
-    contention = contended.assessed(m, config)
-    measured = {"contention": contention.to_dict()} if contention.cpu_share is not None else {}
-    timed = verdict.unit != "instructions"  # on CPU time too, the plain medians are the timing samples
-    comparison = Comparison(
-        run_id=run.id, workload_id=row.id, verdict=verdict.verdict,
-        change_pct=verdict.change_pct,
-        ci_low_pct=verdict.ci_pct[0] if verdict.ci_pct else None,
-        ci_high_pct=verdict.ci_pct[1] if verdict.ci_pct else None,
-        # the ms columns hold times only: a row decided on instructions keeps its counts in measurements
-        p_value=verdict.p_value, control_median_ms=verdict.control_median_ms if timed else None,
-        treatment_median_ms=verdict.treatment_median_ms if timed else None,
-        control_fastest_ms=stats.fastest_median(m.samples[CONTROL], m.groups[CONTROL]),
-        treatment_fastest_ms=stats.fastest_median(m.samples[TREATMENT], m.groups[TREATMENT]),
-        control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
-        error=m.failure,
-        details={"verdict": verdict.to_dict(), **measured,
-                 **({k: v for k, v in extra.items() if k != "compile"} if extra else {}),
-                 **{key: value for key, value in kept.items() if value}},
-    )
-    session.add(comparison)
-    session.flush()
-    first = Metric(workload.measure[0])
-    session.add_all(measured_rows.rows(comparison.id, first, verdict, m.failure, own, beside))
-    regression_id = correctness_id = None
-    # the first metric's verdict opens the regression; another metric's, where the first's did not
-    opener = metrics.opening(workload.measure, [
-        (first, verdict), *metrics.own_verdicts(own, metrics.RUN),
-        *((Metric(b.metric), b.verdict) for b in beside if b.phase == metrics.RUN.value)])
-    if opener is not None and run.run_type == RunType.BENCHMARK:
-        metric, opening = opener
-        regression = lifecycle.open_or_attach(session, run, comparison, RegressionKind.RUNTIME, opening, attach,
-                                              metric=metric)
-        if regression.run_id == run.id:  # opened now; a re-run of the pair finds the open one
-            regression.benchmark_verdict = {**verdict_json(opening, run.id), "metric": metric.value}
-        else:
-            progress.message(f"  {workload.name}: regression {regression.id} (run {regression.run_id}) "
-                             "is open for this pair (or is this slowdown, seen again) already")
-        regression_id = regression.id
-    compile_id, compile_metric = compile_time.open_if_slower(session, run, comparison, attach, [
-        *metrics.own_verdicts(own, metrics.COMPILE),
-        *((Metric(b.metric), b.verdict) for b in beside if b.phase == metrics.COMPILE.value)])
-    if compile_id is not None and (key := keys.get((compile_metric, metrics.COMPILE))) in shown:
-        shown[key]["regression_id"] = compile_id  # the compile's verdict that opened it says so
-        kept[key] = {**kept[key], "regression_id": compile_id}
-        comparison.details = {**comparison.details, key: kept[key]}  # a new dict, so the JSON column sees it
-    for b in beside:
-        progress.message(f"  {workload.name}: {b.metric} ({b.phase}) {b.verdict.verdict.value} — {b.verdict.reason}")
-    if extra is not None and extra["error"]["mismatch"]:
-        # A wrong answer is its own regression, whatever the speed verdict says.
-        error = extra["error"]
-        progress.message(f"  {workload.name}: OUTPUT MISMATCH max_abs={error['max_abs']} max_rel={error['max_rel']}")
-        if run.run_type == RunType.BENCHMARK:
-            why = (f"outputs differ: {error['reason']}" if error["max_abs"] is None or error["max_rel"] is None
-                   else f"outputs differ: max abs error {error['max_abs']:.3g}, max rel {error['max_rel']:.3g} "
-                   f"(rtol {error['rtol']:g}, atol {error['atol']:g})")
-            correctness_id = lifecycle.open_regression(session, run, comparison, kind=RegressionKind.CORRECTNESS,
-                                                       reason=why).id
-    if verdict.verdict == stats.Outcome.SAME:
-        noise.learn(session, row.id, run.device_id, m.samples, m.groups)
-    counts, compile_counts = shown.get("instructions"), shown.get("compile_instructions")
-    # a metric of processes of its own shown with the others (none of today's: time and instructions have keys)
-    others = tuple(r for r in metrics.own_results(own) if Metric(r.metric) not in SHOWN_APART)
-    write_records(session, config, run, workload, m, device_info, extra, counts, compile_counts, beside + others)
-    session.commit()
-    progress.message(f"  {workload.name}: {verdict.verdict.value} — {verdict.reason}")
-    return WorkloadResult(workload.name, verdict, comparison.id, regression_id, m.failure,
-                          correctness_id, extra, workload_id=row.id, instructions=counts,
-                          compile_instructions=compile_counts, contention=measured.get("contention"),
-                          measured=beside + others)

@@ -323,15 +323,6 @@ def judged(result: WorkloadResult, phase: RegressionKind, metric: Metric) -> Jud
     return METRICS[Metric(metric)].judged(result, RegressionKind(phase))
 
 
-def opening(measure_order: Sequence[Metric], verdicts: Sequence[tuple[Metric, stats.Verdict | None]]
-            ) -> tuple[Metric, stats.Verdict] | None:
-    """The verdict that opens a regression: the first regression among ``verdicts``, in the
-    workload's ``measure`` order."""
-    rank = {Metric(m): i for i, m in enumerate(measure_order)}
-    found = [(metric, v) for metric, v in verdicts if v is not None and v.verdict == stats.Outcome.REGRESSION]
-    return min(found, key=lambda mv: rank.get(mv[0], len(rank)), default=None)
-
-
 def measure_own(job: Job) -> Own:
     """What every metric measures in processes of its own for one workload, in registry order
     (time's compiles, then the counted processes), each phase judged (None: not measured)."""

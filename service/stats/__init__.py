@@ -3,6 +3,7 @@
 The package's public API is re-exported here, so callers write ``stats.compare(...)``:
 
 - :mod:`.core`: one comparison (:func:`compare`), the decision rule, FDR adjustment, planning;
+- :mod:`.estimates`: :func:`compare`'s unpaired estimation paths, a function each;
 - :mod:`.sequential`: the stopping rule (:func:`sequential_look`, :class:`Budget`);
 - :mod:`.changepoints`: step changes in a series (:func:`change_points`);
 - :mod:`.contention`: how contended the measured processes were (:func:`assess`), and a verdict

@@ -47,10 +47,9 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as sps
 
+from abwatch.service.stats import estimates
 from abwatch.service.stats.verdict import DEFAULT_EQUIVALENCE_ALPHA, Outcome, Verdict
-from abwatch.service.stats.pooled import (
-    POOLED_METHOD, QUANTILE, QUANTILE_MIN_SAMPLES, SMALL_POOLED_METHOD, hodges_lehmann, pct, quantile_shift,
-)
+from abwatch.service.stats.pooled import QUANTILE_MIN_SAMPLES, pct
 
 DEFAULT_THRESHOLD_PCT = 1.0
 DEFAULT_ALPHA = 0.01
@@ -124,10 +123,6 @@ def _as_samples(values: Sequence[float], name: str) -> np.ndarray:
     return array
 
 
-def _ratio_of_medians(control: np.ndarray, treatment: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.median(treatment, axis=axis) / np.median(control, axis=axis)
-
-
 def _clusters(samples: np.ndarray, groups: Sequence | None, name: str) -> np.ndarray:
     """Samples as a (clusters, max size) array padded with NaN; one cluster per sample if no groups."""
     if groups is None:
@@ -145,18 +140,6 @@ def _clusters(samples: np.ndarray, groups: Sequence | None, name: str) -> np.nda
     for i, row in enumerate(rows):
         out[i, : len(row)] = row
     return out
-
-
-def _cluster_bootstrap(a: np.ndarray, b: np.ndarray, resamples: int, confidence: float,
-                       rng: np.random.Generator) -> tuple[float, float]:
-    """Percentile interval of the ratio of medians, resampling whole clusters (rows)."""
-    ia = rng.integers(0, len(a), size=(resamples, len(a)))
-    ib = rng.integers(0, len(b), size=(resamples, len(b)))
-    ratio = (np.nanmedian(b[ib].reshape(resamples, -1), axis=1)
-             / np.nanmedian(a[ia].reshape(resamples, -1), axis=1))
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    low, high = np.percentile(ratio, [tail, 100.0 - tail])
-    return float(low), float(high)
 
 
 def compare(
@@ -191,76 +174,75 @@ def compare(
     direction (module docstring): the change is still the treatment's over the control's, and a
     drop is the regression.
     """
-    if threshold_pct <= 0:
-        raise ValueError("threshold_pct must be > 0")
-    if not 0 < alpha < 1 or not 0 < confidence < 1 or not 0 < equivalence_alpha < 0.5:
-        raise ValueError("alpha and confidence must lie in (0, 1), equivalence_alpha in (0, 0.5)")
-    a = _as_samples(control, "control")
-    b = _as_samples(treatment, "treatment")
+    _check_levels(threshold_pct, alpha, confidence, equivalence_alpha)
+    a, b = _as_samples(control, "control"), _as_samples(treatment, "treatment")
     params = dict(threshold_pct=threshold_pct, alpha=alpha, confidence=confidence)
     base: dict[str, Any] = dict(control_n=len(a), treatment_n=len(b), equivalence_alpha=equivalence_alpha,
                                 higher_is_better=higher_is_better, **params)
     ca, cb = _clusters(a, control_groups, "control"), _clusters(b, treatment_groups, "treatment")
     min_clusters = 3 if control_groups is not None or treatment_groups is not None else min_samples
     if len(a) < min_samples or len(b) < min_samples or min(len(ca), len(cb)) < min_clusters:
-        return Verdict(
-            Outcome.UNKNOWN, None, None, None,
-            control_median_ms=float(np.median(a)) if len(a) else None,
-            treatment_median_ms=float(np.median(b)) if len(b) else None,
-            reason=(f"too few samples (need {min_samples} a side in {min_clusters} processes, have "
-                    f"{len(a)} in {len(ca)} and {len(b)} in {len(cb)})"),
-            **base,
-        )
+        return _too_few(a, b, ca, cb, min_samples, min_clusters, base)
     med_a, med_b = float(np.median(a)), float(np.median(b))
     base.update(control_median_ms=med_a, treatment_median_ms=med_b)
     if med_a <= 0:
         return Verdict(Outcome.UNKNOWN, None, None, None,
                        reason="control median is 0 ms; a relative change is undefined", **base)
 
+    # the path follows the samples' shape; the order of the tests is the order of preference
     change = (med_b / med_a - 1.0) * 100.0
-    positive = bool((a > 0).all() and (b > 0).all())
+    pooled = ca.shape[1] == 1 and cb.shape[1] == 1  # one sample per unit
     if np.ptp(a) == 0 and np.ptp(b) == 0:
-        # No spread at all: the bootstrap and the rank test have nothing to resample.
-        ci, method = (change, change), "identical samples"
-        p_value = 1.0 if med_a == med_b else 0.0
+        found = estimates.identical(change, med_a, med_b)
     elif paired and control_groups is not None and treatment_groups is not None and _positive(ca, cb):
-        change, ci, p_value, same_ci = _paired(ca, cb, confidence, plan_pairs, 2.0 * equivalence_alpha, min_pairs,
-                                               higher_is_better)
-        best = float(np.median(_best(ca, higher_is_better)))
-        estimator = HIGHEST_ESTIMATOR if higher_is_better else FASTEST_ESTIMATOR
-        if not all(math.isfinite(x) for x in ci):  # under MIN_PAIRS the sequence is unbounded: no interval
-            pairs = min(len(ca), len(cb))
-            return _figures(Verdict(Outcome.UNKNOWN, change, None, None, method=PAIRED_METHOD,
-                                    reason=f"too few pairs for an interval ({pairs}; {min_pairs} are needed)",
-                                    **base), best, estimator)
-        judged = replace(_decide(change, ci, p_value, base, same_ci=same_ci), method=PAIRED_METHOD)
-        return _figures(judged, best, estimator)
-    elif ca.shape[1] == 1 and cb.shape[1] == 1 and positive:  # one sample per unit: pooled samples
-        if min(len(a), len(b)) >= QUANTILE_MIN_SAMPLES:
-            # the clean tail: the fast one of times, the high one of a rate
-            change, ci, p_value = quantile_shift(a, b, confidence, 1.0 - QUANTILE if higher_is_better else QUANTILE)
-            method = POOLED_METHOD
-        else:
-            change, ci, p_value = hodges_lehmann(a, b, confidence, np.random.default_rng(seed))
-            method = SMALL_POOLED_METHOD
-    elif ca.shape[1] == 1 and cb.shape[1] == 1:  # zeros among the samples: no log scale
-        boot = sps.bootstrap(
-            (a, b), _ratio_of_medians, n_resamples=resamples, confidence_level=confidence,
-            method="percentile", vectorized=True, rng=np.random.default_rng(seed),
-        )
-        low, high = boot.confidence_interval
-        ci = ((float(low) - 1.0) * 100.0, (float(high) - 1.0) * 100.0)
-        p_value = float(sps.mannwhitneyu(b, a, alternative="two-sided").pvalue)
-        method = "ratio of medians, sample bootstrap; Mann-Whitney U"
+        return _paired_verdict(ca, cb, base, confidence, plan_pairs, equivalence_alpha, min_pairs, higher_is_better)
+    elif pooled and bool((a > 0).all() and (b > 0).all()):
+        found = (estimates.quantile(a, b, confidence, higher_is_better)
+                 if min(len(a), len(b)) >= QUANTILE_MIN_SAMPLES else estimates.small_pooled(a, b, confidence, seed))
+    elif pooled:  # zeros among the samples: no log scale
+        found = estimates.sample_bootstrap(a, b, change, resamples, confidence, seed)
     else:
-        low, high = _cluster_bootstrap(ca, cb, resamples, confidence, np.random.default_rng(seed))
-        ci = ((low - 1.0) * 100.0, (high - 1.0) * 100.0)
-        p_value = float(sps.mannwhitneyu(np.nanmedian(cb, axis=1), np.nanmedian(ca, axis=1),
-                                         alternative="two-sided").pvalue)
-        if math.isnan(p_value):
-            p_value = 1.0
-        method = "ratio of medians, process bootstrap; Mann-Whitney U on process medians"
-    return _figures(replace(_decide(change, ci, p_value, base), method=method), med_a, MEDIAN_ESTIMATOR)
+        found = estimates.process_bootstrap(ca, cb, change, resamples, confidence, seed)
+    judged = _decide(found.change, found.ci, found.p_value, base)
+    return _figures(replace(judged, method=found.method), med_a, MEDIAN_ESTIMATOR)
+
+
+def _check_levels(threshold_pct: float, alpha: float, confidence: float, equivalence_alpha: float) -> None:
+    """Refuse a threshold or a level no comparison can be judged at."""
+    if threshold_pct <= 0:
+        raise ValueError("threshold_pct must be > 0")
+    if not 0 < alpha < 1 or not 0 < confidence < 1 or not 0 < equivalence_alpha < 0.5:
+        raise ValueError("alpha and confidence must lie in (0, 1), equivalence_alpha in (0, 0.5)")
+
+
+def _too_few(a: np.ndarray, b: np.ndarray, ca: np.ndarray, cb: np.ndarray, min_samples: int, min_clusters: int,
+             base: dict[str, Any]) -> Verdict:
+    """The `unknown` of a comparison with too few samples or processes to judge, saying how many."""
+    return Verdict(
+        Outcome.UNKNOWN, None, None, None,
+        control_median_ms=float(np.median(a)) if len(a) else None,
+        treatment_median_ms=float(np.median(b)) if len(b) else None,
+        reason=(f"too few samples (need {min_samples} a side in {min_clusters} processes, have "
+                f"{len(a)} in {len(ca)} and {len(b)} in {len(cb)})"),
+        **base,
+    )
+
+
+def _paired_verdict(ca: np.ndarray, cb: np.ndarray, base: dict[str, Any], confidence: float, plan_pairs: int,
+                    equivalence_alpha: float, min_pairs: int, higher_is_better: bool) -> Verdict:
+    """The paired path: interleaved processes judged by their pairs' log ratios (:func:`_paired`),
+    `same` decided by the equivalence interval; no interval (`unknown`) under ``min_pairs`` pairs."""
+    change, ci, p_value, same_ci = _paired(ca, cb, confidence, plan_pairs, 2.0 * equivalence_alpha, min_pairs,
+                                           higher_is_better)
+    best = float(np.median(_best(ca, higher_is_better)))
+    estimator = HIGHEST_ESTIMATOR if higher_is_better else FASTEST_ESTIMATOR
+    if not all(math.isfinite(x) for x in ci):  # under MIN_PAIRS the sequence is unbounded: no interval
+        pairs = min(len(ca), len(cb))
+        return _figures(Verdict(Outcome.UNKNOWN, change, None, None, method=PAIRED_METHOD,
+                                reason=f"too few pairs for an interval ({pairs}; {min_pairs} are needed)",
+                                **base), best, estimator)
+    judged = replace(_decide(change, ci, p_value, base, same_ci=same_ci), method=PAIRED_METHOD)
+    return _figures(judged, best, estimator)
 
 
 FASTEST_ESTIMATOR = ("fastest sample per process, median across the control's processes; "

@@ -1,5 +1,9 @@
 """Bisection: name the commit that caused a confirmed regression.
 
+The search (which commit next, which is the culprit) is :mod:`service.watch.bisect_search`;
+this module builds and compares the commits it asks for and records the steps, the culprits,
+their alerts and commit statuses.
+
 The range is the first-parent commits after the regressions' control (good) up to their
 treatment (bad). Each step A/B-tests the commit nearest the middle against the good end
 through :func:`~service.compare.driver.run_compare` (run type ``regress``, so no new regressions
@@ -26,8 +30,7 @@ only the verdict it reads differs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import SQLAlchemyError
@@ -44,8 +47,8 @@ from abwatch.service.store.models import (
     BisectionStep, Commit, Regression, Repository, RunType, StepSide, StepVerdict,
 )
 from abwatch.service.store.rows import get_commit, get_repository
-
-BAD, GOOD, SKIP = StepSide.BAD.value, StepSide.GOOD.value, StepSide.SKIP.value
+from abwatch.service.watch import bisect_search
+from abwatch.service.watch.bisect_search import BAD, GOOD, SKIP
 
 # A step's verdict of one workload, and why it could not be judged (None when it could).
 Judge = Callable[[outcome.WorkloadResult], tuple[stats.Verdict, str | None]]
@@ -68,25 +71,7 @@ def judge_of(regression: Regression) -> Judge:
     return JUDGES[(regression.kind, regression.metric)]
 
 
-def max_builds(n: int) -> int:
-    """The builds a range of ``n`` commits may take without broken commits: ceil(log2 n) + 1."""
-    return max(1, (n - 1).bit_length()) + 1 if n > 1 else 1
-
-
-@dataclass
-class _Part:
-    """Workloads still searched together, and their range: ``commits[lo]`` good, ``commits[hi]`` bad."""
-
-    names: set[str]
-    lo: int
-    hi: int
-    skipped: set[int] = field(default_factory=set)
-
-    def candidates(self) -> list[int]:
-        return [i for i in range(self.lo + 1, self.hi) if i not in self.skipped]
-
-
-def _sides(outcome: outcome.CompareOutcome, names: set[str], good_is_control: bool,
+def _sides(outcome: outcome.CompareOutcome, names: Collection[str], good_is_control: bool,
            judge: Judge = JUDGES[(RegressionKind.RUNTIME, Metric.TIME)]) -> dict[str, tuple]:
     """Per workload: good, bad or None (undecided), with its verdict (as ``judge`` reads it) and change."""
     found: dict[str, tuple] = {}
@@ -114,99 +99,119 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
 
     Each step is judged by ``judge`` (default: :data:`JUDGES` of the regressions' kind) against
     the good end ``good`` (default: the regressions' control; the watch gives a later one for a
-    slowdown beyond an earlier regression against a pinned base).
+    slowdown beyond an earlier regression against a pinned base). The search itself
+    (:mod:`service.watch.bisect_search`) says which commit to test next; this builds, compares
+    and records what it asks, then names the culprits.
     Returns ``{workload: culprit sha}`` for the workloads whose culprit was found.
     """
     progress = progress or driver.NullProgress()
+    judge = judge if judge is not None else _common_judge(regressions)
     first = regressions[0]
-    if judge is None:
-        if {(r.kind, r.metric) for r in regressions} != {(first.kind, first.metric)} \
-                or (first.kind, first.metric) not in JUDGES:
-            raise ValueError("cannot bisect regressions of kinds "
-                             f"{sorted({(r.kind.value, r.metric.value) for r in regressions})} together")
-        judge = judge_of(first)
     good, bad = good or first.control_commit.sha, first.treatment_commit.sha
     commits = mirror.first_parents(good, bad)
     if not commits or commits[-1] != bad:  # not on one first-parent line (e.g. a fixed: control)
         commits = [bad]
     by_name = {r.workload.name: r for r in regressions}
-    stored = session.get_one(driver.Run, parent_run_id).config
-    base_config = Config.model_validate(stored)
-    repository = get_repository(session, config.repository.url)
-    limit = config.watch.max_builds_per_range
-    positions = {r.id: session.scalar(select(func.count()).select_from(BisectionStep)
-                                      .where(BisectionStep.regression_id == r.id)) or 0 for r in regressions}
+    tester = _Tester(session, config, mirror, by_name, parent_run_id, progress, judge, (good, bad))
     progress.message(f"bisecting {len(commits)} commit(s) {good[:12]}..{bad[:12]} for {sorted(by_name)}")
-    todo, culprits, builds = [_Part(set(by_name), -1, len(commits) - 1)], {}, 0
+    search, builds, limit = bisect_search.start(by_name, len(commits)), 0, config.watch.max_builds_per_range
+    while (step := bisect_search.next_step(search, builds, limit)).probe is not None:
+        names = step.probe.part.names
+        found, built = tester.test(names, commits[step.probe.index])
+        builds += built
+        search = bisect_search.judged(step.search, step.probe, {name: found[name][0] for name in names})
+    culprits = {name: commits[index] for name, index in step.search.culprits.items()}
+    _announce(session, config, mirror, by_name, culprits, parent_run_id, one_commit=len(commits) == 1)
+    return culprits
 
-    def compare(names: set[str], control: str, treatment: str) -> outcome.CompareOutcome:
-        run_config = base_config.model_copy(update={
-            "workloads": [w for w in base_config.workloads if w.name in names],
-            "run": base_config.run.model_copy(update={"seed": None})})
-        return driver.run_compare(session, run_config, control, treatment, run_type=RunType.REGRESS,
-                                  parent_run_id=parent_run_id, progress=progress)
 
-    while todo:
-        part = todo.pop()
-        candidates = part.candidates()
-        if not candidates or builds >= limit:
-            # hi - lo == 1, or only broken commits between: hi is the first commit known bad
-            if part.hi - part.lo == 1 or not candidates:
-                culprits.update({name: commits[part.hi] for name in part.names})
-            continue
-        middle = (part.lo + part.hi) / 2
-        mid = min(candidates, key=lambda i: (abs(i - middle), i))
-        sha = commits[mid]
-        commit, unreadable = commit_row(session, repository, mirror, sha)
-        found = _stored_steps(session, [by_name[name] for name in part.names], commit.id)
+def _common_judge(regressions: list[Regression]) -> Judge:
+    """The judge of ``regressions``, which must share their kind and metric to be bisected together."""
+    first = regressions[0]
+    if {(r.kind, r.metric) for r in regressions} != {(first.kind, first.metric)} \
+            or (first.kind, first.metric) not in JUDGES:
+        raise ValueError("cannot bisect regressions of kinds "
+                         f"{sorted({(r.kind.value, r.metric.value) for r in regressions})} together")
+    return judge_of(first)
+
+
+class _Tester:
+    """Tests commits of one bisection for some of its workloads, storing each step as it is
+    judged (a bisection taken up again reads them instead of comparing again)."""
+
+    def __init__(self, session: Session, config: Config, mirror: RepoMirror, by_name: dict[str, Regression],
+                 parent_run_id: int, progress: driver.Progress, judge: Judge, ends: tuple[str, str]) -> None:
+        self.session, self.mirror, self.by_name, self.progress, self.judge = session, mirror, by_name, progress, judge
+        self.parent_run_id, (self.good, self.bad) = parent_run_id, ends
+        # each step compares with the verify run's own config, its workloads narrowed to the part's
+        self.base_config = Config.model_validate(session.get_one(driver.Run, parent_run_id).config)
+        self.repository = get_repository(session, config.repository.url)
+        self.positions = {r.id: session.scalar(select(func.count()).select_from(BisectionStep)
+                                               .where(BisectionStep.regression_id == r.id)) or 0
+                          for r in by_name.values()}
+
+    def test(self, names: frozenset[str], sha: str) -> tuple[dict[str, tuple], int]:
+        """Per workload of ``names``: (side, verdict, change) at commit ``sha``; and the builds it took."""
+        session, builds = self.session, 0
+        commit, unreadable = commit_row(session, self.repository, self.mirror, sha)
+        found = _stored_steps(session, [self.by_name[name] for name in names], commit.id)
         if found is not None:  # stepped before this process was killed: the verdict is kept
-            progress.message(f"  {sha[:12]}: judged already (stored steps); not compared again")
+            self.progress.message(f"  {sha[:12]}: judged already (stored steps); not compared again")
         elif unreadable:  # no comparison can store it: skipped like a broken build
-            progress.message(f"  {sha[:12]}: skip (cannot be read or stored: {unreadable})")
-            found = _skip_unreadable(session, [by_name[name] for name in sorted(part.names)], positions,
+            self.progress.message(f"  {sha[:12]}: skip (cannot be read or stored: {unreadable})")
+            found = _skip_unreadable(session, [self.by_name[name] for name in sorted(names)], self.positions,
                                      commit, unreadable)
         else:
-            found, deciding, step_run = _judge(part.names, sha, good, bad, compare, judge)
-            builds += sum(1 for b in step_run.builds if not b.cached)
-            for name in sorted(part.names):
+            found, deciding, step_run = _judge(names, sha, self.good, self.bad, self._compare, self.judge)
+            builds = sum(1 for b in step_run.builds if not b.cached)
+            for name in sorted(names):
                 side, value, change = found[name]
-                regression = by_name[name]
-                session.add(BisectionStep(regression_id=regression.id, position=positions[regression.id],
+                regression = self.by_name[name]
+                session.add(BisectionStep(regression_id=regression.id, position=self.positions[regression.id],
                                           commit_id=commit.id, run_id=deciding[name],
                                           verdict=StepVerdict(value), side=StepSide(side), change_pct=change))
-                positions[regression.id] += 1
+                self.positions[regression.id] += 1
             session.commit()
-        bad_names = {n for n in part.names if found[n][0] == BAD}
-        good_names = {n for n in part.names if found[n][0] == GOOD}
-        skip_names = {n for n in part.names if found[n][0] == SKIP}
-        broken = all(found[n][1] == "build_failed" for n in part.names)
-        progress.message(f"  {sha[:12]}: " + ("skip (does not build)" if broken else
-                                              f"bad for {sorted(bad_names)}, good for {sorted(good_names)}"
-                                              + (f", cannot run {sorted(skip_names)}" if skip_names else "")))
-        if skip_names:  # the same range without this commit
-            todo.append(_Part(skip_names, part.lo, part.hi, part.skipped | {mid}))
-        if good_names:
-            todo.append(_Part(good_names, mid, part.hi, set(part.skipped)))
-        if bad_names:
-            todo.append(_Part(bad_names, part.lo, mid, set(part.skipped)))
+        _say(self.progress, sha, names, found)
+        return found, builds
+
+    def _compare(self, names: Collection[str], control: str, treatment: str) -> outcome.CompareOutcome:
+        run_config = self.base_config.model_copy(update={
+            "workloads": [w for w in self.base_config.workloads if w.name in names],
+            "run": self.base_config.run.model_copy(update={"seed": None})})
+        return driver.run_compare(self.session, run_config, control, treatment, run_type=RunType.REGRESS,
+                                  parent_run_id=self.parent_run_id, progress=self.progress)
+
+
+def _say(progress: driver.Progress, sha: str, names: frozenset[str], found: dict[str, tuple]) -> None:
+    """Tell what commit ``sha`` was found for each workload of ``names``."""
+    by_side = {side: sorted(n for n in names if found[n][0] == side) for side in (BAD, GOOD, SKIP)}
+    broken = all(found[n][1] == "build_failed" for n in names)
+    progress.message(f"  {sha[:12]}: " + ("skip (does not build)" if broken else
+                                          f"bad for {by_side[BAD]}, good for {by_side[GOOD]}"
+                                          + (f", cannot run {by_side[SKIP]}" if by_side[SKIP] else "")))
+
+
+def _announce(session: Session, config: Config, mirror: RepoMirror, by_name: dict[str, Regression],
+              culprits: dict[str, str], parent_run_id: int, one_commit: bool) -> None:
+    """Store each culprit on its regressions and tell of it: an alert, and a failed commit status."""
     for sha in sorted(set(culprits.values())):
         named = [by_name[n] for n, c in culprits.items() if c == sha]
         name_culprit(session, named, mirror, sha)
         ids = [r.id for r in named]
         # a one-commit range: the `regress` alert, if still unsent, names the culprit itself;
         # otherwise a `culprit` alert, recorded with it (the outbox) and sent after the job
-        told = alerts.refresh_pending(session, ids, "regress", config.alerts) if len(commits) == 1 else set()
+        told = alerts.refresh_pending(session, ids, "regress", config.alerts) if one_commit else set()
         alerts.enqueue(session, [i for i in ids if i not in told], "culprit", config.alerts)
         device = named[0].device.name if named[0].device else config.runner.device or "?"
         github.enqueue(session, config.github, sha, "failure", device,
                        "culprit of " + ", ".join(f"#{r.id} {r.workload.name} {r.change_pct:+.1f}%" for r in named),
                        github.run_url(config.alerts.dashboard_url, parent_run_id))
     session.commit()
-    return culprits
 
 
-def _judge(names: set[str], sha: str, good: str, bad: str,
-           compare: Callable[[set[str], str, str], outcome.CompareOutcome],
+def _judge(names: frozenset[str], sha: str, good: str, bad: str,
+           compare: Callable[[Collection[str], str, str], outcome.CompareOutcome],
            judge: Judge) -> tuple[dict[str, tuple], dict[str, int], outcome.CompareOutcome]:
     """One step: ``sha`` against the good end; the workloads it cannot tell apart against the
     bad end (no build: both are cached by then). Returns {workload: (side, verdict, change)},
@@ -217,7 +222,7 @@ def _judge(names: set[str], sha: str, good: str, bad: str,
         return {name: (SKIP, "build_failed", None) for name in names}, deciding, result
     found = _sides(result, names, good_is_control=True, judge=judge)
     found.update({name: (None, "unknown", None) for name in names - set(found)})
-    undecided = {name for name in names if found[name][0] is None}
+    undecided = frozenset(name for name in names if found[name][0] is None)
     if undecided:
         against_bad = compare(undecided, sha, bad)
         again = _sides(against_bad, undecided, good_is_control=False, judge=judge)

@@ -1,0 +1,205 @@
+"""The decisions apart from their persistence, without a database: which regressions a judged
+workload opens (service.compare.decide) and which commit a bisection tests next or names
+(service.watch.bisect_search)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from abwatch.service import stats
+from abwatch.service.compare import decide
+from abwatch.service.stats.verdict import Metric, Outcome, RegressionKind
+from abwatch.service.store.models import StepSide
+from abwatch.service.watch import bisect_search
+from abwatch.service.watch.bisect_search import BAD, GOOD, SKIP
+
+# --- the compare decision ---------------------------------------------------------------
+
+
+def verdict(outcome: Outcome, change: float = 0.0, reason: str = "judged") -> stats.Verdict:
+    ci = None if outcome == Outcome.UNKNOWN else (change - 1.0, change + 1.0)
+    return stats.Verdict(outcome, change, ci, 0.001, 20, 20, 10.0, 10.0 * (1 + change / 100), 1.0, 0.01, 0.99,
+                         reason)
+
+
+SLOWER, FASTER = verdict(Outcome.REGRESSION, 8.0, "slower by 8%"), verdict(Outcome.IMPROVEMENT, -8.0)
+SAME, UNKNOWN = verdict(Outcome.SAME), verdict(Outcome.UNKNOWN)
+AGREE = {"max_abs": 0.0, "max_rel": 0.0, "mismatch": False, "reason": "", "rtol": 1e-5, "atol": 1e-6}
+
+
+def found(first: stats.Verdict = SAME, *, measure=(Metric.TIME,), run=(), compile=(), output=None,
+          benchmark=True) -> decide.Found:
+    return decide.Found("w", tuple(measure), first, tuple(run), tuple(compile), output, benchmark)
+
+
+def test_a_slower_first_metric_opens_a_runtime_regression_by_it():
+    d = decide.decide(found(SLOWER))
+    assert d.workload == "w"
+    assert d.runtime == decide.Opening(RegressionKind.RUNTIME, Metric.TIME, SLOWER, None)
+    assert d.compile_time is None and d.correctness is None and not d.mismatch
+    assert not d.learn_noise  # a change is no noise
+
+
+@pytest.mark.parametrize("first", [SAME, UNKNOWN, FASTER])
+def test_same_unknown_or_faster_open_nothing(first):
+    d = decide.decide(found(first))
+    assert (d.runtime, d.compile_time, d.correctness) == (None, None, None)
+    assert d.learn_noise == (first is SAME)  # only a `same` verdict's samples are the pair's noise
+
+
+def test_another_metric_opens_where_the_first_did_not_regress():
+    d = decide.decide(found(SAME, measure=(Metric.TIME, Metric.MAX_RSS), run=[(Metric.MAX_RSS, SLOWER)]))
+    assert d.runtime is not None and d.runtime.metric == Metric.MAX_RSS
+    # yet the comparison's own verdict (same) still teaches the noise profile
+    assert d.learn_noise
+
+
+def test_the_measure_order_picks_the_opener_not_the_order_judged():
+    cpu_slower = verdict(Outcome.REGRESSION, 5.0)
+    d = decide.decide(found(SAME, measure=(Metric.TIME, Metric.INSTRUCTIONS, Metric.CPU_TIME),
+                            run=[(Metric.CPU_TIME, cpu_slower), (Metric.INSTRUCTIONS, SLOWER)]))
+    assert d.runtime is not None and (d.runtime.metric, d.runtime.verdict) == (Metric.INSTRUCTIONS, SLOWER)
+    # a metric the workload does not name comes after those it does
+    assert decide.first_regression([Metric.TIME], [(Metric.MAX_RSS, SLOWER), (Metric.TIME, cpu_slower)]) \
+        == (Metric.TIME, cpu_slower)
+
+
+def test_a_slower_compile_opens_a_compile_time_regression_saying_which_measure():
+    compile_slower = verdict(Outcome.REGRESSION, 12.0, "slower by 12.00%")
+    d = decide.decide(found(SAME, compile=[(Metric.TIME, SAME), (Metric.INSTRUCTIONS, compile_slower)]))
+    assert d.runtime is None
+    assert d.compile_time is not None
+    assert (d.compile_time.kind, d.compile_time.metric) == (RegressionKind.COMPILE_TIME, Metric.INSTRUCTIONS)
+    assert d.compile_time.verdict is compile_slower
+    assert d.compile_time.reason == "compile instructions slower by 12.00%"
+    on_time = decide.decide(found(SAME, compile=[(Metric.TIME, compile_slower)])).compile_time
+    assert on_time is not None and on_time.reason == "compile time slower by 12.00%"
+
+
+def test_a_slower_run_and_compile_open_one_of_each_kind():
+    d = decide.decide(found(SLOWER, compile=[(Metric.TIME, SLOWER)]))
+    assert d.runtime is not None and d.runtime.kind == RegressionKind.RUNTIME
+    assert d.compile_time is not None and d.compile_time.kind == RegressionKind.COMPILE_TIME
+
+
+def test_differing_outputs_open_a_correctness_regression_whatever_the_speed():
+    wrong = {**AGREE, "max_abs": 0.5, "max_rel": 0.25, "mismatch": True}
+    d = decide.decide(found(FASTER, output=wrong))
+    assert d.mismatch and d.runtime is None
+    assert d.correctness == "outputs differ: max abs error 0.5, max rel 0.25 (rtol 1e-05, atol 1e-06)"
+    shaped = decide.decide(found(SAME, output={**wrong, "max_abs": None, "reason": "shapes (2,) and (3,)"}))
+    assert shaped.correctness == "outputs differ: shapes (2,) and (3,)"
+
+
+def test_agreeing_or_unchecked_outputs_open_no_correctness_regression():
+    for output in (AGREE, None):
+        d = decide.decide(found(SLOWER, output=output))
+        assert d.correctness is None and not d.mismatch
+
+
+def test_only_a_benchmark_run_opens_regressions():
+    wrong = {**AGREE, "max_abs": 1.0, "max_rel": 1.0, "mismatch": True}
+    d = decide.decide(found(SLOWER, compile=[(Metric.TIME, SLOWER)], output=wrong, benchmark=False))
+    assert (d.runtime, d.compile_time, d.correctness) == (None, None, None)
+    assert d.mismatch  # still said: a verify run that sees wrong outputs tells so
+
+
+# --- the bisection's search ---------------------------------------------------------------
+
+
+def bisect(n: int, side_of, limit: int = 100, names=("w",)):
+    """Run the search over ``n`` commits, ``side_of(name, index)`` standing in for building and
+    measuring; each probe counts as one build. Returns (culprits, the probes in order, the end)."""
+    search, probes = bisect_search.start(names, n), []
+    while (step := bisect_search.next_step(search, len(probes), limit)).probe is not None:
+        probe = step.probe
+        probes.append(probe.index)
+        search = bisect_search.judged(step.search, probe, {name: side_of(name, probe.index) for name in probe.part.names})
+    return dict(step.search.culprits), probes, step.search
+
+
+def first_bad(culprit: int, broken: frozenset[int] = frozenset()):
+    return lambda name, i: SKIP if i in broken else (BAD if i >= culprit else GOOD)
+
+
+def test_the_sides_are_the_stored_step_sides():
+    assert {BAD, GOOD, SKIP} == {s.value for s in StepSide}
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, 8, 16, 33])
+def test_every_culprit_is_found_within_the_build_bound(n):
+    for culprit in range(n):
+        culprits, probes, _ = bisect(n, first_bad(culprit))
+        assert culprits == {"w": culprit}, (n, culprit, probes)
+        assert len(probes) <= bisect_search.max_builds(n) - 1  # the bad end is built by the verify already
+        assert len(set(probes)) == len(probes)  # no commit tested twice
+
+
+def test_the_middle_is_tested_first_and_the_earlier_of_two_middles():
+    _, probes, _ = bisect(8, first_bad(5))
+    assert probes == [3, 5, 4]  # range -1..7: middle 3; then 3..7: 5; then 3..5: 4
+    _, probes, _ = bisect(9, first_bad(8))
+    assert probes[0] == 3  # -1..8: 3 and 4 are as near the middle (3.5); the earlier is tried
+
+
+def test_a_culprit_at_either_end():
+    assert bisect(10, first_bad(0))[0] == {"w": 0}  # the first commit after the good end
+    culprits, probes, _ = bisect(10, first_bad(9))  # the bad end itself: every commit before is good
+    assert culprits == {"w": 9} and 9 not in probes
+
+
+def test_a_one_commit_range_names_it_untested():
+    culprits, probes, _ = bisect(1, first_bad(0))
+    assert culprits == {"w": 0} and probes == []
+
+
+def test_a_broken_build_is_skipped_and_the_next_nearest_tried():
+    culprits, probes, _ = bisect(8, first_bad(6, broken=frozenset({3})))
+    assert culprits == {"w": 6}
+    assert probes[:2] == [3, 2]  # 3 broken: 2 and 4 are as near the middle, the earlier one first
+
+
+def test_a_broken_build_just_before_the_culprit_does_not_hide_it():
+    culprits, probes, _ = bisect(8, first_bad(5, broken=frozenset({4})))
+    assert culprits == {"w": 5} and 4 in probes
+
+
+def test_a_broken_culprit_blames_the_first_bad_commit_that_builds():
+    # the culprit itself does not build: nothing can tell it from its successor, the first known bad
+    culprits, _, _ = bisect(8, first_bad(5, broken=frozenset({5})))
+    assert culprits == {"w": 6}
+
+
+def test_when_nothing_can_be_measured_the_bad_end_is_named_after_trying_each_commit_once():
+    culprits, probes, _ = bisect(6, lambda name, i: SKIP)
+    assert culprits == {"w": 5}
+    assert sorted(probes) == [0, 1, 2, 3, 4]
+
+
+def test_the_build_bound_stops_the_search_without_naming_a_culprit():
+    culprits, probes, end = bisect(16, first_bad(11), limit=2)
+    assert culprits == {} and end.unresolved == {"w"}
+    assert len(probes) == 2
+    unbounded, _, _ = bisect(16, first_bad(11))
+    assert unbounded == {"w": 11}
+
+
+def test_workloads_that_disagree_are_searched_apart_each_to_its_culprit():
+    culprit_of = {"a": 2, "b": 6}
+    culprits, probes, _ = bisect(8, lambda name, i: BAD if i >= culprit_of[name] else GOOD, names=("a", "b"))
+    assert culprits == culprit_of
+    assert probes[0] == 3  # tested together once, then apart
+    assert len(probes) <= 2 * (math.ceil(math.log2(8)) + 1)
+
+
+def test_the_bad_workloads_are_searched_first_then_the_good_then_the_skipped():
+    search = bisect_search.start(("a", "b", "c"), 8)
+    step = bisect_search.next_step(search, 0, 10)
+    assert step.probe is not None and step.probe.index == 3
+    after = bisect_search.judged(step.search, step.probe, {"a": SKIP, "b": GOOD, "c": BAD})
+    assert [(set(p.names), p.lo, p.hi, set(p.skipped)) for p in after.todo] == [
+        ({"a"}, -1, 7, {3}), ({"b"}, 3, 7, set()), ({"c"}, -1, 3, set())]
+    following = bisect_search.next_step(after, 1, 10)
+    assert following.probe is not None and following.probe.part.names == {"c"}
