@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import socket
@@ -96,6 +97,7 @@ def _record(workload: str, mean: float = 1.5) -> dict:
             "metrics": {"compilation_ms": 1234.0}}
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_post_records_needs_the_token_limits_size_and_is_all_or_nothing(fresh_pg_url, tmp_path):
     engine = db.make_engine(fresh_pg_url)
     db.ensure_schema(engine)
@@ -133,6 +135,7 @@ def test_post_records_needs_the_token_limits_size_and_is_all_or_nothing(fresh_pg
     engine.dispose()
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_writes_are_refused_when_no_token_is_configured(fresh_pg_url, tmp_path):
     with live_server(fresh_pg_url, tmp_path / "srv", token=None) as base:
         response = requests.post(base + "/api/records", json=_record("x"),
@@ -172,6 +175,7 @@ def test_fuzzing_the_read_api_finds_no_server_errors(filled_server, tmp_path):
     _assert_clean(result, tmp_path)
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_fuzzing_with_the_token_finds_no_server_errors(fresh_pg_url, tmp_path):
     """Schemathesis with the write token, on a database of its own (it may store records)."""
     with live_server(fresh_pg_url, tmp_path / "srv") as base:

@@ -33,6 +33,7 @@ BAD_RECORDS = {
 }
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 @pytest.mark.parametrize("case", sorted(BAD_RECORDS))
 def test_bad_records_are_refused_and_nothing_stored_is_touched(case, db_url, tmp_path, capsys):
     assert main(["records", "import", str(SEED), "--db", db_url]) == 0

@@ -114,6 +114,7 @@ def _compare(capsys, config: str, url: str, control: str, treatment: str) -> tup
     return _run(capsys, "compare", "--config", config, "--control", control, "--treatment", treatment, "--db", url)
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_a_library_that_grows_is_a_binary_size_regression(tmp_path, sqlite_url, capsys):
     repo = tmp_path / "repo"
     tags = _history(repo)
@@ -179,6 +180,7 @@ def test_a_library_that_grows_is_a_binary_size_regression(tmp_path, sqlite_url, 
     assert "binary_size" in table and "regression" in table and f"{int(size['treatment']):,}" in table
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_a_run_that_exits_1_for_its_builds_alone_says_why_and_is_listed(tmp_path, sqlite_url, capsys):
     # the benchmark is the same code on both sides, counted: its verdict is `same`, so only the
     # library's growth can make the run exit 1, and every listing must show what did
@@ -206,6 +208,7 @@ def _out(capsys, *argv: str) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_without_globs_a_command_build_is_not_sized_and_a_workload_cannot_ask_for_it(tmp_path, sqlite_url, capsys):
     repo = tmp_path / "repo"
     _history(repo)
@@ -217,6 +220,7 @@ def test_without_globs_a_command_build_is_not_sized_and_a_workload_cannot_ask_fo
         load_config(_config(tmp_path, repo, sizes='["../*.so"]'))
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_details_keep_no_verdict_the_measurements_rows_hold(tmp_path, sqlite_url, capsys):
     """The instructions verdict lives in its ``measurements`` row; the comparison's details keep
     its profile alone, and a comparison stored with the whole verdict in details (before 0029)

@@ -35,6 +35,7 @@ def faster_is_worse(result: outcome.WorkloadResult) -> tuple[stats.Verdict, str 
     return replace(v, verdict=FLIP.get(v.verdict, v.verdict)), result.failure
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_each_step_is_judged_by_the_judge_given(tmp_path, sqlite_url):
     repo = tmp_path / "repo"
     make_demo_repo(repo, (step("base", "Baseline"), step("n1", "README", note="n1"),
@@ -111,6 +112,7 @@ def test_the_compile_judge_reads_the_compile_verdict_not_the_run_time():
     assert compile_time.judged(replace(result, failure="hung"))[1] == "hung"
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_a_compile_improvement_checks_a_compile_time_regression_not_a_runtime_one(tmp_path, sqlite_url):
     """`fixed` reads the verdict of the regression's kind: a later run whose compiles are
     faster again makes the open compile-time regression's measured check run; its run time,

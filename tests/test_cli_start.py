@@ -4,6 +4,7 @@ statistics or web code, and the read commands leave the numerical and web stacks
 
 from __future__ import annotations
 
+import pytest
 import contextlib
 import json
 import subprocess
@@ -38,6 +39,7 @@ except SystemExit:
         assert not {m for m in loaded if m.split(".")[0] in HEAVY}, argv
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_read_commands_do_not_import_the_numerical_or_web_stack(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
     db.upgrade(url)

@@ -17,6 +17,7 @@ TABLES = {
 }
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_upgrade_to_head_and_downgrade_to_empty(db_url):
     engine = db.make_engine(db_url)
     assert db.current_revision(engine) is None

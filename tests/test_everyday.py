@@ -224,6 +224,7 @@ def test_version_and_help_texts(capsys):
     assert "--max-pvalue MAX_PVALUE largest p-value" in text and "--json print one JSON object" in text
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_db_downgrade_refuses_without_a_revision_and_base_needs_yes(capsys, sqlite_url):
     assert cli(capsys, "db", "upgrade", "--db", sqlite_url)[0] == 0
     code, _, err = cli(capsys, "db", "downgrade", "--db", sqlite_url)

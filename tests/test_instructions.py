@@ -103,6 +103,7 @@ def _count_region(counter, iterations: int, scratch: Path) -> int:
     return counter.read_region(scratch, json.loads(out.stdout))
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_a_region_of_a_process_is_counted_without_its_start_up(tmp_path):
     valgrind = COUNTERS["valgrind"]
     small = _count_region(valgrind, 20_000, tmp_path / "a")
@@ -177,6 +178,7 @@ def test_measure_is_checked_where_it_is_written(tmp_path):
         load_config(path)
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_a_two_percent_change_is_found_on_instructions_where_time_cannot_say(tmp_path, db_url, capsys):
     repo = tmp_path / "repo"
     make_demo_repo(repo, (step("base", "Baseline", WORK / 1_500_000), step("more", "Do 2% more work", 1.02 * WORK / 1_500_000)))
@@ -229,6 +231,7 @@ def test_a_two_percent_change_is_found_on_instructions_where_time_cannot_say(tmp
     assert f"{counted['control_ms']:,.0f}" in table
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_instructions_alone_decide_the_row_and_an_a_a_pair_is_the_same(tmp_path, sqlite_url, capsys):
     repo = tmp_path / "repo"
     make_demo_repo(repo, (step("base", "Baseline", WORK / 1_500_000), step("doc", "Reword", WORK / 1_500_000,

@@ -8,6 +8,7 @@ build prints a few lines.
 
 from __future__ import annotations
 
+import pytest
 import json
 import subprocess
 import sys
@@ -72,6 +73,7 @@ command = ["true"]
     return peak, log
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_a_gigabyte_of_build_output_keeps_memory_flat_and_stores_the_cut_tail(tmp_path, fresh_pg_url):
     _repo(tmp_path / "repo")
     quiet_peak, quiet_log = _compare(tmp_path, fresh_pg_url, 0)

@@ -108,6 +108,7 @@ def _metric(result: dict, name: str, phase: str = "runtime") -> dict:
     return next(m for m in result["metrics"] if m["metric"] == name and m["phase"] == phase)
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_allocating_ten_percent_more_is_a_max_rss_regression_not_a_run_time_one(tmp_path, fresh_pg_url, capsys):
     tags = _history(tmp_path / "repo", [("base", 40, 0), ("more", 44, 0)])
     config = _config(tmp_path, tmp_path / "repo", ["time", "max_rss", "cpu_time"])
@@ -160,6 +161,7 @@ def test_allocating_ten_percent_more_is_a_max_rss_regression_not_a_run_time_one(
     assert [r["state"] for r in verified["regressions"]] == ["regress"], verified["regressions"]
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_cpu_time_counts_the_whole_process_where_wall_time_counts_the_timed_region(tmp_path, sqlite_url, capsys):
     tags = _history(tmp_path / "repo", [("base", 1, 20_000_000), ("busier", 1, 30_000_000)])
     config = _config(tmp_path, tmp_path / "repo", ["time", "cpu_time"])

@@ -3,6 +3,7 @@ without Apache Otava's integrations (installed with ``--no-deps``)."""
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_wheel_installs_only_the_abwatch_namespace(tmp_path):
     """Build the real wheel (pip, isolated build) and install it into an empty target."""
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(tmp_path / "dist")],
@@ -47,6 +49,7 @@ print(json.dumps({{"cli": abwatch.service.cli.main.__file__,
     assert "abwatch = abwatch.service.cli.main:main" in entry_points.read_text()
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_change_points_need_none_of_otavas_integrations():
     """The same steps come out when Otava's integrations (and its other declared dependencies)
     cannot be imported at all, as in an install with ``--no-deps``."""

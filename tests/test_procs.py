@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import os
 import sys
 import time
@@ -60,6 +61,7 @@ def test_a_timeout_is_not_held_by_a_grandchild_that_keeps_stdout_open(tmp_path):
     assert _gone(int(pid_file.read_text())), "the escaped grandchild was left running"
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_a_child_that_exits_while_a_grandchild_holds_the_pipe_returns_at_the_limit(tmp_path):
     pid_file = tmp_path / "pid"
     start = time.monotonic()

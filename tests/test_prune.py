@@ -119,6 +119,7 @@ def samples_by_run(url: str) -> dict[int, int]:
     return {run_id: found.get(run_id, 0) for run_id in pruned} | {"pruned": pruned, "kept": kept}  # type: ignore[dict-item]
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_dry_run_reports_and_changes_nothing(db_url, capsys):
     ids = fill(db_url)
     before = samples_by_run(db_url)
@@ -130,6 +131,7 @@ def test_dry_run_reports_and_changes_nothing(db_url, capsys):
     assert before[ids["old_plain"]] == SAMPLES_PER_RUN
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_yes_drops_exactly_the_old_runs_that_opened_nothing(db_url, capsys):
     ids = fill(db_url)
     assert main(["db", "prune", "--older-than", "90", "--yes", "--db", db_url]) == 0
@@ -146,6 +148,7 @@ def test_yes_drops_exactly_the_old_runs_that_opened_nothing(db_url, capsys):
     assert "pruned 0 sample(s) of 0 run(s)" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_prune_commits_in_bounded_batches(sqlite_url):
     ids = fill(sqlite_url)
     engine = db.make_engine(sqlite_url)
@@ -166,6 +169,7 @@ def test_prune_commits_in_bounded_batches(sqlite_url):
     engine.dispose()
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_older_than_must_be_positive(sqlite_url, capsys):
     fill(sqlite_url)
     assert main(["db", "prune", "--older-than", "0", "--db", sqlite_url]) == 2
@@ -208,6 +212,7 @@ def _config(tmp_path, **retention_keys) -> Config:
     })
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_retention_prunes_when_the_nightly_job_runs(db_url, tmp_path):
     ids = fill(db_url)
     engine = db.make_engine(db_url)

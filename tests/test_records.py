@@ -65,6 +65,7 @@ def test_missing_field_is_named(session, tmp_path):
         import_records(session, path)
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_cli_import_export_on_sqlite(capsys, sqlite_url, tmp_path):
     assert main(["records", "import", str(SEED), "--db", sqlite_url]) == 0
     assert "imported 1 record" in capsys.readouterr().err
@@ -77,6 +78,7 @@ def test_cli_import_export_on_sqlite(capsys, sqlite_url, tmp_path):
     assert [json.loads(line) for line in out.read_text().splitlines()] == [json.loads(SEED.read_text())]
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_importing_the_same_records_twice_stores_them_once(capsys, sqlite_url, tmp_path):
     """Idempotent by record key (a hash of the record's content), across files and inside one."""
     record = json.loads(SEED.read_text())

@@ -201,6 +201,7 @@ def _leaks(text_: str, mode: str = "auto") -> list[str]:
     return [name for name, value in secrets.items() if value in text_]
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 @pytest.mark.parametrize("mode", ["auto", "off"])
 def test_code_under_test_finds_no_secret_and_nothing_stored_or_shown_holds_one(tmp_path, fresh_pg_url, mode):
     if mode == "auto":
@@ -265,6 +266,7 @@ def test_a_sandboxed_child_sees_no_process_of_the_host_and_writes_only_where_it_
     assert (writable / "ok").exists() and not (readonly / "no").exists()
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_a_host_that_cannot_sandbox_is_told_loudly_at_start(tmp_path, sqlite_url):
     config = _config(tmp_path, tmp_path / "repo", "auto")
     _repo(tmp_path / "repo", config)

@@ -4,6 +4,7 @@ lists it and needs ``--yes``. Real PostgreSQL (and SQLite where it costs nothing
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
@@ -75,6 +76,7 @@ def _history(session: Session) -> None:
     session.commit()
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_a_downgrade_that_loses_data_lists_it_and_needs_yes(fresh_pg_url, capsys):
     url = fresh_pg_url
     db.upgrade(url)

@@ -214,6 +214,7 @@ def test_anytime_p_value_is_below_alpha_exactly_when_the_interval_excludes_zero(
         assert (p < alpha) == excluded
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_looking_after_every_pair_keeps_aa_false_positives_within_alpha():
     """Anytime validity: an A/A trial judged after every single pair, up to 80 pairs."""
     from abwatch.service.stats import Budget, sequential_look
@@ -265,6 +266,7 @@ def test_same_is_two_one_sided_tests_on_the_narrower_interval():
         compare(a, b, equivalence_alpha=0.5)
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_same_is_rarely_claimed_at_the_threshold_and_never_at_twice_it():
     """`same` claims |change| < 1 %: at a true +1 % (the boundary) TOST allows 5 %, at +2 % none,
     under optional stopping after every batch; A/A trials mostly end `same`."""

@@ -90,6 +90,7 @@ def test_a_manifest_is_used_only_with_the_fleets_mac(monkeypatch):
             store.check(key, manifest, bad)
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_a_store_without_its_manifest_key_refuses_to_start(monkeypatch, tmp_path, capsys):
     config = ArtifactsConfig(store="http://store.invalid/x")
     monkeypatch.delenv("ABWATCH_MANIFEST_KEY")

@@ -136,6 +136,7 @@ def _python(artifact: Path, code: str) -> str:
     return subprocess.run([str(build_python(artifact)), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_package_between_tags_installs_with_its_version_and_nested_submodules(project, tmp_path):
     _, _, fallback, ffi = project
     builder = _builder(project, tmp_path)
@@ -178,6 +179,7 @@ def test_a_missing_pin_without_fallback_names_the_submodule_and_the_key(project,
     assert 'submodule_fallbacks = {"3rdparty/tvm-ffi/3rdparty/dlpack"' in message
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_a_failed_package_build_names_its_step_and_the_lines_that_say_why(project, tmp_path):
     empty = tmp_path / "no-headers"
     empty.mkdir()

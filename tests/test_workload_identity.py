@@ -3,6 +3,7 @@ workload called ``loop`` are two series; history, noise profiles and the views n
 
 from __future__ import annotations
 
+import pytest
 import json
 from datetime import datetime, UTC
 
@@ -79,6 +80,7 @@ def _insert(connection, table: str, **values) -> int:
                                for k, v in values.items()}).scalar_one()
 
 
+@pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_migration_splits_a_shared_workload_row_and_keeps_every_row(db_url):
     """A database from before identities: one ``mlp`` row measured in two repositories and with two
     specs. Upgrading gives each its own row and moves what each run measured; nothing is lost."""
