@@ -24,7 +24,7 @@ from abwatch.service.read.serialize import (  # noqa: F401 - re-exported: comman
 )
 from abwatch.service.read.build_series import series_json
 from abwatch.service.read.stored import StoredRun
-from datetime import UTC
+from datetime import UTC, datetime
 
 PIPE_WIDTH = 100_000  # no terminal: never cut or wrap a value
 WIDE = 120  # from this terminal width on, tables show every column
@@ -58,6 +58,11 @@ class RichProgress:
         self.bar.update(self.tasks[workload], completed=done, total=total)
         if done >= total:
             self.bar.remove_task(self.tasks.pop(workload))
+
+
+def when(instant: datetime) -> str:
+    """An instant as every table shows it: ``2026-11-27 13:55 UTC`` (stored times are UTC)."""
+    return f"{instant:%Y-%m-%d %H:%M} UTC"
 
 
 def stdout_console() -> Console:
@@ -280,7 +285,7 @@ def print_regressions(out: Console, rows: list[Regression]) -> None:
         out.print(f"regression {r.id}: {short_sha(r.control_commit.sha)}..{short_sha(r.treatment_commit.sha)}{named}",
                   markup=False)
         for e in r.events:
-            out.print(f"  {e.at:%Y-%m-%d %H:%M} {e.from_state.value if e.from_state else '-'}→{e.to_state.value}: "
+            out.print(f"  {when(e.at)} {e.from_state.value if e.from_state else '-'}→{e.to_state.value}: "
                       f"{e.reason}", markup=False)
 
 
@@ -308,7 +313,7 @@ def print_runs(out: Console, rows) -> None:
         verdicts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "-"
         if built:  # the builds' own metrics (binary size): a regression there makes the run exit 1 too
             verdicts += "; builds: " + ", ".join(f"{m.replace('_', ' ')} {v}" for m, v in sorted(built.items()))
-        table.add_row(str(r.id), r.run_type.value, r.status.value, f"{r.started_at:%Y-%m-%d %H:%M}",
+        table.add_row(str(r.id), r.run_type.value, r.status.value, when(r.started_at),
                       f"{short_sha(r.control_ref)} → {short_sha(r.treatment_ref)}", verdicts)
     out.print(table)
 
@@ -355,7 +360,7 @@ def print_history(out: Console, workload: str, points, found, skipped: int = 0, 
     table.add_column("summary", overflow="fold")
     for p in points:
         s = steps.get(p.sha)
-        table.add_row(short_sha(p.sha), f"{p.committed_at:%Y-%m-%d %H:%M}" if p.committed_at else "-",
+        table.add_row(short_sha(p.sha), when(p.committed_at) if p.committed_at else "-",
                       f"{p.median_ms:,.0f}" if unit == "instructions" else f"{p.median_ms:.3f}", str(p.runs),
                       f"◆ {s.change_pct:+.2f}% (p={s.p_value:.2g})" if s else "", p.summary)
     out.print(table)
@@ -378,7 +383,7 @@ def print_build_series(out: Console, found, as_json: bool = False) -> int:
         before = None
         for p in s.points:
             change = f"{(p.value / before - 1) * 100:+.2f}%" if before else ""
-            table.add_row(short_sha(p.sha), f"{p.committed_at:%Y-%m-%d %H:%M}" if p.committed_at else "-",
+            table.add_row(short_sha(p.sha), when(p.committed_at) if p.committed_at else "-",
                           f"{p.value:,}", p.source, change, str(len(p.files)), p.summary)
             before = p.value
         out.print(table)
