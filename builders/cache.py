@@ -374,8 +374,15 @@ class ArtifactCache:
             described.append(EntryInfo(key=key, sha=info.get("sha"), builder=info.get("builder"),
                                        series=info.get("series"), stored_at=info.get("stored_at"),
                                        last_used=datetime.fromtimestamp(used, UTC).isoformat(),
-                                       files=len(listing), packed_files=packed, check=check))
+                                       files=len(listing) or self._count_files(key), packed_files=packed,
+                                       check=check))
         return described
+
+    def _count_files(self, key: str) -> int:
+        """The regular files an entry holds that has no object listing (a venv stored whole):
+        never 0 for hundreds of MiB."""
+        return sum(1 for _, _, names, fd in os.fwalk(self.path(key)) for name in names
+                   if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode))
 
     def evict(self, limit_bytes: int, keep: frozenset[str] | set[str] = frozenset()) -> list[str]:
         """Remove least recently used entries (never those in ``keep``) until within the limit.

@@ -84,3 +84,19 @@ def test_only_a_whole_object_with_the_same_permissions_is_linked_into_a_fetch(tm
     cache.discard("k1")
     cache.evict(0, keep={"k2"})  # k1's object is still k2's: kept
     assert cache.get("k2") == fetched and (fetched / "run.sh").read_bytes() == b"#!/bin/sh\necho ok\n"
+
+
+def test_an_entry_stored_whole_lists_its_files_not_zero(tmp_path):
+    # a venv is stored whole (no object listing): `abwatch cache` must not say 0 files for it
+    source = tmp_path / "venv"
+    (source / "lib" / "site-packages" / "pkg").mkdir(parents=True)
+    for name in ("a.py", "b.py", "c.so"):
+        (source / "lib" / "site-packages" / "pkg" / name).write_text(name)
+    (source / "bin").mkdir()
+    (source / "bin" / "python").symlink_to("/usr/bin/python3")  # a link is not a file of the entry
+    cache = ArtifactCache(tmp_path / "cache")
+    with cache.lock("whole"):
+        cache.put("whole", source, {"sha": "0" * 40, "builder": "tvm-wheel"})
+    (entry,) = cache.describe()
+    assert entry.key == "whole" and entry.files >= 3 and entry.packed_files == 0
+    assert entry.files == sum(1 for p in (tmp_path / "cache" / "whole").rglob("*") if p.is_file() and not p.is_symlink())
