@@ -78,6 +78,13 @@ def test_workload_trend_marks_regressions_and_clicks_through_to_the_run(browser,
     chart = browser.find_element(By.CSS_SELECTOR, ".trend-chart")
     traces = browser.execute_script("return arguments[0].data.map(t => [t.name, t.y.length])", chart)
     assert traces == [["ms (fastest per process)", 4], ["regression", 1]]
+    # axis titles drawn (with units), and a y range that shows a change at its size
+    assert "commit" in chart.find_element(By.CSS_SELECTOR, ".g-xtitle").text
+    assert "ms" in chart.find_element(By.CSS_SELECTOR, ".g-ytitle").text
+    y, low, high = browser.execute_script(
+        "const c = arguments[0]; return [c.data[0].y, ...c._fullLayout.yaxis.range]", chart)
+    median = sorted(y)[len(y) // 2]
+    assert low <= min(min(y), median * 0.95) and high >= max(max(y), median * 1.05)
     assert len(chart.find_elements(By.CSS_SELECTOR, "g.scatterlayer path.point")) == 5
     # clicking the regression marker (a real mouse click at its place) opens the run that found it
     marker = chart.find_elements(By.CSS_SELECTOR, "g.scatterlayer g.trace")[1].find_element(By.CSS_SELECTOR, "path.point")
@@ -94,6 +101,8 @@ def test_run_page(browser, filled_server, tmp_path):
     chart = browser.find_element(By.CSS_SELECTOR, ".process-chart")
     names = browser.execute_script("return arguments[0].data.map(t => t.name)", chart)
     assert names == ["control", "treatment"]
+    assert "process" in chart.find_element(By.CSS_SELECTOR, ".g-xtitle").text
+    assert "ms" in chart.find_element(By.CSS_SELECTOR, ".g-ytitle").text
     points = chart.find_elements(By.CSS_SELECTOR, "g.scatterlayer path.point")
     report = requests.get(f"{base}/api/runs/{runs['regression']}", timeout=10).json()
     medians = report["process_medians_ms"]["lcg-loop"]
