@@ -19,13 +19,14 @@ from abwatch.core.config_base import DURATION_OR_OFF, StrictModel, duration_s, u
 from abwatch.core.errors import UsageError
 from abwatch.core.metric_names import Metric
 from abwatch.builders.spec import (  # noqa: F401 - re-exported: the models builders and runners read, re-used here
-    BUILD_KINDS, ArtifactsConfig, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig,
+    ArtifactsConfig, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig,
     SandboxConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
 )
 from abwatch.builders.workload_spec import (  # noqa: F401  (re-exported)
     MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, CommandWorkloadConfig, TvmWorkloadConfig, WorkloadSpec,
 )
 # Each [[workloads]] entry is validated, resolved and checked by its kind (runners.workloads)
+from abwatch.runners import RunnerSection
 from abwatch.runners.workloads import WORKLOAD_KINDS, WorkloadConfig
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abwatch"
@@ -293,7 +294,7 @@ class Config(StrictModel):
     workloads: list[WorkloadConfig] = Field(min_length=1)
     run: RunConfig = RunConfig()
     stats: StatsConfig = StatsConfig()
-    runner: RunnerConfig = RunnerConfig()
+    runner: RunnerSection = RunnerConfig()
     sandbox: SandboxConfig = SandboxConfig()
     alerts: AlertsConfig = AlertsConfig()
     github: GithubConfig | None = None
@@ -323,7 +324,7 @@ class Config(StrictModel):
             if workload.name in seen:
                 raise ValueError(f"workload name {workload.name!r} appears twice")
             seen.add(workload.name)
-        if self.build.kind in ("command", "tvm-source") and self.repo is None:
+        if self.build.needs_repo and self.repo is None:
             raise ValueError(f"a {self.build.kind} build needs [repo]")
         for workload in self.workloads:  # what its kind needs of the runner and the build
             kind = WORKLOAD_KINDS[workload.kind]
@@ -337,8 +338,7 @@ class Config(StrictModel):
         shown or stored): the API token, the alert secret, the GitHub token, ``env:`` webhooks, the
         shared compiler cache's and the artifact store's passwords."""
         names = [self.server.token_env, self.alerts.secret_env]
-        if isinstance(self.build, TvmSourceBuildConfig) and self.build.ccache_remote_password_env:
-            names.append(self.build.ccache_remote_password_env)
+        names += self.build.secret_variables()
         if self.artifacts.password_env:
             names.append(self.artifacts.password_env)
         names += [self.github.token_env, self.github.webhook_secret_env] if self.github else []
@@ -358,12 +358,8 @@ def _is_local_path(url: str) -> bool:
 
 
 def _format_loc(where: tuple) -> str:
-    loc = list(where)
-    # pydantic puts the union member's tag into the path: build.<kind>.command -> build.command
-    if len(loc) >= 2 and loc[0] == "build" and loc[1] in BUILD_KINDS:
-        del loc[1]
     text = ""
-    for part in loc:
+    for part in where:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
 
@@ -395,9 +391,12 @@ def parse_config(data: dict, source: str, base_dir: Path) -> Config:
     if not config.cache_dir.is_absolute():
         updates["cache_dir"] = (base_dir / config.cache_dir).resolve()
     _check_cache_dir(updates.get("cache_dir", config.cache_dir), source)
-    if isinstance(config.build, TvmSourceBuildConfig) and config.build.submodule_fallbacks:
-        updates["build"] = config.build.model_copy(update={"submodule_fallbacks": _fallback_dirs(
-            config.build.submodule_fallbacks, source, base_dir)})
+    try:
+        build = config.build.resolve(base_dir)
+    except UsageError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    if build is not config.build:
+        updates["build"] = build
     workloads = [_resolved(w, index, source, base_dir) for index, w in enumerate(config.workloads)]
     if workloads != config.workloads:
         updates["workloads"] = workloads
@@ -414,18 +413,6 @@ def _resolved(workload: WorkloadSpec, index: int, source: str, base_dir: Path) -
         return WORKLOAD_KINDS[workload.kind].resolve(workload, base_dir)
     except UsageError as exc:
         raise ConfigError(f"{source}: workloads[{index}] ({workload.name}): {exc}") from None
-
-
-def _fallback_dirs(fallbacks: dict[str, Path], source: str, base_dir: Path) -> dict[str, Path]:
-    """``build.submodule_fallbacks`` made absolute; each must be a directory now, not half-way
-    through a build that needs it."""
-    resolved = {}
-    for name, directory in fallbacks.items():
-        path = (base_dir / directory).resolve()
-        if not path.is_dir():
-            raise ConfigError(f"{source}: build.submodule_fallbacks.\"{name}\": {path} is not a directory")
-        resolved[name] = path
-    return resolved
 
 
 def _check_cache_dir(path: Path, source: str) -> None:
