@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,6 +19,7 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_valid
 from abwatch.core.config_base import DURATION_OR_OFF, StrictModel, duration_s, unknown_key_hint
 from abwatch.core.errors import UsageError
 from abwatch.core.metric_names import Metric
+from abwatch.core.plugins import Registry
 from abwatch.builders.spec import (  # noqa: F401 - re-exported: the models builders and runners read, re-used here
     ArtifactsConfig, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig,
     SandboxConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
@@ -209,6 +211,36 @@ def cron_trigger(expr: str, timezone: str):
     return CronTrigger.from_crontab(expr, timezone=timezone)
 
 
+@dataclass(frozen=True)
+class ControlForm:
+    """How ``[watch] control`` names a rule: ``name``, or ``name:<argument>`` where the rule
+    takes one (``argument`` says what it is; None: it takes none)."""
+
+    name: str
+    argument: str | None = None
+
+
+# The control rules a config may name. The rules themselves are service.watch.controls's
+# CONTROL_RULES, registered by these names and only these: they drive comparisons, which this
+# module (below every service package) cannot import.
+CONTROL_FORMS: Registry[ControlForm] = Registry("control rule", ((form.name, form) for form in (
+    ControlForm("previous"), ControlForm("parent"), ControlForm("week-start"), ControlForm("fixed", "a commit or ref"),
+)))
+
+
+def control_name(value: str) -> str:
+    """``value`` if it names a rule of :data:`CONTROL_FORMS` as that rule is written, else ValueError."""
+    name, colon, argument = value.partition(":")
+    form = CONTROL_FORMS.get(name, None)
+    if form is None:
+        raise ValueError(CONTROL_FORMS.unknown(name))
+    if form.argument is None and colon:
+        raise ValueError(f"the {name} rule takes no argument")
+    if form.argument is not None and not argument:
+        raise ValueError(f"the {name} rule needs {form.argument}: {name}:<{form.argument.split()[-1]}>")
+    return value
+
+
 class WatchConfig(StrictModel):
     """``abwatch watch``: which commits of the branch to test, against what, and how far to escalate.
 
@@ -219,7 +251,7 @@ class WatchConfig(StrictModel):
     head once per tick; without it every ``step``-th new commit is tested, polled every ``interval_s``.
     """
 
-    control: str = Field(default="previous", pattern=r"^(previous|parent|week-start|fixed:.+)$")
+    control: str = Field(default="previous", description="a rule of CONTROL_FORMS: name or name:argument")
     start: str | None = Field(default=None, description="first commit to test; default: the head when first seen")
     step: int = Field(default=1, ge=1)
     interval_s: float = Field(default=300.0, gt=0)
@@ -244,6 +276,11 @@ class WatchConfig(StrictModel):
     def stale_after_s(self) -> float | None:
         """``stale_after`` in seconds; None when it is off (or 0)."""
         return duration_s(self.stale_after) or None
+
+    @field_validator("control")
+    @classmethod
+    def _control(cls, value: str) -> str:
+        return control_name(value)
 
     @field_validator("schedule")
     @classmethod
