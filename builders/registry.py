@@ -1,19 +1,23 @@
-"""The builders by kind (:data:`BUILDERS`), as the config's ``[build] kind`` names them."""
+"""The builders by kind (:data:`BUILDERS`), as the config's ``[build] kind`` names them.
+
+A kind's name and config model are registered in :data:`abwatch.builders.spec.BUILD_KINDS`
+(what the config validates by, without loading the builders); its builder here, under the
+same name (a name BUILD_KINDS lacks is refused).
+"""
 
 from __future__ import annotations
 
 from abwatch.builders.artifact_store import ArtifactStore
 from abwatch.builders.base import Builder
 from abwatch.builders.command import CommandBuilder
-from abwatch.builders.spec import BuildSettings
+from abwatch.builders.spec import BUILD_KINDS, BuildSettings
+from abwatch.core.plugins import Registry
 from abwatch.builders.tvm_source import TvmSourceBuilder
 from abwatch.builders.tvm_wheel import TvmWheelBuilder
 
-BUILDERS: dict[str, type[Builder]] = {
-    CommandBuilder.kind: CommandBuilder,
-    TvmWheelBuilder.kind: TvmWheelBuilder,
-    TvmSourceBuilder.kind: TvmSourceBuilder,
-}
+BUILDERS: Registry[type[Builder]] = Registry(
+    "builder", ((builder.kind, builder) for builder in (CommandBuilder, TvmWheelBuilder, TvmSourceBuilder)),
+    of=BUILD_KINDS)
 
 
 def make_builder(config: BuildSettings) -> Builder:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Field, PlainValidator, SerializeAsAny, field_validator, model_validator
 
 from abwatch.core.config_base import ENV_NAME, StrictModel, spec_hash
+from abwatch.core.errors import UsageError
+from abwatch.core.plugins import Registry, kind_validator
 
 
 # The file a TVM build writes into its artifact: which Python runs the worker, and its environment.
@@ -47,7 +49,30 @@ class CacheConfig(StrictModel):
 
 
 class BuildSpec(StrictModel):
-    """Base of the build sections: one cache-key hash, over what each kind says matters."""
+    """Base of the build sections: one cache-key hash, over what each kind says matters, and
+    what the rest of abwatch asks of a build without asking which kind it is. Each kind's
+    model narrows ``kind`` to its own name (``Literal["command"]``) and is registered in
+    :data:`BUILD_KINDS`."""
+
+    kind: str
+    # whether a build of this kind checks out the commit (the config then needs [repo])
+    needs_repo: ClassVar[bool] = True
+    # whether its artifacts hold TVM (the records then describe a TVM build)
+    builds_tvm: ClassVar[bool] = False
+
+    def secret_variables(self) -> list[str]:
+        """The environment variables this section makes secrets (masked wherever shown)."""
+        return []
+
+    def kept_source(self) -> list[str] | None:
+        """The repository paths its artifacts keep (``script:repo:`` workloads read them);
+        None: a build of this kind keeps no source tree."""
+        return None
+
+    def resolve(self, base_dir: Path) -> BuildSpec:
+        """This section with its local paths made absolute against ``base_dir`` (the config
+        file's directory); raises UsageError starting with the key at fault."""
+        return self
 
     def hashed(self) -> dict[str, Any]:
         """The part of the section that changes what a build produces."""
@@ -109,6 +134,8 @@ class TvmWheelBuildConfig(BuildSpec):
     """Install a released apache-tvm wheel (refs are versions, e.g. ``0.27.0.post1``) into a venv."""
 
     kind: Literal["tvm-wheel"] = "tvm-wheel"
+    needs_repo: ClassVar[bool] = False  # a released version, no checkout
+    builds_tvm: ClassVar[bool] = True
     packages: list[str] = Field(default_factory=list, description="more pip requirements, e.g. onnx")
     timeout_s: float = Field(default=900.0, gt=0)
     env: dict[str, str] = Field(default_factory=dict, description="added to the allow-listed environment")
@@ -166,6 +193,7 @@ class TvmSourceBuildConfig(BuildSpec):
     """
 
     kind: Literal["tvm-source"] = "tvm-source"
+    builds_tvm: ClassVar[bool] = True
     cmake: dict[str, str] = Field(default_factory=lambda: {"USE_LLVM": "ON"})
     runtime_only: bool = False
     targets: list[str] = Field(default_factory=list, description="default: all, or the runtime only")
@@ -221,6 +249,25 @@ class TvmSourceBuildConfig(BuildSpec):
             raise ValueError("ccache_remote: a Redis user needs its password in the environment variable named by "
                              "ccache_remote_password_env")
         return self
+
+    def secret_variables(self) -> list[str]:
+        return [self.ccache_remote_password_env] if self.ccache_remote_password_env else []
+
+    def kept_source(self) -> list[str] | None:
+        return self.keep
+
+    def resolve(self, base_dir: Path) -> TvmSourceBuildConfig:
+        """``submodule_fallbacks`` made absolute; each must be a directory now, not half-way
+        through a build that needs it."""
+        if not self.submodule_fallbacks:
+            return self
+        resolved = {}
+        for name, directory in self.submodule_fallbacks.items():
+            path = (base_dir / directory).resolve()
+            if not path.is_dir():
+                raise UsageError(f"build.submodule_fallbacks.\"{name}\": {path} is not a directory")
+            resolved[name] = path
+        return self.model_copy(update={"submodule_fallbacks": resolved})
 
     def hashed(self) -> dict[str, Any]:
         """What changes the artifact (not limits, mirrors, parallelism, packing or the shared compiler
@@ -286,32 +333,26 @@ class ArtifactsConfig(StrictModel):
         return value.rstrip("/")
 
 
-BUILD_KINDS = ("command", "tvm-wheel", "tvm-source")
+def _kind_name(model: type[BuildSpec]) -> str:
+    return model.model_fields["kind"].default
 
 
-def _kind_of(default: str, kinds: tuple[str, ...]):
-    """Discriminator that treats a missing ``kind`` as ``default`` (old configs stay valid)."""
+# The kinds of build by name (``[build] kind``), each with its config model. The builders are
+# registered by the same names in builders/registry.py's BUILDERS (which needs GitPython and
+# the build tools, and the config parser must not load them).
+BUILD_KINDS: Registry[type[BuildSpec]] = Registry(
+    "build kind", ((_kind_name(model), model) for model in (CommandBuildConfig, TvmWheelBuildConfig, TvmSourceBuildConfig)),
+    config=lambda model: model)
 
-    def pick(value: Any) -> str:
-        if isinstance(value, dict):
-            return value.get("kind", default)
-        return getattr(value, "kind", default)
-
-    expected = ", ".join(repr(k) for k in kinds)
-    return Discriminator(pick, custom_error_type="unknown_kind",
-                         custom_error_message=f"unknown kind; expected one of {expected}")
-
-
-BuildConfig = Annotated[
-    Annotated[CommandBuildConfig, Tag("command")] | Annotated[TvmWheelBuildConfig, Tag("tvm-wheel")] | Annotated[TvmSourceBuildConfig, Tag("tvm-source")],
-    _kind_of("command", BUILD_KINDS),
-]
+# A ``[build]`` section of any registered kind (``command`` where it names none: configs from
+# before kinds stay valid): validated by its kind's model, dumped with all of its fields.
+BuildConfig = Annotated[SerializeAsAny[BuildSpec], PlainValidator(kind_validator(BUILD_KINDS, "command", "build"))]
 
 
 class RunnerConfig(StrictModel):
     """Where the workloads run."""
 
-    kind: Literal["cpu", "gpu", "rpc"] = "cpu"
+    kind: str = Field(default="cpu", description="a runner of runners.RUNNERS (the config checks the name there)")
     device: str | None = Field(default=None, description="device name; default: host name or rpc key")
     threads: int | None = Field(default=None, ge=1, description="TVM_NUM_THREADS; default: all cores")
     tracker: str | None = Field(default=None, pattern=r"^[^:]+:\d+$", description="rpc: host:port")

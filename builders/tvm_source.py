@@ -46,6 +46,7 @@ from abwatch.builders.safe_copy import UnsafeArtifact, copy_file, copy_tree, ins
     venv_interpreter
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, BuildSettings, TvmSourceBuildConfig
+from abwatch.core.device_backends import DEVICE_BACKENDS
 from abwatch.builders.tvm_ffi import FfiState, Step, ffi_state, install_package, package_settings, \
     update_submodules
 from abwatch.builders.venv_copy import copy_venv, interpreter_problem
@@ -405,7 +406,7 @@ class TvmSourceBuilder(Builder):
         # the device backends the configuration asks for: each must be in the build's runtime
         # (tvm.runtime.enabled); whether a driver lists a device is only logged
         # (a build host need not have the device it builds for)
-        backends = [api for api in DEVICE_BACKENDS if self.config.cmake.get(f"USE_{api.upper()}", "OFF").upper() not in OFF]
+        backends = built_backends(self.config.cmake)
         argv = [str(build_python(staging)), "-c", CHECK, self.config.check_import, "1" if compiles else "",
                 ",".join(backends) if self.config.check_import == "tvm" else ""]
         log.append(f"$ {' '.join(argv[:2])} <post-build check: import {self.config.check_import}>\n")
@@ -421,10 +422,14 @@ class TvmSourceBuilder(Builder):
                           f"Python package apache-tvm-ffi {installed}", "", 0.0)
 
 
-# The device APIs whose backend the post-build check asks the build for when the CMake config
-# turns its USE_<API> on (runners/device_apis.py's DEVICE_APIS: a new API goes in both)
-DEVICE_BACKENDS = ("cuda", "rocm", "vulkan", "opencl", "metal")
 OFF = ("OFF", "0", "FALSE", "NO", "")
+
+
+def built_backends(cmake: dict[str, str]) -> list[str]:
+    """The device APIs (core's DEVICE_BACKENDS) whose CMake flag ``cmake`` turns on: the
+    post-build check asks the build's runtime for each."""
+    return [backend.name for backend in DEVICE_BACKENDS.values()
+            if backend.cmake is not None and cmake.get(backend.cmake, "OFF").upper() not in OFF]
 
 # Run by the build's Python after a build: versions first, then the import, each device backend
 # the configuration asks for (its runtime, the driver's devices), a compile.

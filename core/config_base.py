@@ -49,9 +49,12 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The models an annotation names: itself, a union's members, a list's or dict's items."""
+    """The models an annotation names: itself, a union's members, a list's or dict's items,
+    and those a validator by kind may pick (:func:`abwatch.core.plugins.kind_validator`)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
+    if callable(models := getattr(getattr(annotation, "func", None), "models", None)):
+        return list(models())
     return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
 
 
@@ -64,7 +67,7 @@ def unknown_key_hint(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
         if isinstance(part, int):  # a list's index
             continue
         inner = [m for model in models if (f := model.model_fields.get(part)) is not None
-                 for m in _models_in(f.annotation)]
+                 for m in _models_in(f.annotation) + [m for meta in f.metadata for m in _models_in(meta)]]
         models = inner or models
     known = sorted({name for model in models for name in model.model_fields})
     close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6) if loc else []

@@ -1,6 +1,12 @@
-"""Runners execute workloads on a device; registered by kind in :data:`RUNNERS`."""
+"""Runners execute workloads on a device; registered by kind in :data:`RUNNERS`, which the
+config's ``[runner] kind`` is validated by (:data:`RunnerSection`)."""
 
-from abwatch.builders.spec import RunnerSettings
+from typing import Annotated
+
+from pydantic import PlainValidator, SerializeAsAny
+
+from abwatch.builders.spec import RunnerConfig, RunnerSettings
+from abwatch.core.plugins import Registry, kind_validator
 from abwatch.runners.base import Runner, RunnerUnavailable
 from abwatch.runners.cpu import CpuRunner
 from abwatch.runners.gpu import GpuRunner
@@ -9,11 +15,12 @@ from abwatch.runners.rpc import RpcRunner
 from abwatch.runners.workload_kind import WorkloadKind
 from abwatch.runners.workloads import WORKLOAD_KINDS
 
-RUNNERS: dict[str, type[Runner]] = {
-    CpuRunner.kind: CpuRunner,
-    GpuRunner.kind: GpuRunner,
-    RpcRunner.kind: RpcRunner,
-}
+RUNNERS: Registry[type[Runner]] = Registry(
+    "runner", ((runner.kind, runner) for runner in (CpuRunner, GpuRunner, RpcRunner)),
+    config=lambda runner: RunnerConfig)  # every runner reads the one [runner] model
+
+# The config's ``[runner]`` section: its kind one of RUNNERS (``cpu`` where it names none)
+RunnerSection = Annotated[SerializeAsAny[RunnerConfig], PlainValidator(kind_validator(RUNNERS, "cpu", "runner"))]
 
 
 def make_runner(config: RunnerSettings) -> Runner:
@@ -22,4 +29,4 @@ def make_runner(config: RunnerSettings) -> Runner:
 
 
 __all__ = ["CpuRunner", "GpuRunner", "InvocationResult", "RpcRunner", "Runner", "RunnerUnavailable",
-           "RUNNERS", "TvmMetrics", "WORKLOAD_KINDS", "WorkloadKind", "make_runner"]
+           "RUNNERS", "RunnerSection", "TvmMetrics", "WORKLOAD_KINDS", "WorkloadKind", "make_runner"]

@@ -6,7 +6,8 @@ operating system's own tool lists the devices and their drivers (``nvidia-smi``,
 ``vulkaninfo``, ``clinfo``, ``rocminfo``, ``system_profiler``): that listing, taken before any
 build exists, is the device's fingerprint in the records and the refusal when it is empty.
 Whether a build can drive the device is asked of the build itself (``runners/worker_device.py``:
-its runtime decides; the CMake flag that builds an API in is ``USE_<NAME>``).
+its runtime decides). The APIs' names, and the CMake flag that builds each in, are core's
+:data:`~abwatch.core.device_backends.DEVICE_BACKENDS`: a new API is a line there and its class here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import re
 import shutil
 import subprocess
 from typing import ClassVar
+
+from abwatch.core.device_backends import DEVICE_BACKENDS
+from abwatch.core.plugins import Registry
 
 
 def _output(argv: list[str], timeout_s: float = 30.0) -> str | None:
@@ -181,7 +185,11 @@ class WebGpu(DeviceApi):
         return []
 
 
-DEVICE_APIS: dict[str, DeviceApi] = {api.name: api for api in (Cuda(), Rocm(), Vulkan(), OpenCl(), Metal(), WebGpu())}
+# By the names of core's DEVICE_BACKENDS (a name it lacks is refused), where a tvm-source build
+# finds each API's CMake flag too
+DEVICE_APIS: Registry[DeviceApi] = Registry(
+    "device API", ((api.name, api) for api in (Cuda(), Rocm(), Vulkan(), OpenCl(), Metal(), WebGpu())),
+    of=DEVICE_BACKENDS)
 
 # target kinds that compile for an API under another name
 _TARGET_KINDS = {"nvptx": "cuda"}

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from abwatch.core.errors import UsageError
-from abwatch.builders.spec import BuildSpec, TvmSourceBuildConfig
+from abwatch.builders.spec import BuildSpec
 from abwatch.builders.workload_spec import SCRIPT_REPO, TvmWorkloadConfig
 from abwatch.runners.counters import InstructionCounter
 from abwatch.runners.outputs import OutputDiff, first_compiled, output_error
@@ -63,13 +63,14 @@ class TvmKind(WorkloadKind):
         """A ``script:repo:`` model needs a ``tvm-source`` build that keeps its file (``build.keep``)."""
         if not workload.model.startswith(SCRIPT_REPO):
             return None
-        if not isinstance(build, TvmSourceBuildConfig):
+        keep = build.kept_source()
+        if keep is None:
             return (f"workload {workload.name!r}: script:repo: reads the build's source tree, "
                     "which only a tvm-source build keeps (use script:<path> for a file here)")
         path = PurePosixPath(workload.model.removeprefix(SCRIPT_REPO))
-        if not any(path == PurePosixPath(k) or PurePosixPath(k) in path.parents for k in build.keep):
+        if not any(path == PurePosixPath(k) or PurePosixPath(k) in path.parents for k in keep):
             return (f"workload {workload.name!r}: {path} is not under build.keep "
-                    f"({', '.join(build.keep) or 'empty'}): add it there so the build keeps it")
+                    f"({', '.join(keep) or 'empty'}): add it there so the build keeps it")
         return None
 
     def run(self, tvm: TvmSessions, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,

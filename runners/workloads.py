@@ -10,43 +10,25 @@ records and the driver's output check ask the registry, never ``kind ==``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import PlainValidator, SerializeAsAny
-from pydantic_core import PydanticCustomError
 
 from abwatch.builders.workload_spec import WorkloadSpec
+from abwatch.core.plugins import Registry, kind_validator
 from abwatch.runners.command_workload import CommandKind
 from abwatch.runners.tvm_workload import TvmKind
 from abwatch.runners.workload_kind import WorkloadKind
 
 DEFAULT_KIND = "command"  # a [[workloads]] entry without ``kind`` (configs from before kinds stay valid)
 
-WORKLOAD_KINDS: dict[str, WorkloadKind] = {
-    CommandKind.kind: CommandKind(),
-    TvmKind.kind: TvmKind(),
-}
+WORKLOAD_KINDS: Registry[WorkloadKind] = Registry(
+    "workload kind", ((kind.kind, kind) for kind in (CommandKind(), TvmKind())), config=lambda kind: kind.config)
 
-
-def validate_workload(value: Any) -> WorkloadSpec:
-    """A ``[[workloads]]`` entry validated by the model of the kind it names in
-    :data:`WORKLOAD_KINDS` (read when it is validated, so a kind registered later counts);
-    an instance of a registered kind's model is taken as it is. Errors keep their place
-    (``workloads[0].command: ...``)."""
-    if isinstance(value, WorkloadSpec):
-        kind = value.kind
-    elif isinstance(value, dict):
-        kind = value.get("kind", DEFAULT_KIND)
-    else:
-        raise PydanticCustomError("dict_type", "input should be a table of the workload's keys")
-    known = WORKLOAD_KINDS.get(kind) if isinstance(kind, str) else None
-    if known is None:
-        raise PydanticCustomError("unknown_kind", "unknown kind; expected one of {expected}",
-                                  {"expected": ", ".join(repr(k) for k in WORKLOAD_KINDS)})
-    if isinstance(value, known.config):
-        return value
-    return known.config.model_validate(value.model_dump() if isinstance(value, WorkloadSpec) else value)
-
+# A ``[[workloads]]`` entry validated by the model of the kind it names in WORKLOAD_KINDS (read
+# when it is validated, so a kind registered later counts); an instance of a registered kind's
+# model is taken as it is. Errors keep their place (``workloads[0].command: ...``).
+validate_workload = kind_validator(WORKLOAD_KINDS, DEFAULT_KIND, "workload")
 
 # A workload of any registered kind: validated by its kind's model, dumped with all of that
 # model's fields (the watch's identity and a run's stored config hash them).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,14 +19,16 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_valid
 from abwatch.core.config_base import DURATION_OR_OFF, StrictModel, duration_s, unknown_key_hint
 from abwatch.core.errors import UsageError
 from abwatch.core.metric_names import Metric
+from abwatch.core.plugins import Registry
 from abwatch.builders.spec import (  # noqa: F401 - re-exported: the models builders and runners read, re-used here
-    BUILD_KINDS, ArtifactsConfig, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig,
+    ArtifactsConfig, BuildConfig, CacheConfig, CommandBuildConfig, RepoConfig, RunnerConfig,
     SandboxConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
 )
 from abwatch.builders.workload_spec import (  # noqa: F401  (re-exported)
     MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, CommandWorkloadConfig, TvmWorkloadConfig, WorkloadSpec,
 )
 # Each [[workloads]] entry is validated, resolved and checked by its kind (runners.workloads)
+from abwatch.runners import RunnerSection
 from abwatch.runners.workloads import WORKLOAD_KINDS, WorkloadConfig
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abwatch"
@@ -208,6 +211,36 @@ def cron_trigger(expr: str, timezone: str):
     return CronTrigger.from_crontab(expr, timezone=timezone)
 
 
+@dataclass(frozen=True)
+class ControlForm:
+    """How ``[watch] control`` names a rule: ``name``, or ``name:<argument>`` where the rule
+    takes one (``argument`` says what it is; None: it takes none)."""
+
+    name: str
+    argument: str | None = None
+
+
+# The control rules a config may name. The rules themselves are service.watch.controls's
+# CONTROL_RULES, registered by these names and only these: they drive comparisons, which this
+# module (below every service package) cannot import.
+CONTROL_FORMS: Registry[ControlForm] = Registry("control rule", ((form.name, form) for form in (
+    ControlForm("previous"), ControlForm("parent"), ControlForm("week-start"), ControlForm("fixed", "a commit or ref"),
+)))
+
+
+def control_name(value: str) -> str:
+    """``value`` if it names a rule of :data:`CONTROL_FORMS` as that rule is written, else ValueError."""
+    name, colon, argument = value.partition(":")
+    form = CONTROL_FORMS.get(name, None)
+    if form is None:
+        raise ValueError(CONTROL_FORMS.unknown(name))
+    if form.argument is None and colon:
+        raise ValueError(f"the {name} rule takes no argument")
+    if form.argument is not None and not argument:
+        raise ValueError(f"the {name} rule needs {form.argument}: {name}:<{form.argument.split()[-1]}>")
+    return value
+
+
 class WatchConfig(StrictModel):
     """``abwatch watch``: which commits of the branch to test, against what, and how far to escalate.
 
@@ -218,7 +251,7 @@ class WatchConfig(StrictModel):
     head once per tick; without it every ``step``-th new commit is tested, polled every ``interval_s``.
     """
 
-    control: str = Field(default="previous", pattern=r"^(previous|parent|week-start|fixed:.+)$")
+    control: str = Field(default="previous", description="a rule of CONTROL_FORMS: name or name:argument")
     start: str | None = Field(default=None, description="first commit to test; default: the head when first seen")
     step: int = Field(default=1, ge=1)
     interval_s: float = Field(default=300.0, gt=0)
@@ -243,6 +276,11 @@ class WatchConfig(StrictModel):
     def stale_after_s(self) -> float | None:
         """``stale_after`` in seconds; None when it is off (or 0)."""
         return duration_s(self.stale_after) or None
+
+    @field_validator("control")
+    @classmethod
+    def _control(cls, value: str) -> str:
+        return control_name(value)
 
     @field_validator("schedule")
     @classmethod
@@ -293,7 +331,7 @@ class Config(StrictModel):
     workloads: list[WorkloadConfig] = Field(min_length=1)
     run: RunConfig = RunConfig()
     stats: StatsConfig = StatsConfig()
-    runner: RunnerConfig = RunnerConfig()
+    runner: RunnerSection = RunnerConfig()
     sandbox: SandboxConfig = SandboxConfig()
     alerts: AlertsConfig = AlertsConfig()
     github: GithubConfig | None = None
@@ -323,7 +361,7 @@ class Config(StrictModel):
             if workload.name in seen:
                 raise ValueError(f"workload name {workload.name!r} appears twice")
             seen.add(workload.name)
-        if self.build.kind in ("command", "tvm-source") and self.repo is None:
+        if self.build.needs_repo and self.repo is None:
             raise ValueError(f"a {self.build.kind} build needs [repo]")
         for workload in self.workloads:  # what its kind needs of the runner and the build
             kind = WORKLOAD_KINDS[workload.kind]
@@ -337,8 +375,7 @@ class Config(StrictModel):
         shown or stored): the API token, the alert secret, the GitHub token, ``env:`` webhooks, the
         shared compiler cache's and the artifact store's passwords."""
         names = [self.server.token_env, self.alerts.secret_env]
-        if isinstance(self.build, TvmSourceBuildConfig) and self.build.ccache_remote_password_env:
-            names.append(self.build.ccache_remote_password_env)
+        names += self.build.secret_variables()
         if self.artifacts.password_env:
             names.append(self.artifacts.password_env)
         names += [self.github.token_env, self.github.webhook_secret_env] if self.github else []
@@ -358,12 +395,8 @@ def _is_local_path(url: str) -> bool:
 
 
 def _format_loc(where: tuple) -> str:
-    loc = list(where)
-    # pydantic puts the union member's tag into the path: build.<kind>.command -> build.command
-    if len(loc) >= 2 and loc[0] == "build" and loc[1] in BUILD_KINDS:
-        del loc[1]
     text = ""
-    for part in loc:
+    for part in where:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
 
@@ -395,9 +428,12 @@ def parse_config(data: dict, source: str, base_dir: Path) -> Config:
     if not config.cache_dir.is_absolute():
         updates["cache_dir"] = (base_dir / config.cache_dir).resolve()
     _check_cache_dir(updates.get("cache_dir", config.cache_dir), source)
-    if isinstance(config.build, TvmSourceBuildConfig) and config.build.submodule_fallbacks:
-        updates["build"] = config.build.model_copy(update={"submodule_fallbacks": _fallback_dirs(
-            config.build.submodule_fallbacks, source, base_dir)})
+    try:
+        build = config.build.resolve(base_dir)
+    except UsageError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    if build is not config.build:
+        updates["build"] = build
     workloads = [_resolved(w, index, source, base_dir) for index, w in enumerate(config.workloads)]
     if workloads != config.workloads:
         updates["workloads"] = workloads
@@ -414,18 +450,6 @@ def _resolved(workload: WorkloadSpec, index: int, source: str, base_dir: Path) -
         return WORKLOAD_KINDS[workload.kind].resolve(workload, base_dir)
     except UsageError as exc:
         raise ConfigError(f"{source}: workloads[{index}] ({workload.name}): {exc}") from None
-
-
-def _fallback_dirs(fallbacks: dict[str, Path], source: str, base_dir: Path) -> dict[str, Path]:
-    """``build.submodule_fallbacks`` made absolute; each must be a directory now, not half-way
-    through a build that needs it."""
-    resolved = {}
-    for name, directory in fallbacks.items():
-        path = (base_dir / directory).resolve()
-        if not path.is_dir():
-            raise ConfigError(f"{source}: build.submodule_fallbacks.\"{name}\": {path} is not a directory")
-        resolved[name] = path
-    return resolved
 
 
 def _check_cache_dir(path: Path, source: str) -> None:

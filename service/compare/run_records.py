@@ -19,7 +19,7 @@ from abwatch.service.records.v01 import BenchmarkRecord, to_row
 
 def engine_name(config: Config) -> str:
     """``tvm`` for TVM builds or workloads; else the watched repository's name."""
-    if config.build.kind.startswith("tvm") or any(WORKLOAD_KINDS[w.kind].times_compiles for w in config.workloads):
+    if config.build.builds_tvm or any(WORKLOAD_KINDS[w.kind].times_compiles for w in config.workloads):
         return "tvm"
     if config.repo is None:  # only release builds go without a repository, and those are tvm
         return "unknown"

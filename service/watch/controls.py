@@ -2,7 +2,8 @@
 and what follows from that choice.
 
 Each rule is a :class:`ControlRule` registered by name in :data:`CONTROL_RULES`; the config
-names one as ``name`` or ``name:argument`` (``fixed:v0.18.0``). A plain rule only picks the
+names one as ``name`` or ``name:argument`` (``fixed:v0.18.0``), as its entry in
+:data:`abwatch.service.config.CONTROL_FORMS` says (a new rule: a line there, its class here). A plain rule only picks the
 control. A pinned base (:class:`PinnedBase`) compares every commit with one commit, so it also
 changes three things the watch does with a verdict: a slowdown an open regression of an earlier
 commit already explains is that regression seen again (:meth:`ControlRule.attach`), a regression
@@ -21,10 +22,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from abwatch.core.commit_info import CommitInfo
+from abwatch.core.plugins import Registry
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.service.compare import driver, lifecycle
 from abwatch.service.watch import bisect
-from abwatch.service.config import Config
+from abwatch.service.config import CONTROL_FORMS, Config
 from abwatch.service.store.models import Comparison, Regression, Run, RunType
 from abwatch.service.compare.driver import Attach
 from abwatch.service.compare.outcome import WorkloadResult
@@ -228,8 +230,10 @@ class PinnedBase(ControlRule):
         return newest
 
 
-# The rules a config may name (config.WatchConfig.control), by name.
-CONTROL_RULES: dict[str, type[ControlRule]] = {rule.name: rule for rule in (Previous, Parent, WeekStart, PinnedBase)}
+# The rules a config may name (config.WatchConfig.control), by the names of config's
+# CONTROL_FORMS (which says how each is written; a name it lacks is refused).
+CONTROL_RULES: Registry[type[ControlRule]] = Registry(
+    "control rule", ((rule.name, rule) for rule in (Previous, Parent, WeekStart, PinnedBase)), of=CONTROL_FORMS)
 
 
 def control_rule(config: Config) -> ControlRule:

@@ -1,0 +1,217 @@
+"""Every kind of plug-in is found, and its config validated, through one registry
+(core/plugins.py): a toy of each kind registered here is accepted by the config, an unknown
+name is refused with the known ones listed, and the registry is as it was after each test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from pydantic import ValidationError
+
+from abwatch.builders.registry import BUILDERS
+from abwatch.builders.spec import BUILD_KINDS, BuildSpec, RunnerConfig
+from abwatch.builders.tvm_source import built_backends
+from abwatch.builders.workload_spec import WorkloadSpec
+from abwatch.core.device_backends import DEVICE_BACKENDS, DeviceBackend
+from abwatch.core.plugins import Registry, UnknownName
+from abwatch.runners import RUNNERS, CpuRunner, WorkloadKind, make_runner
+from abwatch.runners.device_apis import DEVICE_APIS, DeviceApi, api_of
+from abwatch.runners.workloads import WORKLOAD_KINDS
+from abwatch.service.config import CONTROL_FORMS, Config, ControlForm, WatchConfig, format_validation_error
+from abwatch.service.watch.controls import CONTROL_RULES, Previous, control_rule
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def plug():
+    """``plug(registry, name, entry)``: ``entry`` registered for the test, the registry
+    restored after it."""
+    undo = []
+
+    def add(registry: Registry[Any], name: str, entry: Any) -> Any:
+        context = registry.registered(name, entry)
+        context.__enter__()
+        undo.append(context)
+        return entry
+
+    yield add
+    for context in reversed(undo):
+        context.__exit__(None, None, None)
+
+
+def config(tmp_path: Path, **sections: Any) -> Config:
+    data = {"repo": {"url": str(tmp_path)}, "build": {"command": ["true"]},
+            "workloads": [{"name": "w", "command": ["true"]}], **sections}
+    return Config.model_validate(data)
+
+
+def refusal(tmp_path: Path, **sections: Any) -> str:
+    with pytest.raises(ValidationError) as info:
+        config(tmp_path, **sections)
+    return format_validation_error("abwatch.toml", info.value, Config)
+
+
+# --- the registry itself ---------------------------------------------------------------------
+
+def test_a_registry_names_what_it_has_and_the_nearest_name():
+    registry: Registry[int] = Registry("gadget", [("alpha", 1), ("beta", 2)])
+    assert registry.names() == ("alpha", "beta") and list(registry) == ["alpha", "beta"] and len(registry) == 2
+    assert registry["beta"] == 2 and "alpha" in registry and registry.get("gamma", None) is None
+    with pytest.raises(UnknownName) as info:
+        registry.get("alpah")
+    assert str(info.value) == "unknown gadget 'alpah'; expected one of 'alpha', 'beta' (did you mean 'alpha'?)"
+    with pytest.raises(KeyError):  # UnknownName is a KeyError
+        registry["zzz"]
+    with pytest.raises(ValueError, match="registered already"):
+        registry.register("alpha", 3)
+    with registry.registered("gamma", 3):
+        assert registry["gamma"] == 3
+    assert registry.names() == ("alpha", "beta")  # as it was
+
+
+def test_a_registry_of_another_takes_only_its_names():
+    names: Registry[None] = Registry("colour", [("red", None)])
+    paint: Registry[str] = Registry("paint", [("red", "#f00")], of=names)
+    with pytest.raises(ValueError, match="unknown colour 'blue'; expected one of 'red'"):
+        paint.register("blue", "#00f")
+    assert paint.missing() == []
+    names.register("green", None)
+    assert paint.missing() == ["green"]
+
+
+def test_every_registered_name_has_its_implementation():
+    # the registries keyed by a lower one's names: none left without an entry
+    assert BUILDERS.missing() == [] and DEVICE_APIS.missing() == [] and CONTROL_RULES.missing() == []
+
+
+# --- a toy of each kind ------------------------------------------------------------------------
+
+class ToyBuildConfig(BuildSpec):
+    kind: Literal["toy"] = "toy"
+    recipe: str
+
+    def hashed(self) -> dict[str, Any]:
+        return {"kind": self.kind, "recipe": self.recipe}
+
+
+class ToyBuilder:
+    kind = "toy"
+
+
+def test_a_toy_builder(plug, tmp_path):
+    plug(BUILD_KINDS, "toy", ToyBuildConfig)
+    plug(BUILDERS, "toy", ToyBuilder)
+    built = config(tmp_path, build={"kind": "toy", "recipe": "bake"})
+    assert type(built.build) is ToyBuildConfig and built.build.recipe == "bake"
+    assert built.model_dump()["build"] == {"kind": "toy", "recipe": "bake"}  # all of its fields
+    assert BUILDERS[built.build.kind] is ToyBuilder
+    assert refusal(tmp_path, build={"kind": "toy"}) == "abwatch.toml: build.recipe: field required"
+    assert refusal(tmp_path, build={"kind": "tyo"}) == (
+        "abwatch.toml: build: unknown kind; expected one of 'command', 'tvm-wheel', 'tvm-source', 'toy' "
+        "(did you mean 'toy'?)")
+    with pytest.raises(ValueError, match="unknown build kind 'oven'"):  # a builder's name is a build kind's
+        BUILDERS.register("oven", ToyBuilder)  # type: ignore[arg-type]
+
+
+class ToyRunner(CpuRunner):
+    kind = "toy"
+
+
+def test_a_toy_runner(plug, tmp_path):
+    plug(RUNNERS, "toy", ToyRunner)
+    # a TVM workload (command workloads run on the cpu runner only)
+    toy = config(tmp_path, runner={"kind": "toy", "threads": 2},
+                 workloads=[{"name": "t", "kind": "tvm", "model": "builtin:mlp"}])
+    assert toy.runner == RunnerConfig(kind="toy", threads=2)
+    assert type(make_runner(toy)) is ToyRunner
+    assert refusal(tmp_path, runner={"kind": "tyo"}) == (
+        "abwatch.toml: runner: unknown kind; expected one of 'cpu', 'gpu', 'rpc', 'toy' (did you mean 'toy'?)")
+
+
+class ToyRule(Previous):
+    name = "toy"
+
+
+def test_a_toy_control_rule(plug, tmp_path):
+    plug(CONTROL_FORMS, "toy", ControlForm("toy"))
+    plug(CONTROL_RULES, "toy", ToyRule)
+    assert type(control_rule(config(tmp_path, watch={"control": "toy"}))) is ToyRule
+    assert refusal(tmp_path, watch={"control": "toy:x"}) == (
+        "abwatch.toml: watch.control: value error, the toy rule takes no argument")
+    assert refusal(tmp_path, watch={"control": "tyo"}) == (
+        "abwatch.toml: watch.control: value error, unknown control rule 'tyo'; expected one of 'previous', "
+        "'parent', 'week-start', 'fixed', 'toy' (did you mean 'toy'?)")
+    with pytest.raises(ValueError, match="unknown control rule 'latest'"):  # a rule the config cannot name
+        CONTROL_RULES.register("latest", ToyRule)
+    WatchConfig(control="fixed:v1.0")  # the built-in rules are as they were
+
+
+class ToyApi(DeviceApi):
+    name = "toy"
+    packages = "a toy driver"
+
+    def devices(self) -> list[dict]:
+        return [{"name": "Toy GPU", "driver": "toy 1.0", "memory_bytes": None}]
+
+
+def test_a_toy_device_api(plug):
+    plug(DEVICE_BACKENDS, "toy", DeviceBackend("toy", "USE_TOY"))
+    plug(DEVICE_APIS, "toy", ToyApi())
+    assert type(api_of({"kind": "toy"})) is ToyApi and type(api_of("toy -arch=x")) is ToyApi
+    # a tvm-source build that turns its flag on asks its runtime for it (the post-build check)
+    assert built_backends({"USE_TOY": "ON", "USE_CUDA": "OFF", "USE_LLVM": "ON"}) == ["toy"]
+    assert built_backends({"USE_CUDA": "ON", "USE_VULKAN": "/opt/vulkan"}) == ["cuda", "vulkan"]
+    with pytest.raises(ValueError) as info:
+        api_of({"kind": "tyo"})
+    assert str(info.value) == ("runner.target: kind 'tyo' is not a device API; expected one of "
+                               "cuda, metal, opencl, rocm, toy, vulkan, webgpu")
+
+
+class ToyWorkloadConfig(WorkloadSpec):
+    kind: Literal["toy"] = "toy"
+    samples: list[float]
+
+
+class ToyKind(WorkloadKind):
+    kind = "toy"
+    config = ToyWorkloadConfig
+
+    def run(self, tvm, artifact_dir, workload, timeout_s, side):
+        raise NotImplementedError
+
+    def record_fields(self, workload, worker):
+        return {}, {}, {}
+
+
+def test_a_toy_workload_kind(plug, tmp_path):
+    plug(WORKLOAD_KINDS, "toy", ToyKind())
+    toy = config(tmp_path, workloads=[{"name": "t", "kind": "toy", "samples": [1.0, 2.0]}])
+    assert type(toy.workloads[0]) is ToyWorkloadConfig and toy.workloads[0].samples == [1.0, 2.0]
+    assert refusal(tmp_path, workloads=[{"name": "t", "kind": "toy"}]) == (
+        "abwatch.toml: workloads[0].samples: field required")
+    assert refusal(tmp_path, workloads=[{"name": "t", "kind": "tyo"}]) == (
+        "abwatch.toml: workloads[0]: unknown kind; expected one of 'command', 'tvm', 'toy' (did you mean 'toy'?)")
+
+
+def test_the_registries_are_as_they_were():
+    # after the toys: each plug-in registry holds the built-in plug-ins only
+    assert BUILD_KINDS.names() == BUILDERS.names() == ("command", "tvm-wheel", "tvm-source")
+    assert RUNNERS.names() == ("cpu", "gpu", "rpc") and WORKLOAD_KINDS.names() == ("command", "tvm")
+    assert CONTROL_RULES.names() == CONTROL_FORMS.names() == ("previous", "parent", "week-start", "fixed")
+    assert DEVICE_APIS.names() == DEVICE_BACKENDS.names()
+
+
+# --- where a new plug-in goes ------------------------------------------------------------------
+
+def test_the_documented_registries_are_where_the_docs_say():
+    """docs/architecture.md's table names, for each kind, the file each registry is in."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    for registry, path in (("BUILD_KINDS", "builders/spec.py"), ("BUILDERS", "builders/registry.py"),
+                           ("RUNNERS", "runners/__init__.py"), ("WORKLOAD_KINDS", "runners/workloads.py"),
+                           ("DEVICE_BACKENDS", "core/device_backends.py"), ("DEVICE_APIS", "runners/device_apis.py"),
+                           ("CONTROL_FORMS", "service/config.py"), ("CONTROL_RULES", "service/watch/controls.py")):
+        assert f"{registry}: Registry[" in (ROOT / path).read_text(), (registry, path)
+        assert f"`{path}` (`{registry}`" in text, (registry, path)
