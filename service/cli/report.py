@@ -61,8 +61,9 @@ class RichProgress:
 
 
 def when(instant: datetime) -> str:
-    """An instant as every table shows it: ``2026-11-27 13:55 UTC`` (stored times are UTC)."""
-    return f"{instant:%Y-%m-%d %H:%M} UTC"
+    """An instant as every table shows it: ``2026-11-27 13:55`` under a column whose title
+    names the zone (``(UTC)``: stored times are UTC); a line of text adds `` UTC`` itself."""
+    return f"{instant:%Y-%m-%d %H:%M}"
 
 
 def stdout_console() -> Console:
@@ -285,7 +286,7 @@ def print_regressions(out: Console, rows: list[Regression]) -> None:
         out.print(f"regression {r.id}: {short_sha(r.control_commit.sha)}..{short_sha(r.treatment_commit.sha)}{named}",
                   markup=False)
         for e in r.events:
-            out.print(f"  {when(e.at)} {e.from_state.value if e.from_state else '-'}→{e.to_state.value}: "
+            out.print(f"  {when(e.at)} UTC {e.from_state.value if e.from_state else '-'}→{e.to_state.value}: "
                       f"{e.reason}", markup=False)
 
 
@@ -307,8 +308,8 @@ def print_build_regressions(out: Console, rows) -> None:
 def print_runs(out: Console, rows) -> None:
     """The runs, newest first, with their verdict counts."""
     table = Table(title="runs (newest first; `abwatch show ID` for one)", box=box.SIMPLE_HEAD)
-    for column in ("id", "type", "status", "started", "control → treatment", "verdicts"):
-        table.add_column(column, overflow="fold", no_wrap=column in ("id", "started"))
+    for column in ("id", "type", "status", "started (UTC)", "control → treatment", "verdicts"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("id", "started (UTC)"))
     for r, counts, built in rows:
         verdicts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "-"
         if built:  # the builds' own metrics (binary size): a regression there makes the run exit 1 too
@@ -321,13 +322,13 @@ def print_runs(out: Console, rows) -> None:
 def print_builds(out: Console, rows) -> None:
     """The builds, newest first; a failed one with its log's last line."""
     table = Table(title="builds (newest first; `abwatch builds --log ID` for a whole log)", box=box.SIMPLE_HEAD)
-    for column in ("id", "commit", "builder", "status", "seconds", "created", "compiler cache", "last log line"):
-        table.add_column(column, overflow="fold", no_wrap=column in ("id", "commit", "created", "seconds"))
+    for column in ("id", "commit", "builder", "status", "seconds", "created (UTC)", "compiler cache", "last log line"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("id", "commit", "created (UTC)", "seconds"))
     for b in rows:
         last = (b.log or "").rstrip().rsplit("\n", 1)[-1] if b.status.value != "success" else ""
         hits = compiler_cache_json(b.metrics)
         table.add_row(str(b.id), short_sha(b.commit.sha), b.builder, b.status.value,
-                      "-" if b.duration_s is None else f"{b.duration_s:.1f}", f"{b.created_at:%m-%d %H:%M}",
+                      "-" if b.duration_s is None else f"{b.duration_s:.1f}", when(b.created_at),
                       hits["summary"] if hits else "-", last)
     out.print(table)
 
@@ -353,7 +354,7 @@ def print_history(out: Console, workload: str, points, found, skipped: int = 0, 
     steps = {s.first_after.sha: s for s in found}
     table = Table(box=box.SIMPLE_HEAD)
     table.add_column("commit", no_wrap=True)
-    table.add_column("date", no_wrap=True)
+    table.add_column("date (UTC)", no_wrap=True)
     table.add_column(f"median {unit}", justify="right", no_wrap=True)
     table.add_column("runs", justify="right", no_wrap=True)
     table.add_column("step", overflow="fold")
@@ -377,9 +378,9 @@ def print_build_series(out: Console, found, as_json: bool = False) -> int:
     for s in found:
         table = Table(title=f"{s.builder} {s.config_hash} ({s.repository}): {len(s.points)} builds",
                       box=box.SIMPLE_HEAD)
-        for name in ("commit", "date", "bytes", "read", "change", "files", "summary"):
+        for name in ("commit", "date (UTC)", "bytes", "read", "change", "files", "summary"):
             table.add_column(name, justify="right" if name in ("bytes", "change", "files") else "left",
-                             overflow="fold", no_wrap=name in ("commit", "date", "bytes"))
+                             overflow="fold", no_wrap=name in ("commit", "date (UTC)", "bytes"))
         before = None
         for p in s.points:
             change = f"{(p.value / before - 1) * 100:+.2f}%" if before else ""
