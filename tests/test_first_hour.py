@@ -48,3 +48,24 @@ def test_operator_shares_are_shown_only_where_the_total_change_was_decided():
     console = Console(record=True, width=200)
     print_tvm_details(console, decided, ops=True)
     assert "share: the operator's part of the total change" in console.export_text()
+
+
+def test_a_workload_shows_one_compile_figure_and_says_which():
+    from rich.console import Console
+
+    from abwatch.service.cli.report import print_tvm_details
+    from abwatch.service.stats.exact import compare_exact
+
+    result = _tvm_result(compare_exact(150.0, 150.1, threshold_pct=1.0, unit="ms"))
+    console = Console(record=True, width=200)
+    print_tvm_details(console, result)
+    assert "first compile in a timed process 150 ms -> 149 ms (one a side, not judged)" in console.export_text()
+    # with a verdict on fresh compiles, that verdict's figures are the only ones
+    judged = {"verdict": "improvement", "change_pct": -56.4, "ci_pct": [-60.0, -52.0], "control_median_ms": 179.0,
+              "treatment_median_ms": 78.0, "n": [8, 8]}
+    result.details["compile"] = judged
+    console = Console(record=True, width=200)
+    print_tvm_details(console, result)
+    text = console.export_text()
+    assert "first compile" not in text and "150 ms" not in text
+    assert "compile time improvement -56.40% (CI -60.0..-52.0%); median 179 -> 78 ms over 8 fresh compiles" in text
