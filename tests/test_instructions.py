@@ -425,6 +425,9 @@ def test_a_compile_doing_more_work_is_a_compile_time_regression_on_instructions(
     table = page[page.index('id="instructions"'):page.index("</table>", page.index('id="instructions"'))]
     assert "beside compile time" in table and "regression" in table and "valgrind" in table
     assert f"{compiled['treatment_ms']:,.0f}" in table
+    # and the compile-time verdict the CLI report shows, with its fresh compiles
+    compiles = page[page.index('id="compile-verdicts"'):page.index("</table>", page.index('id="compile-verdicts"'))]
+    assert "extra" in compiles and "unknown" in compiles and "4/4" in compiles
     assert main(["verify", str(payload["run_id"]), "--db", sqlite_url]) == 1
     (regression,) = [r for r in regressions_json(sqlite_url, capsys) if r["kind"] == "compile-time"]
     assert regression["state"] == "regress" and regression["verify_verdict"]["unit"] == "instructions"
