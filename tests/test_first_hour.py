@@ -69,3 +69,27 @@ def test_a_workload_shows_one_compile_figure_and_says_which():
     text = console.export_text()
     assert "first compile" not in text and "150 ms" not in text
     assert "compile time improvement -56.40% (CI -60.0..-52.0%); median 179 -> 78 ms over 8 fresh compiles" in text
+
+
+def test_same_shows_the_interval_that_decided_it_and_no_p():
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from abwatch.service.cli.report import _footnotes, verdict_table
+    from abwatch.service.compare.outcome import CompareOutcome
+    from abwatch.service.stats.exact import compare_exact
+
+    base = compare_exact(150.0, 150.1, threshold_pct=1.0, unit="ms")
+    # a `same` as the sequential rule returns it: a 99 % CI past +-1 %, its 90 % interval within
+    same = replace(base, ci_pct=(-1.4, 1.2), same_ci_pct=(-0.8, 0.7), p_value=1.0)
+    result = replace(_tvm_result(same), details=None)
+    outcome = CompareOutcome(1, "benchmark", "completed", [], [result])
+    console = Console(record=True, width=200)
+    console.print(verdict_table(outcome, 200))
+    row = next(line for line in console.export_text().splitlines() if "mlp" in line)
+    assert "[-0.80, +0.70]" in row and "-1.40" not in row
+    assert "1" not in row.split("+0.70]")[1].split()[0]  # the p column holds no p
+    notes = _footnotes(outcome)
+    assert "same: decided by the 90 % equivalence interval (the CI shown) lying within +-1 %; " \
+           "no p-value decides it" in notes

@@ -140,13 +140,17 @@ def verdict_table(outcome: CompareOutcome, width: int) -> Table:
     table.add_column("regression" if wide else "reg.", overflow="fold")
     for r in outcome.results:
         v = r.verdict
-        p = decisive_p(v)[0]
-        if v.ci_pct is None:
+        # `same` is decided by the equivalence interval lying within the threshold, not by p:
+        # that interval is the one shown, and no p (a p of 1 beside `same` reads as its proof)
+        same = v.verdict.value == "same" and v.same_ci_pct is not None
+        p = None if same else decisive_p(v)[0]
+        shown = v.same_ci_pct if same else v.ci_pct
+        if shown is None:
             ci = "-"
         elif wide:
-            ci = f"[{v.ci_pct[0]:+.2f}, {v.ci_pct[1]:+.2f}]"
+            ci = f"[{shown[0]:+.2f}, {shown[1]:+.2f}]"
         else:
-            ci = f"{v.ci_pct[0]:+.1f}..{v.ci_pct[1]:+.1f}"
+            ci = f"{shown[0]:+.1f}..{shown[1]:+.1f}"
         row = [r.workload, f"[{VERDICT_STYLE[v.verdict.value]}]{v.verdict.value}[/]",
                "-" if v.change_pct is None else f"{v.change_pct:+.2f}%", ci, "-" if p is None else f"{p:.2g}"]
         if wide:  # the figures the verdict was judged on (a footnote names the estimator)
@@ -217,6 +221,14 @@ def _footnotes(outcome: CompareOutcome) -> list[str]:
         lines.append(f"p (BH): Benjamini-Hochberg-adjusted p, which decided the verdict; raw p: {raw}")
     else:
         lines.append("p: the raw p-value, which decided the verdict (no correction applied)")
+    same = [r for r in outcome.results if r.verdict.verdict.value == "same" and r.verdict.same_ci_pct is not None]
+    if same:
+        levels = {round((1 - 2 * r.verdict.equivalence_alpha) * 100) for r in same}
+        limits = {r.verdict.threshold_pct for r in same}
+        level = f"{levels.pop()} %" if len(levels) == 1 else "its"
+        limit = f"+-{limits.pop():g} %" if len(limits) == 1 else "its threshold"
+        lines.append(f"same: decided by the {level} equivalence interval (the CI shown) lying within {limit}; "
+                     "no p-value decides it")
     return lines
 
 

@@ -182,6 +182,8 @@ def result_json(result: WorkloadResult) -> dict:
         "verdict": v.verdict.value,
         "change_pct": v.change_pct,
         "ci_pct": list(v.ci_pct) if v.ci_pct else None,
+        # the interval that decides `same` (equivalence, at equivalence_alpha a side)
+        "same_ci_pct": list(v.same_ci_pct) if v.same_ci_pct else None,
         "p_value": v.p_value,
         "p_adjusted": v.p_adjusted,
         "correction": v.correction,
