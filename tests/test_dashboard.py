@@ -107,7 +107,9 @@ def test_run_page(browser, filled_server, tmp_path):
     report = requests.get(f"{base}/api/runs/{runs['regression']}", timeout=10).json()
     medians = report["process_medians_ms"]["lcg-loop"]
     assert len(points) == len(medians["control"]) + len(medians["treatment"])
-    assert "noop" in browser.find_element(By.ID, "builds").text
+    builds = browser.find_element(By.ID, "builds").text
+    assert "noop" in builds and ("reused" in builds or "built for this run" in builds)
+    assert "True" not in builds and "False" not in builds  # words, not Python's booleans
     # each build's status opens its page (the command builder has no compiler cache to count)
     browser.find_element(By.ID, "builds").find_elements(By.LINK_TEXT, "success")[0].click()
     WebDriverWait(browser, 20).until(EC.url_contains("/builds/"), message=browser.current_url)
