@@ -56,6 +56,7 @@ def served_repo(tmp_path):
     thread.start()
     yield work, f"http://abwatch:{SECRET}@127.0.0.1:{server.server_address[1]}/bench.git", publish
     server.shutdown()
+    server.server_close()  # shutdown() stops serving; the listening socket is closed apart
 
 
 def _all_text(url: str) -> str:
