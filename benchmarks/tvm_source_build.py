@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 from abwatch.builders import BuildFailed, TvmSourceBuilder
+from abwatch.builders.sandbox import policy
+from abwatch.builders.wheelhouse import wheelhouse
 from abwatch.service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
 
 
@@ -35,14 +37,30 @@ def main() -> None:
     parser.add_argument("--rewrite", action="append", default=[], metavar="PREFIX=MIRROR")
     parser.add_argument("--submodule", action="append", default=None, metavar="PATH")
     parser.add_argument("--runtime-only", action="store_true")
+    parser.add_argument("--packages", choices=("none", "default"), default="none",
+                        help="the artifact's Python packages: none, or the builder's defaults (numpy, "
+                             "apache-tvm-ffi at the submodule's release or built from its source, ...)")
+    parser.add_argument("--check-import", default=None, help="module imported after each build (tvm, tvm_ffi)")
+    parser.add_argument("--fallback", action="append", default=[], metavar="PATH=DIR",
+                        help="submodule_fallbacks entry")
+    parser.add_argument("--only", action="append", default=[], metavar="SHA",
+                        help="build these commits (in order) instead of a consecutive series")
     args = parser.parse_args()
+    extra = {} if args.packages == "default" else {"python_packages": []}
+    if args.check_import is not None:
+        extra["check_import"] = args.check_import
     build = TvmSourceBuildConfig(cmake=_pairs(args.cmake) or {"USE_LLVM": "ON"}, runtime_only=args.runtime_only,
-                                 submodules=args.submodule, python_packages=[], submodule_rewrites=_pairs(args.rewrite))
+                                 submodules=args.submodule, submodule_rewrites=_pairs(args.rewrite),
+                                 submodule_fallbacks=_pairs(args.fallback), **extra)
     config = Config(repo=RepoConfig(url=args.repo), cache_dir=args.cache.resolve(), build=build,
                     workloads=[CommandWorkloadConfig(name="none", command=["true"])])
     builder = TvmSourceBuilder(config)
     head = builder.resolve(args.ref).sha
     shas = builder.repo.repo.git.rev_list(f"--max-count={args.commits + 1}", "--first-parent", head).split()[::-1]
+    if args.only:
+        shas = [builder.resolve(ref).sha for ref in args.only]
+    rules = policy()
+    print(json.dumps({"sandbox": rules.enabled, "user": rules.user, "build_network": rules.build_network}), flush=True)
     walls, artifacts = [], []
     for i, sha in enumerate(shas):
         started = time.monotonic()
@@ -56,10 +74,11 @@ def main() -> None:
         walls.append(time.monotonic() - started)
         artifacts.append(artifact)
         m = artifact.metrics
+        wheels = sorted(p.name for p in wheelhouse(builder.cache_dir).glob("*.whl"))
         print(json.dumps({"commit": i, "sha": sha[:10], "cached": artifact.cached, "wall_s": round(walls[-1], 1),
                           "compile_s": round(m.get("compile_s", 0), 1), "steps": m.get("steps"),
                           "incremental": m.get("incremental"), "ccache_hit_rate": m.get("ccache_hit_rate"),
-                          "cache_bytes": builder.cache.size_bytes()}), flush=True)
+                          "cache_bytes": builder.cache.size_bytes(), "wheelhouse": wheels}), flush=True)
     # one artifact's bytes: the newest, whose files are all whole
     one = sum(p.stat().st_size for p in artifacts[-1].path.rglob("*") if p.is_file())
     cache_bytes = builder.cache.size_bytes()

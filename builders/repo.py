@@ -87,7 +87,10 @@ class RepoMirror:
             tmp = self.path.with_suffix(".tmp")
             shutil.rmtree(tmp, ignore_errors=True)  # a clone killed half-way
             try:
-                git.Repo.clone_from(self.url, tmp, mirror=True)
+                # copies, not hard links, of a local repository's files: the mirror's files are
+                # then abwatch's, with its modes; builds clone it as the unprivileged sandbox
+                # user, who cannot read a linked 0600 file (a partial clone's ``.promisor``, say)
+                git.Repo.clone_from(self.url, tmp, mirror=True, no_hardlinks=True)
             except git.GitCommandError as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise RepoError(f"cannot clone repository {self.display_url}: {_stderr(exc)}") from None

@@ -199,6 +199,24 @@ def test_runtime_only_builds_just_the_runtime(project, tmp_path):
     assert "tvm-ffi" in artifact.log
 
 
+def test_a_repository_with_a_file_only_its_owner_reads_builds(project, tmp_path):
+    """A partial clone keeps a 0600 ``.promisor`` file beside its packs: abwatch's mirror holds
+    its own copies, so the build, cloning it as the sandbox's unprivileged user, reads them all."""
+    work, _, shas = project
+    clone = tmp_path / "partial"
+    git.Repo.clone_from(str(work), clone).close()
+    promisor = clone / ".git" / "objects" / "pack" / "pack-0000.promisor"
+    promisor.write_text("")
+    promisor.chmod(0o600)
+    config = make_config(project, tmp_path / "cache", runtime_only=True, submodules=["3rdparty/tvm-ffi"])
+    builder = TvmSourceBuilder(config.model_copy(update={"repo": RepoConfig(url=str(clone))}))
+    artifact = builder.build(shas["first"])
+    assert [p.name for p in (artifact.path / "lib").iterdir()] == ["libtvm_runtime.so"]
+    mirrored = next((tmp_path / "cache" / "repos").glob("*.git/objects/pack/pack-0000.promisor"))
+    assert mirrored.stat().st_ino != promisor.stat().st_ino  # a copy: its mode is abwatch's
+    assert promisor.stat().st_mode & 0o777 == 0o600  # the user's repository is left as it was
+
+
 def test_least_recently_used_artifacts_are_evicted(project, tmp_path):
     _, _, shas = project
     probe = TvmSourceBuilder(make_config(project, tmp_path / "probe"))
