@@ -108,6 +108,10 @@ def update_submodules(step: Step, git: list[str], repo: Path, *, prefix: str = "
             step(git + ["-C", str(repo), "submodule", "update", "--init", "--force", "--", rel],
                  f"submodule update {top}", None)
         except BuildFailed as exc:
+            if "Permission denied" in str(exc):  # the build clones as the sandbox's user, not abwatch's
+                raise BuildFailed(f"{exc}; the build's user cannot read a file of the mirror "
+                                  "(submodule_rewrites): make the mirror readable to all (chmod -R a+rX)",
+                                  "", 0.0) from None
             if top not in fallbacks:
                 raise BuildFailed(f"{exc}; if its pinned commit is missing from the mirror, set "
                                   f"[build] submodule_fallbacks = {{\"{top}\" = \"<directory>\"}}", "", 0.0) from None

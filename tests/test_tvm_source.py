@@ -217,6 +217,22 @@ def test_a_repository_with_a_file_only_its_owner_reads_builds(project, tmp_path)
     assert promisor.stat().st_mode & 0o777 == 0o600  # the user's repository is left as it was
 
 
+def test_a_submodule_mirror_the_build_user_cannot_read_is_named(project, tmp_path):
+    """The build clones submodules from their mirrors as the sandbox's user: a mirror with a
+    file only its owner reads fails the build with what to do, not git's bare error."""
+    _, mirrors, shas = project
+    copy = tmp_path / "mirrors"
+    git.Repo.clone_from(str(mirrors / "tvm-ffi"), copy / "tvm-ffi").close()
+    promisor = copy / "tvm-ffi" / ".git" / "objects" / "pack" / "pack-0000.promisor"
+    promisor.write_text("")
+    promisor.chmod(0o600)
+    builder = TvmSourceBuilder(make_config(project, tmp_path / "cache", runtime_only=True,
+                                           submodules=["3rdparty/tvm-ffi"],
+                                           submodule_rewrites={FAKE_REMOTE: f"{copy}/"}))
+    with pytest.raises(BuildFailed, match=r"submodule update 3rdparty/tvm-ffi .*cannot read a file of the mirror"):
+        builder.build(shas["first"])
+
+
 def test_least_recently_used_artifacts_are_evicted(project, tmp_path):
     _, _, shas = project
     probe = TvmSourceBuilder(make_config(project, tmp_path / "probe"))
