@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.service.config import AlertsConfig, load_config
 from abwatch.service.notify import alerts
+from abwatch.service.notify.channels import Destinations
 from abwatch.service.stats.verdict import RegressionState, TriageStatus
 from abwatch.service.store import db
 from abwatch.service.store.models import Job, Regression, TriageEvent
@@ -72,7 +73,7 @@ def work_and_deliver(url: str, config_path: str) -> None:
 
 
 def deliver_round(engine, config) -> None:
-    sent = alerts.deliver_pending(engine, config.alerts, github_config=config.github)
+    sent = alerts.deliver_pending(engine, Destinations(config.alerts, config.github))
     assert sent and all(s.ok for s in sent), sent
 
 

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from abwatch.builders.registry import BUILDERS
 from abwatch.builders.spec import BUILD_KINDS, BuildSpec, RunnerConfig
@@ -19,7 +21,13 @@ from abwatch.core.plugins import Registry, UnknownName
 from abwatch.runners import RUNNERS, CpuRunner, WorkloadKind, make_runner
 from abwatch.runners.device_apis import DEVICE_APIS, DeviceApi, api_of
 from abwatch.runners.workloads import WORKLOAD_KINDS
-from abwatch.service.config import CONTROL_FORMS, Config, ControlForm, WatchConfig, format_validation_error
+from abwatch.service.config import (
+    CONTROL_FORMS, AlertsConfig, Config, ControlForm, WatchConfig, format_validation_error,
+)
+from abwatch.service.notify import alerts
+from abwatch.service.notify.channels import AlertChannel, Destinations, Sender
+from abwatch.service.store import db
+from abwatch.service.store.models import AlertDelivery, DeliveryStatus, utcnow
 from abwatch.service.watch.controls import CONTROL_RULES, Previous, control_rule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,12 +204,54 @@ def test_a_toy_workload_kind(plug, tmp_path):
         "abwatch.toml: workloads[0]: unknown kind; expected one of 'command', 'tvm', 'toy' (did you mean 'toy'?)")
 
 
+class ToySender(Sender):
+    """Delivers by keeping the document: what a channel's sender does in place of a POST."""
+
+    kept: list[dict] = []
+
+    def _post(self, body: bytes, headers: dict[str, str]) -> int:
+        ToySender.kept.append(self.document)
+        return 200
+
+
+class ToyChannel(AlertChannel):
+    """Rows labelled ``toy:<room>`` go to the toy; the label names where."""
+
+    prefix = "toy:"
+
+    def sender(self, row, destinations, deadline):
+        sender = ToySender(row.id, row.webhook, "toy://" + row.webhook.removeprefix(self.prefix), b"", {},
+                           destinations.alerts, deadline)
+        sender.document = row.payload
+        return sender
+
+
+def test_a_toy_alert_channel(plug, sqlite_url):
+    plug(alerts.CHANNELS, "toy", ToyChannel())
+    db.upgrade(sqlite_url)
+    engine = db.make_engine(sqlite_url)
+    with Session(engine) as session:
+        now = utcnow()
+        session.add(AlertDelivery(regression_id=None, event="stale", webhook="toy:kitchen", payload={"text": "hi"},
+                                  status=DeliveryStatus.PENDING, attempts=0, at=now, next_at=now))
+        session.commit()
+    ToySender.kept.clear()
+    sent = alerts.deliver_pending(engine, Destinations(AlertsConfig()))
+    assert [(s.webhook, s.ok) for s in sent] == [("toy:kitchen", True)] and ToySender.kept == [{"text": "hi"}]
+    with Session(engine) as session:
+        assert session.scalar(select(AlertDelivery.status)) is DeliveryStatus.DELIVERED
+    assert isinstance(alerts.channel_for("toy:x"), ToyChannel)
+    assert isinstance(alerts.channel_for("https://hooks.example/x"), alerts.WebhookChannel)
+    engine.dispose()
+
+
 def test_the_registries_are_as_they_were():
     # after the toys: each plug-in registry holds the built-in plug-ins only
     assert BUILD_KINDS.names() == BUILDERS.names() == ("command", "tvm-wheel", "tvm-source")
     assert RUNNERS.names() == ("cpu", "gpu", "rpc") and WORKLOAD_KINDS.names() == ("command", "tvm")
     assert CONTROL_RULES.names() == CONTROL_FORMS.names() == ("previous", "parent", "week-start", "fixed")
     assert DEVICE_APIS.names() == DEVICE_BACKENDS.names()
+    assert alerts.CHANNELS.names() == ("github-pr", "github", "webhook")
 
 
 # --- where a new plug-in goes ------------------------------------------------------------------
@@ -212,6 +262,7 @@ def test_the_documented_registries_are_where_the_docs_say():
     for registry, path in (("BUILD_KINDS", "builders/spec.py"), ("BUILDERS", "builders/registry.py"),
                            ("RUNNERS", "runners/__init__.py"), ("WORKLOAD_KINDS", "runners/workloads.py"),
                            ("DEVICE_BACKENDS", "core/device_backends.py"), ("DEVICE_APIS", "runners/device_apis.py"),
-                           ("CONTROL_FORMS", "service/config.py"), ("CONTROL_RULES", "service/watch/controls.py")):
+                           ("CONTROL_FORMS", "service/config.py"), ("CONTROL_RULES", "service/watch/controls.py"),
+                           ("CHANNELS", "service/notify/alerts.py")):
         assert f"{registry}: Registry[" in (ROOT / path).read_text(), (registry, path)
         assert f"`{path}` (`{registry}`" in text, (registry, path)

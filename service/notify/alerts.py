@@ -49,18 +49,17 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import timedelta, UTC
 from collections.abc import Iterable
-from urllib.parse import urlsplit
 
-import requests
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, object_session, sessionmaker
 
 from abwatch.core.redact import redact_endpoint
-from abwatch.service.config import AlertsConfig, GithubConfig
+from abwatch.core.plugins import Registry
+from abwatch.service.config import AlertsConfig
 from abwatch.service.notify import explained, github, pulls
+from abwatch.service.notify.channels import AlertChannel, Destinations, Sender, Sent
 from abwatch.service.store import explain
 from abwatch.service.store.models import AlertDelivery, BisectionStep, DeliveryStatus, Regression, utcnow
 from abwatch.service.stats.verdict import SILENCED_TRIAGE, RegressionKind
@@ -208,68 +207,6 @@ def refresh_pending(session: Session, regression_ids: Iterable[int], event: str,
     return rewritten
 
 
-@dataclass(frozen=True)
-class Sent:
-    """What one round did with one delivery."""
-
-    delivery_id: int
-    webhook: str
-    ok: bool
-    attempts: int
-    status_code: int | None
-    error: str | None
-    final: bool  # no use asking again (delivered, or a 4xx other than 429)
-
-
-class _Sender(threading.Thread):
-    """One delivery's attempts, in a daemon thread: nothing waits for it past the deadline."""
-
-    def __init__(self, row_id: int, webhook: str, url: str, body: bytes, headers: dict[str, str],
-                 config: AlertsConfig, deadline: float) -> None:
-        super().__init__(daemon=True, name=f"alert-{row_id}")
-        self.row_id, self.webhook, self.url, self.body, self.headers = row_id, webhook, url, body, headers
-        self.config, self.deadline = config, deadline
-        self.result: Sent | None = None
-
-    def run(self) -> None:
-        body, headers = self.body, self.headers
-        status, error, number, final = None, None, 0, False
-        for number in range(1, self.config.attempts + 1):
-            try:
-                status = self._post(body, headers)
-                error = None if 200 <= status < 300 else f"HTTP {status}"
-            except (requests.RequestException, TimeoutError) as exc:
-                status, error = None, self._scrub(f"{type(exc).__name__}: {exc}")[:500]
-            final = error is None or (status is not None and 400 <= status < 500 and status != 429)
-            if final:
-                break
-            wait = self.config.backoff_s * 2 ** (number - 1)
-            if number == self.config.attempts or time.monotonic() + wait >= self.deadline:
-                break
-            time.sleep(wait)
-        self.result = Sent(self.row_id, self.webhook, error is None, number, status, error, final)
-
-    def _scrub(self, text: str) -> str:
-        """``text`` (an exception's words, which quote the URL or its path) without the secret."""
-        path = urlsplit(self.url).path
-        text = text.replace(self.url, self.webhook)
-        return text.replace(path, "/\u2026") if len(path) > 1 else text
-
-    def _post(self, body: bytes, headers: dict[str, str]) -> int:
-        """POST and read the answer, within the round's deadline however slowly it comes."""
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("no time left in this round")
-        timeout = min(self.config.timeout_s, left)
-        with requests.post(self.url, data=body, headers=headers, timeout=(timeout, timeout),
-                           allow_redirects=False, stream=True) as response:
-            for _ in response.iter_content(4096):  # a trickling body is cut at the deadline
-                if time.monotonic() > self.deadline:
-                    raise TimeoutError(f"HTTP {response.status_code}, but the body was still coming "
-                                       "at the delivery deadline")
-            return response.status_code
-
-
 def _webhook_request(document: dict, config: AlertsConfig) -> tuple[bytes, dict[str, str]]:
     """A webhook's body (the alert document) and headers, signed when the secret is set."""
     body = json.dumps(document, sort_keys=True).encode()
@@ -281,42 +218,36 @@ def _webhook_request(document: dict, config: AlertsConfig) -> tuple[bytes, dict[
     return body, headers
 
 
-def _prepare(row: AlertDelivery, urls: dict[str, str | None], config: AlertsConfig,
-             github_config: GithubConfig | None) -> tuple[str, bytes, dict[str, str]] | None:
-    """What to send for ``row`` (a webhook alert or a GitHub status); None if this process cannot."""
-    if row.webhook.startswith("github:"):
-        if github_config is None or github.label(github_config) != row.webhook:
-            return None
-        return github.request(github_config, row.payload)
-    url = urls.get(row.webhook)
-    return None if url is None else (url, *_webhook_request(row.payload, config))
+class WebhookChannel(AlertChannel):
+    """``[alerts] webhooks``: the alert document POSTed to a URL (or the URL an ``env:`` names)."""
+
+    prefix = ""
+
+    def sender(self, row: AlertDelivery, destinations: Destinations, deadline: float) -> Sender | None:
+        config = destinations.alerts
+        url = next((_url(w) for w in config.webhooks if label(w) == row.webhook), None)
+        return None if url is None else Sender(row.id, row.webhook, url, *_webhook_request(row.payload, config),
+                                               config, deadline)
 
 
-class _PullSync(_Sender):
-    """A pull request's delivery: several requests (:func:`.pulls.sync`) in place of one POST."""
-
-    def __init__(self, row_id: int, webhook: str, github_config: GithubConfig, document: dict,
-                 config: AlertsConfig, deadline: float) -> None:
-        super().__init__(row_id, webhook, github_config.api_url, b"", {}, config, deadline)
-        self.github_config, self.document = github_config, document
-
-    def _post(self, body: bytes, headers: dict[str, str]) -> int:
-        return pulls.sync(self.github_config, self.document, self.deadline, self.config.timeout_s)
+# every kind of alert destination, by name; a row goes to the channel whose prefix its label has
+CHANNELS: Registry[AlertChannel] = Registry("alert channel", [
+    ("github-pr", pulls.PullRequestChannel()),
+    ("github", github.StatusChannel()),
+    ("webhook", WebhookChannel()),
+])
 
 
-def _sender(row: AlertDelivery, urls: dict[str, str | None], config: AlertsConfig,
-            github_config: GithubConfig | None, deadline: float) -> _Sender | None:
-    """The sender of ``row``; None if this process cannot send it."""
-    if row.webhook.startswith("github-pr:"):
-        if github_config is None or pulls.label(github_config) != row.webhook or pulls.headers(github_config) is None:
-            return None
-        return _PullSync(row.id, row.webhook, github_config, row.payload, config, deadline)
-    prepared = _prepare(row, urls, config, github_config)
-    return None if prepared is None else _Sender(row.id, row.webhook, *prepared, config, deadline)
+def channel_for(webhook: str) -> AlertChannel:
+    """The channel of a row labelled ``webhook``: the longest prefix that claims it."""
+    claiming = [c for c in CHANNELS.values() if c.claims(webhook)]
+    if not claiming:
+        raise ValueError(f"alert target {webhook!r}: no channel claims it (channels: {CHANNELS.expected()})")
+    return max(claiming, key=lambda c: len(c.prefix))
 
 
-def deliver_pending(engine: Engine, config: AlertsConfig, *, stop: threading.Event | None = None,
-                    github_config: GithubConfig | None = None) -> list[Sent]:
+def deliver_pending(engine: Engine, destinations: Destinations | AlertsConfig, *,
+                    stop: threading.Event | None = None) -> list[Sent]:
     """Send the pending deliveries whose time has come; at most ``alerts.deadline_s`` in all.
 
     Rows are claimed first (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, their next attempt moved
@@ -324,8 +255,10 @@ def deliver_pending(engine: Engine, config: AlertsConfig, *, stop: threading.Eve
     while sending. ``stop`` set (SIGTERM in the long-running loops) ends the wait at once; what
     was not sent stays pending. Never raises for a delivery failure.
     """
+    if isinstance(destinations, AlertsConfig):  # webhooks only
+        destinations = Destinations(destinations)
+    config = destinations.alerts
     sessions = sessionmaker(engine, expire_on_commit=False)
-    urls = {label(w): _url(w) for w in config.webhooks}
     started = time.monotonic()
     deadline = started + config.deadline_s
     with sessions() as session:
@@ -337,7 +270,7 @@ def deliver_pending(engine: Engine, config: AlertsConfig, *, stop: threading.Eve
         rows = session.scalars(query).all()
         senders, unknown = [], []
         for row in rows:
-            sender = _sender(row, urls, config, github_config, deadline)
+            sender = channel_for(row.webhook).sender(row, destinations, deadline)
             if sender is None:
                 unknown.append(row)
                 continue

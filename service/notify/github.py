@@ -16,6 +16,7 @@ import os
 from sqlalchemy.orm import Session
 
 from abwatch.service.config import GithubConfig
+from abwatch.service.notify.channels import AlertChannel, Destinations, Sender
 from abwatch.service.store.models import AlertDelivery, DeliveryStatus, utcnow
 
 EVENT = "status"
@@ -63,3 +64,16 @@ def request(config: GithubConfig, payload: dict) -> tuple[str, bytes, dict[str, 
 def run_url(dashboard_url: str | None, run_id: int | None) -> str | None:
     """The run page a status links to."""
     return f"{dashboard_url.rstrip('/')}/runs/{run_id}" if dashboard_url and run_id else None
+
+
+class StatusChannel(AlertChannel):
+    """Commit statuses (``github:owner/name``): one POST each, with ``[github]``'s token."""
+
+    prefix = "github:"
+
+    def sender(self, row: AlertDelivery, destinations: Destinations, deadline: float) -> Sender | None:
+        config = destinations.github
+        if config is None or label(config) != row.webhook:
+            return None
+        prepared = request(config, row.payload)
+        return None if prepared is None else Sender(row.id, row.webhook, *prepared, destinations.alerts, deadline)

@@ -34,8 +34,9 @@ import requests
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from abwatch.service.config import GithubConfig
+from abwatch.service.config import AlertsConfig, GithubConfig
 from abwatch.service.notify import explained
+from abwatch.service.notify.channels import AlertChannel, Destinations, Sender
 from abwatch.service.stats.verdict import Metric, RegressionKind, RegressionState, Verdict
 from abwatch.service.store import explain
 from abwatch.service.store.models import (
@@ -378,3 +379,27 @@ def sync(config: GithubConfig, payload: dict, deadline: float, timeout_s: float)
     else:  # 404: the label was not on the pull request
         response = call("DELETE", f"/issues/{number}/labels/{quote(config.label, safe='')}")
     return _failed(response, 404) or 200
+
+
+class _PullSync(Sender):
+    """A pull request's delivery: several requests (:func:`sync`) in place of one POST."""
+
+    def __init__(self, row_id: int, webhook: str, github_config: GithubConfig, document: dict,
+                 config: AlertsConfig, deadline: float) -> None:
+        super().__init__(row_id, webhook, github_config.api_url, b"", {}, config, deadline)
+        self.github_config, self.document = github_config, document
+
+    def _post(self, body: bytes, headers: dict[str, str]) -> int:
+        return sync(self.github_config, self.document, self.deadline, self.config.timeout_s)
+
+
+class PullRequestChannel(AlertChannel):
+    """A pull request's comment, check run and label (``github-pr:owner/name``), kept in step."""
+
+    prefix = "github-pr:"
+
+    def sender(self, row: AlertDelivery, destinations: Destinations, deadline: float) -> Sender | None:
+        config = destinations.github
+        if config is None or label(config) != row.webhook or headers(config) is None:
+            return None
+        return _PullSync(row.id, row.webhook, config, row.payload, destinations.alerts, deadline)

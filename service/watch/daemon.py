@@ -32,6 +32,7 @@ from abwatch.core.redact import mask_url
 from abwatch.builders.artifact_store import ArtifactStore
 from abwatch.service.compare import liveness
 from abwatch.service.notify import alerts
+from abwatch.service.notify.channels import Destinations
 from abwatch.service.store import db
 from abwatch.service.watch import builds, presence, pulls, queue, retention, retry, tryjob, poll as watch
 from abwatch.service.watch.devices import device_names
@@ -144,7 +145,7 @@ def send_alerts(engine: Engine, config: Config, progress: Progress, stopper: Sto
     sent stays pending for the next round)."""
     if not (config.alerts.webhooks or config.github) or stopper.stopping:
         return
-    for sent in alerts.deliver_pending(engine, config.alerts, stop=stopper.event, github_config=config.github):
+    for sent in alerts.deliver_pending(engine, Destinations(config.alerts, config.github), stop=stopper.event):
         what = "status" if sent.webhook.startswith("github:") else "alert"
         progress.message(f"{what} to {sent.webhook}: " + ("delivered" if sent.ok else
                                                         f"not delivered ({sent.error}); "
