@@ -22,6 +22,7 @@ from abwatch.service.stats.verdict import RegressionState, TriageStatus
 from abwatch.service.store import db
 from abwatch.service.store.models import Job, Regression, TriageEvent
 from abwatch.service.watch import daemon, pulls, queue
+from abwatch.service.web.pull_commands import parse_command
 from tests.github_standin import TOKEN, GitHub, comment_event, deliver
 from tests.test_try import serving
 from tests.test_watch import write_watch_config
@@ -185,15 +186,15 @@ def test_a_comment_command_is_answered_in_the_pull_request(tmp_path, bench_repo,
 
 
 def test_parse_command_takes_words_never_a_shell():
-    assert pulls.parse_command("@abwatch try a b --verify", "@abwatch") == pulls.Command("try", ("a", "b"), True)
-    assert pulls.parse_command("no command here", "@abwatch") is None
-    triage = pulls.parse_command("@ABWATCH triage not-a-bug", "@abwatch")
+    assert parse_command("@abwatch try a b --verify", "@abwatch") == pulls.Command("try", ("a", "b"), True)
+    assert parse_command("no command here", "@abwatch") is None
+    triage = parse_command("@ABWATCH triage not-a-bug", "@abwatch")
     assert triage is not None and triage.triage and triage.triage.value == "invalid"
-    fixed = pulls.parse_command("@abwatch triage fixed-by 0123abcd", "@abwatch")
+    fixed = parse_command("@abwatch triage fixed-by 0123abcd", "@abwatch")
     assert fixed is not None and fixed.fixed_by == "0123abcd" and fixed.triage is TriageStatus.FIXED
     for bad in ("@abwatch try --rm", "@abwatch triage fixed-by $(reboot)", "@abwatch triage maybe", "@abwatch"):
         with pytest.raises(pulls.CommandError):
-            pulls.parse_command(bad, "@abwatch")
+            parse_command(bad, "@abwatch")
     assert not pulls.verify_signature("s", b"body", None)
     assert pulls.verify_signature("s", b"body", signature("s", b"body"))
 

@@ -29,6 +29,9 @@ from abwatch.service.notify.channels import AlertChannel, Destinations, Sender
 from abwatch.service.store import db
 from abwatch.service.store.models import AlertDelivery, DeliveryStatus, utcnow
 from abwatch.service.watch.controls import CONTROL_RULES, Previous, control_rule
+from abwatch.service.watch.pulls import Command, CommandError
+from abwatch.service.web import pull_commands
+from abwatch.service.web.pull_commands import COMMANDS, Asked, PullCommand, parse_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -245,6 +248,33 @@ def test_a_toy_alert_channel(plug, sqlite_url):
     engine.dispose()
 
 
+class Echo(PullCommand):
+    """``echo WORD...``: answers with its words."""
+
+    usage = "echo WORD..."
+
+    def parse(self, words, usage):
+        if len(words) < 2:
+            raise CommandError(usage)
+        return Command("echo", words=tuple(words))
+
+    def carry_out(self, asked):
+        return 200, {"said": list(asked.command.words[1:]), "pr": asked.number}
+
+
+def test_a_toy_pull_request_command(plug, tmp_path):
+    plug(COMMANDS, "echo", Echo())
+    command = parse_command("thanks!\n@abwatch echo hello there", "@abwatch")
+    assert command is not None and command.action == "echo"
+    asked = Asked(None, config(tmp_path), command, 7, "someone", 1, {})
+    assert COMMANDS[command.action].carry_out(asked) == (200, {"said": ["hello", "there"], "pr": 7})
+    with pytest.raises(CommandError) as info:
+        parse_command("@abwatch dance", "@abwatch")
+    assert str(info.value) == ("usage: `@abwatch try [WORKLOAD...] [--verify]` or `@abwatch triage "
+                               "acknowledged|not-a-bug|fixed-by <sha>` or `@abwatch echo WORD...`")
+    assert pull_commands.usage("@abwatch").endswith("`@abwatch echo WORD...`")
+
+
 def test_the_registries_are_as_they_were():
     # after the toys: each plug-in registry holds the built-in plug-ins only
     assert BUILD_KINDS.names() == BUILDERS.names() == ("command", "tvm-wheel", "tvm-source")
@@ -252,6 +282,7 @@ def test_the_registries_are_as_they_were():
     assert CONTROL_RULES.names() == CONTROL_FORMS.names() == ("previous", "parent", "week-start", "fixed")
     assert DEVICE_APIS.names() == DEVICE_BACKENDS.names()
     assert alerts.CHANNELS.names() == ("github-pr", "github", "webhook")
+    assert COMMANDS.names() == ("try", "triage")
 
 
 # --- where a new plug-in goes ------------------------------------------------------------------
@@ -263,6 +294,6 @@ def test_the_documented_registries_are_where_the_docs_say():
                            ("RUNNERS", "runners/__init__.py"), ("WORKLOAD_KINDS", "runners/workloads.py"),
                            ("DEVICE_BACKENDS", "core/device_backends.py"), ("DEVICE_APIS", "runners/device_apis.py"),
                            ("CONTROL_FORMS", "service/config.py"), ("CONTROL_RULES", "service/watch/controls.py"),
-                           ("CHANNELS", "service/notify/alerts.py")):
+                           ("CHANNELS", "service/notify/alerts.py"), ("COMMANDS", "service/web/pull_commands.py")):
         assert f"{registry}: Registry[" in (ROOT / path).read_text(), (registry, path)
         assert f"`{path}` (`{registry}`" in text, (registry, path)

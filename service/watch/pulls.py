@@ -15,7 +15,7 @@ and the label.
 
 Nothing from a comment, a branch or a payload reaches a shell: a command is split on white
 space and each word is checked against the config's workloads or a fixed vocabulary; shas are
-hex.
+hex. The commands themselves are plug-ins (:mod:`service.web.pull_commands`).
 """
 
 from __future__ import annotations
@@ -79,42 +79,6 @@ def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
     compared in constant time."""
     expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     return hmac.compare_digest(expected.encode(), (header or "").encode())
-
-
-def parse_command(text: str, prefix: str) -> Command | None:
-    """The command in a comment's first line that begins with ``prefix``; None if no line does."""
-    for line in text.splitlines():
-        words = line.split()
-        if not words or words[0].lower() != prefix.lower():
-            continue
-        if len(words) > WORDS_MAX:
-            raise CommandError(f"{prefix}: at most {WORDS_MAX} words")
-        return _command(words[1:], prefix)
-    return None
-
-
-def _command(words: list[str], prefix: str) -> Command:
-    usage = (f"usage: `{prefix} try [WORKLOAD...] [--verify]` or "
-             f"`{prefix} triage acknowledged|not-a-bug|fixed-by <sha>`")
-    if not words:
-        raise CommandError(usage)
-    action, rest = words[0].lower(), words[1:]
-    if action == "try":
-        flags = [w for w in rest if w.startswith("-")]
-        if set(flags) - {"--verify"}:
-            raise CommandError(f"unknown option {sorted(set(flags) - {'--verify'})[0]!r}; {usage}")
-        return Command("try", tuple(dict.fromkeys(w for w in rest if not w.startswith("-"))),
-                       "--verify" in flags, words=tuple(words))
-    if action == "triage" and rest and rest[0].lower() in TRIAGE_WORDS:
-        word = rest[0].lower()
-        if word == "fixed-by":
-            if len(rest) != 2 or not SHA.match(rest[1].lower()):
-                raise CommandError(f"`fixed-by` takes one commit sha (7 to 40 hex digits); {usage}")
-            return Command("triage", triage=TRIAGE_WORDS[word], fixed_by=rest[1].lower(), words=tuple(words))
-        if len(rest) != 1:
-            raise CommandError(usage)
-        return Command("triage", triage=TRIAGE_WORDS[word], words=tuple(words))
-    raise CommandError(usage)
 
 
 def may_command(config: GithubConfig, login: str, timeout_s: float = 10.0) -> bool:

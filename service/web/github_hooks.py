@@ -27,41 +27,21 @@ for the job.
 
 import logging
 import os
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from sqlalchemy.orm import Session
 
-from abwatch.core.errors import UsageError
 from abwatch.core.safejson import BadValue, loads
 from abwatch.service.config import Config
-from abwatch.service.read import triage as triage_mod
 from abwatch.service.watch import pulls
+from abwatch.service.web.pull_commands import COMMANDS, Answer, Asked, already, parse_command, queue_run
+from abwatch.service.web.pull_commands import field as _get
 
 PATH = "/api/github/webhook"
 PR_ACTIONS = frozenset({"opened", "synchronize", "reopened"})
 log = logging.getLogger("abwatch.github")
 router = APIRouter()
-
-
-class Answer(Exception):
-    """How a delivery is answered when it stops early (a refusal, or nothing to do)."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status, self.detail = status, detail
-
-
-def _get(payload: Any, *path: str, kind: type = str) -> Any:
-    """``payload[path...]`` of type ``kind``; a 422 naming the field otherwise."""
-    value = payload
-    for key in path:
-        value = value.get(key) if isinstance(value, dict) else None
-    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
-        raise Answer(422, f"malformed {'.'.join(path)}: expected {kind.__name__}")
-    return value
 
 
 @router.post(PATH, tags=["github"], status_code=200)
@@ -121,22 +101,14 @@ def _handle(request: Request, config: Config, event: str, payload: dict) -> tupl
         return 202, {"detail": "not a new comment on a pull request"}
     number = _get(payload, "issue", "number", kind=int)
     try:
-        command = pulls.parse_command(_get(payload, "comment", "body"), github.command_prefix)
+        command = parse_command(_get(payload, "comment", "body"), github.command_prefix)
     except pulls.CommandError as exc:
         raise Answer(422, str(exc)) from None
     if command is None:
         return 202, {"detail": "no command in the comment"}
     comment_id = _get(payload, "comment", "id", kind=int)
     with request.app.state.api.sessions() as session:
-        if command.action == "try" and pulls.queued_for(session, github, number, pulls.comment_key(comment_id)):
-            return _already(pulls.comment_key(comment_id))  # asks GitHub nothing: a replay costs one query
-        if not pulls.may_command(github, login):
-            raise Answer(403, f"{login[:40]} may not command runs: write access to {github.repo} is needed")
-        if command.action == "triage":
-            return _triage(session, config, payload, number, command, login)
-        # the head now, as the comment is accepted: the job runs this sha, whatever is pushed later
-        head, base = pulls.read_pull(github, number)
-        return _queue(session, config, number, head, base, command, login, pulls.comment_key(comment_id))
+        return COMMANDS[command.action].carry_out(Asked(session, config, command, number, login, comment_id, payload))
 
 
 def _pull_request(request: Request, config: Config, payload: dict, login: str) -> tuple[int, dict]:
@@ -152,46 +124,7 @@ def _pull_request(request: Request, config: Config, payload: dict, login: str) -
         raise Answer(422, "malformed pull_request.head.sha or base.sha")
     with request.app.state.api.sessions() as session:
         if pulls.queued_for(session, github, number, pulls.head_key(head)):
-            return _already(pulls.head_key(head))
+            return already(pulls.head_key(head))
         if not pulls.may_command(github, login):
             raise Answer(403, f"{login[:40]} may not start runs: write access to {github.repo} is needed")
-        return _queue(session, config, number, head, base, pulls.Command("try"), login, pulls.head_key(head))
-
-
-def _queue(session: Session, config: Config, number: int, head: str, base: str, command: pulls.Command,
-           login: str, key: str) -> tuple[int, dict]:
-    """Queue the run of ``head`` (against its merge base, as GitHub names it) under ``key``."""
-    github = config.github
-    assert github is not None
-    merge_base = pulls.merge_base(github, base, head)
-    try:
-        jobs = pulls.submit(session, config, number, head, merge_base, command, f"github:{login}", key)
-    except UsageError as exc:  # an unknown workload, a commit the mirror cannot find
-        raise Answer(422, str(exc)) from None
-    if not jobs:  # a copy of this delivery queued them a moment ago
-        return _already(key)
-    return 202, {"jobs": [{"id": j.id, "device": j.device} for j in jobs], "control": merge_base, "treatment": head}
-
-
-def _already(key: str) -> tuple[int, dict]:
-    """The answer to a delivery whose run was queued before (GitHub's redelivery, or a replay)."""
-    return 200, {"detail": f"already queued for {key}", "jobs": []}
-
-
-def _triage(session: Session, config: Config, payload: dict, number: int, command: pulls.Command,
-            login: str) -> tuple[int, dict]:
-    github = config.github
-    assert github is not None and command.triage is not None
-    found = pulls.open_regressions(session, github, number)
-    if not found:
-        raise Answer(409, f"pull request #{number} has no open regression to triage")
-    issue_url = None
-    if command.fixed_by:
-        html = _get(payload, "repository", "html_url")
-        issue_url = f"{html.rstrip('/')}/commit/{command.fixed_by}" if html.startswith("https://") else None
-    for regression in found:
-        triage_mod.triage(session, regression.id, command.triage, who=f"github:{login}", issue_url=issue_url,
-                          note=command.note(), fixed_by=command.fixed_by)
-    pulls.announce(session, config, number)
-    session.commit()
-    return 200, {"triaged": [r.id for r in found], "as": command.triage.value, "fixed_by": command.fixed_by}
+        return queue_run(session, config, number, head, base, pulls.Command("try"), login, pulls.head_key(head))
