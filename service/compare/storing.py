@@ -27,7 +27,7 @@ from abwatch.service.compare.progress import Progress
 from abwatch.service.compare.run_records import write_records
 from abwatch.service.config import Config, WorkloadSpec
 from abwatch.service.stats.verdict import Metric, RegressionKind
-from abwatch.service.store.models import Comparison, Regression, Run, RunType
+from abwatch.service.store.models import DETAILS_VERSION, Comparison, Regression, Run, RunType
 from abwatch.service.store.rows import get_workload
 
 # Given the run, the comparison, the regression kind and the least change (%) the run's evidence
@@ -130,7 +130,7 @@ def _comparison(run: Run, workload_id: int, m: Measurement, verdict: stats.Verdi
         treatment_fastest_ms=stats.fastest_median(m.samples[TREATMENT], m.groups[TREATMENT]),
         control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
         error=m.failure,
-        details={"verdict": verdict.to_dict(), **measured,
+        details={"version": DETAILS_VERSION, "verdict": verdict.to_dict(), **measured,
                  **({k: v for k, v in extra.items() if k != "compile"} if extra else {}),
                  **{key: value for key, value in kept.items() if value}},
     )

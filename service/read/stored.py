@@ -20,7 +20,7 @@ from abwatch.core.metric_names import SHOWN_APART
 from abwatch.service.compare.building import BuildOutcome
 from abwatch.service.compare.outcome import CompareOutcome, DriverError, MetricResult, WorkloadResult, build_result
 from abwatch.service.store.models import (
-    Build, BuildMeasurement, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType,
+    Build, BuildMeasurement, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType, details_version,
 )
 from abwatch.service.stats.verdict import Outcome, Verdict, RegressionKind
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # a TypedDict: at run time it is a dict, and attribution impo
 # the verdict's fields that have no column flat among those details: these keys.
 LEGACY_VERDICT_KEYS = frozenset({
     "verdict", "reason", "threshold_pct", "alpha", "confidence", "p_adjusted", "correction", "stop_reason",
-    "method", "looks", "elapsed_s",
+    "method", "looks", "elapsed_s", "version",
 })
 # The verdicts a workload's result shows under keys of their own, and the measurements row each
 # is (phase, metric): since 0029 comparisons.details keeps of them only what the row does not
@@ -109,12 +109,13 @@ def _shown(c: Comparison) -> dict[str, dict]:
     the comparison's ``measurements`` rows with what ``details`` keeps beside them, or whole from
     ``details`` (rows written before 0029)."""
     details, shown = c.details or {}, {}
+    whole_kept = details_version(details) < 3  # written before 0029: each verdict whole in details
     rows = {(row.phase.value, row.metric.value): row for row in c.measurements}
     for key, (phase, metric) in SHOWN.items():
         found = details.get(key)
         kept: dict = found if isinstance(found, dict) else {}
         row = rows.get((phase, metric))
-        if kept.get("verdict") or row is None:  # whole (written before 0029), or nothing measured
+        if (whole_kept and kept.get("verdict")) or row is None:  # whole, or nothing measured
             if kept:
                 shown[key] = kept
             continue
@@ -145,7 +146,7 @@ def _verdict(c: Comparison) -> Verdict:
     """The verdict a comparison row stores (rows of before the whole verdict was kept: from
     its columns and the flat keys)."""
     d = c.details or {}
-    if isinstance(d.get("verdict"), dict):
+    if details_version(d) >= 2:
         return Verdict.from_dict(d["verdict"])
     ci = (c.ci_low_pct, c.ci_high_pct) if c.ci_low_pct is not None and c.ci_high_pct is not None else None
     return Verdict(

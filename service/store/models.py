@@ -235,10 +235,30 @@ class Comparison(Base):
     control_n: Mapped[int] = mapped_column(Integer)
     treatment_n: Mapped[int] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
-    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)  # its shape: details_version()
     workload: Mapped[Workload] = relationship()
     measurements: Mapped[list[MetricMeasurement]] = relationship(
         back_populates="comparison", order_by="MetricMeasurement.id", cascade="all, delete-orphan")
+
+
+# comparisons.details, in the shapes it has had (the newest is written with "version": 3):
+# 1: the verdict's fields without a column, flat beside a TVM workload's (compile_ms, ops, ...);
+# 2: the whole verdict under "verdict", the compile and instructions verdicts whole under their keys;
+# 3 (migration 0029 on): those verdicts are measurements rows; details keeps what a row does not hold.
+DETAILS_VERSION = 3
+_SHOWN_APART = ("compile", "instructions", "compile_instructions")
+
+
+def details_version(details: dict[str, Any] | None) -> int:
+    """The shape of a comparison's ``details`` (see :data:`DETAILS_VERSION`): as written, or
+    for rows written before the version was, read from their keys."""
+    details = details or {}
+    if isinstance(details.get("version"), int):
+        return details["version"]
+    if not isinstance(details.get("verdict"), dict):
+        return 1
+    whole = any(isinstance(details.get(k), dict) and details[k].get("verdict") for k in _SHOWN_APART)
+    return 2 if whole else 3
 
 
 class MetricMeasurement(Base):
