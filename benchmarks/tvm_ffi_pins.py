@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from abwatch.builders.base import BuildFailed, failure_lines
+from abwatch.builders.builder import BuildFailed, failure_lines
 from abwatch.builders.procs import child_env, run_process
 from abwatch.builders.tvm_ffi import FFI_PATH, FfiState, install_package
 from abwatch.builders.build_tools import tool

@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "base": ("Artifact", "Builder", "BuildFailed", "InfraFailure"),
+    "builder": ("Artifact", "Builder", "BuildFailed", "InfraFailure"),
     "spec": ("BuildSettings",),
     "command": ("CommandBuilder",),
     "tvm_source": ("TvmSourceBuilder",),
@@ -25,7 +25,7 @@ __all__ = ["Artifact", "Builder", "BuildFailed", "BUILDERS", "BuildSettings", "I
            "TvmSourceBuilder", "TvmWheelBuilder", "make_builder"]
 
 if TYPE_CHECKING:
-    from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure
+    from abwatch.builders.builder import Artifact, Builder, BuildFailed, InfraFailure
     from abwatch.builders.command import CommandBuilder
     from abwatch.builders.registry import BUILDERS, make_builder
     from abwatch.builders.spec import BuildSettings

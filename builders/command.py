@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from abwatch.core.commit_info import CommitInfo
-from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, missing_tool, repo_url, section
+from abwatch.builders.builder import Artifact, Builder, BuildFailed, InfraFailure, missing_tool, repo_url, section
 from abwatch.builders.cache import ArtifactCache
 from abwatch.builders.procs import child_env, cut_log, ending, run_process
 from abwatch.builders.repo import RepoMirror, remove_stale_checkouts

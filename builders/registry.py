@@ -8,7 +8,7 @@ same name (a name BUILD_KINDS lacks is refused).
 from __future__ import annotations
 
 from abwatch.builders.artifact_store import ArtifactStore
-from abwatch.builders.base import Builder
+from abwatch.builders.builder import Builder
 from abwatch.builders.command import CommandBuilder
 from abwatch.builders.spec import BUILD_KINDS, BuildSettings
 from abwatch.core.plugins import Registry

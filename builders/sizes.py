@@ -3,7 +3,7 @@ file, read with pyelftools). Deterministic: the same file always gives the same 
 
 ``runners.code_size`` reads a compiled workload library through :func:`file_size`; a build's
 own libraries (the ``binary_size`` metric: which files, each builder says,
-:meth:`builders.base.Builder.binary_files`) through :func:`binary_size`.
+:meth:`builders.builder.Builder.binary_files`) through :func:`binary_size`.
 """
 
 from __future__ import annotations

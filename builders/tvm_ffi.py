@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from abwatch.builders.base import BuildFailed
+from abwatch.builders.builder import BuildFailed
 
 FFI_PATH = "3rdparty/tvm-ffi"
 

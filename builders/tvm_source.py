@@ -32,7 +32,7 @@ from pathlib import Path
 
 from abwatch.core.file_lock import flocked
 from abwatch.core.commit_info import CommitInfo
-from abwatch.builders.base import Artifact, Builder, BuildFailed, InfraFailure, failure_lines, missing_tool, \
+from abwatch.builders.builder import Artifact, Builder, BuildFailed, InfraFailure, failure_lines, missing_tool, \
     repo_url, section
 from abwatch.builders.build_tools import BuildTools, check_build_tools, tool
 from abwatch.builders.cache import ArtifactCache

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from abwatch.core.commit_info import CommitInfo
-from abwatch.builders.base import Artifact, Builder, BuildFailed, section
+from abwatch.builders.builder import Artifact, Builder, BuildFailed, section
 from abwatch.builders.cache import ArtifactCache
 from abwatch.builders.procs import child_env, cut_log, run_process, status
 from abwatch.builders.repo import RepoError

@@ -1,7 +1,7 @@
 """A device's identity: its description (:class:`DeviceInfo`) and its fingerprint, the part
 of that description that, when it changes, makes its measurements another series.
 
-A runner's :meth:`~abwatch.runners.base.Runner.prepare` puts the fingerprint on
+A runner's :meth:`~abwatch.runners.runner.Runner.prepare` puts the fingerprint on
 :class:`DeviceInfo` (``fingerprint``: :func:`~abwatch.runners.fingerprint.host_fingerprint` for
 the cpu and gpu runners, :func:`~abwatch.runners.fingerprint.board_fingerprint` for an rpc
 board); the service stores it, and its :func:`digest`, on the device's row, so every run names
@@ -47,7 +47,7 @@ FLAGS_NAMED = 6  # flags a change names one by one; the rest are counted
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What :meth:`~abwatch.runners.base.Runner.prepare` says about the device: stored on the device row and in
+    """What :meth:`~abwatch.runners.runner.Runner.prepare` says about the device: stored on the device row and in
     every record (``hardware``, ``hardware_config``, ``software_config``, ``runtime_config``).
 
     ``fingerprint`` (this module's subject) is the part whose change starts a new series: the

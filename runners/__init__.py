@@ -7,7 +7,7 @@ from pydantic import PlainValidator, SerializeAsAny
 
 from abwatch.builders.spec import RunnerConfig, RunnerSettings
 from abwatch.core.plugins import Registry, kind_validator
-from abwatch.runners.base import Runner, RunnerUnavailable
+from abwatch.runners.runner import Runner, RunnerUnavailable
 from abwatch.runners.cpu import CpuRunner
 from abwatch.runners.gpu import GpuRunner
 from abwatch.runners.results import InvocationResult, TvmMetrics

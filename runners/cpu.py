@@ -7,7 +7,7 @@ import os
 from abwatch.core.device_identity import DeviceInfo
 from abwatch.builders.spec import RunnerConfig
 from abwatch.runners.fingerprint import host_fingerprint
-from abwatch.runners.base import Runner
+from abwatch.runners.runner import Runner
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
 

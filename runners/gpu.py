@@ -28,7 +28,7 @@ from abwatch.builders.procs import child_env, run_process
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import RunnerConfig
 from abwatch.runners.fingerprint import host_fingerprint
-from abwatch.runners.base import Runner, RunnerUnavailable
+from abwatch.runners.runner import Runner, RunnerUnavailable
 from abwatch.runners import worker_device
 from abwatch.runners.device_apis import DeviceApi, api_of
 from abwatch.runners.sysinfo import hardware_config, software_config

@@ -18,7 +18,7 @@ import socket
 
 from abwatch.core.device_identity import DeviceInfo
 from abwatch.builders.spec import RunnerConfig
-from abwatch.runners.base import Runner, RunnerUnavailable
+from abwatch.runners.runner import Runner, RunnerUnavailable
 from abwatch.runners.fingerprint import board_fingerprint
 from abwatch.runners.sysinfo import software_config
 from abwatch.runners.tvm_sessions import TvmSessions

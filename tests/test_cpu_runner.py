@@ -62,7 +62,7 @@ def test_one_device_name_for_comparisons_and_the_watch():
 
     from abwatch.builders.spec import RunnerConfig
     from abwatch.runners import GpuRunner, RpcRunner, RunnerUnavailable
-    from abwatch.service.watch.devices import device_names
+    from abwatch.service.watch.device_config import device_names
     from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
 
     def config(runner: RunnerConfig) -> Config:

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from abwatch.builders import sandbox
-from abwatch.builders.base import BuildFailed
+from abwatch.builders.builder import BuildFailed
 from abwatch.builders.command import CommandBuilder
 from abwatch.builders.limits import make_cgroup
 from abwatch.builders.nofollow import read_inside, write_inside

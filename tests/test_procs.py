@@ -10,7 +10,7 @@ import time
 import git
 import psutil
 
-from abwatch.builders.base import BuildFailed
+from abwatch.builders.builder import BuildFailed
 from abwatch.runners import CpuRunner
 from abwatch.service.config import CommandWorkloadConfig
 from abwatch.builders.procs import child_env, run_process

@@ -13,7 +13,7 @@ from abwatch.runners import profiles
 from abwatch.runners.counters import COUNTERS
 from abwatch.runners.profiles import Profile, grew, read_cg, short_name, subtract, top
 from abwatch.service.notify.explained import markdown_lines, text_lines
-from abwatch.service.notify.pulls import _cell
+from abwatch.service.notify.pull_answer import _cell
 from abwatch.service.store.explain import explain
 
 # a region between two forked marks, as runners/worker_region.py marks a TVM worker's compile:

@@ -17,7 +17,7 @@ import git
 import pytest
 
 from abwatch.builders import BuildFailed, TvmSourceBuilder
-from abwatch.builders.base import failure_lines
+from abwatch.builders.builder import failure_lines
 from abwatch.builders.environment import build_python
 from abwatch.builders.spec import ARTIFACT_INFO
 from abwatch.service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig

@@ -213,7 +213,7 @@ def _try_command(call: Call) -> int:
     """``abwatch try``: queue the comparison for the device's workers; say how to follow it."""
     from abwatch.service.read import serialize
     from abwatch.service.watch import tryjob
-    from abwatch.service.watch.devices import device_names
+    from abwatch.service.watch.device_config import device_names
 
     config, args = call.config, call.args
     assert config is not None, "try loads its config"
@@ -293,8 +293,8 @@ def _builds_command(args: argparse.Namespace, session, out: Console) -> int:
 
 def _cache_command(args: argparse.Namespace, err: Console, out: Console) -> int:
     from abwatch.builders.cache import ArtifactCache
-    from abwatch.service.read.artifact_store import store_report
-    from abwatch.service.read.compiler_cache import compiler_cache_report
+    from abwatch.service.read.artifact_report import store_report
+    from abwatch.service.read.ccache_report import compiler_cache_report
 
     config, url = load_config(args.config), db.resolve_database_url(args.db)
     register_secrets(config.secret_variables(), [url])

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from sqlalchemy.orm import Session
 
 from abwatch.core.sides import CONTROL, TREATMENT
-from abwatch.runners.base import Runner
+from abwatch.runners.runner import Runner
 from abwatch.runners.results import InvocationResult
 from abwatch.runners.harness import Slot
 from abwatch.runners.workloads import WORKLOAD_KINDS

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from abwatch.builders.base import InfraFailure, disk_full, short_of_space
+from abwatch.builders.builder import InfraFailure, disk_full, short_of_space
 from abwatch.builders.spec import CacheConfig
 from abwatch.service.store import db
 
@@ -21,7 +21,7 @@ PREFIX = "infrastructure failure"  # how a job's error and a run's error begin w
 
 def infrastructure(exc: BaseException) -> str | None:
     """Why ``exc`` is the machine's failure rather than the commit's (None when it is not):
-    :class:`~builders.base.InfraFailure` (a build that found no room, a missing build tool),
+    :class:`~builders.builder.InfraFailure` (a build that found no room, a missing build tool),
     a write of abwatch's own that found no space (ENOSPC/EDQUOT anywhere in the chain, SQLite's
     "database or disk is full"), or a lost database connection."""
     seen: set[int] = set()

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from abwatch.core.sides import CONTROL, TREATMENT
-from abwatch.runners.base import Runner
+from abwatch.runners.runner import Runner
 from abwatch.runners.results import InvocationResult
 from abwatch.runners.counters import CounterUnavailable, choose
 from abwatch.runners import profiles

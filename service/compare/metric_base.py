@@ -39,7 +39,7 @@ class Job:
     """What a metric measuring in processes of its own is given: the runner, the workload and
     the built pair, and the run's seed, generator, progress and time limit per process."""
 
-    runner: Any  # a runners.base.Runner
+    runner: Any  # a runners.runner.Runner
     workload: Any
     artifacts: Mapping[Any, Any]  # side -> the artifact's directory
     config: Config

@@ -18,7 +18,7 @@ from abwatch.core.sides import Side
 from abwatch.core.redact import mask_secrets
 from abwatch.service import stats
 from abwatch.service.read import serialize, stored
-from abwatch.service.read.artifact_store import manifest_of
+from abwatch.service.read.artifact_report import manifest_of
 from abwatch.service.store.models import (
     AlertDelivery, Build, Commit, Comparison, Device, Job, Regression, Run, Sample, TriageEvent, WatchedCommit, WatchProgress,
     Workload,

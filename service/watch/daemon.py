@@ -35,7 +35,7 @@ from abwatch.service.notify import alerts
 from abwatch.service.notify.channels import Destinations
 from abwatch.service.store import db
 from abwatch.service.watch import builds, presence, pulls, queue, retention, retry, tryjob, poll as watch
-from abwatch.service.watch.devices import device_names
+from abwatch.service.watch.device_config import device_names
 from abwatch.service.config import Config, cron_trigger
 from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_INTERNAL, EXIT_OK, EXIT_REGRESSION
 from abwatch.service.compare.driver import NullProgress, Progress

@@ -30,7 +30,7 @@ from abwatch.service.notify import alerts, github
 from abwatch.service.watch import bisect, queue, retry, upkeep
 from abwatch.service.config import Config
 from abwatch.service.watch.controls import control_rule
-from abwatch.service.watch.devices import device_names, for_device
+from abwatch.service.watch.device_config import device_names, for_device
 from abwatch.service.store.models import (
     BuildStatus, Commit, CommitStatus, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
 )

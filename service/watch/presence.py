@@ -3,7 +3,7 @@ lives, idle or in a job; a device silent for longer than ``watch.stale_after`` r
 
 ``abwatch worker --device NAME`` (and ``abwatch watch`` for the devices it works itself) calls
 :func:`register` once at start: the runner describes the device
-(:meth:`~abwatch.runners.base.Runner.prepare`, whose ``fingerprint`` picks the device row:
+(:meth:`~abwatch.runners.runner.Runner.prepare`, whose ``fingerprint`` picks the device row:
 another fingerprint is another series, said in the log), and the device's ``device_hosts``
 row records who serves it. A :class:`DeviceHeartbeat` thread then writes ``heartbeat_at`` every
 ``watch.heartbeat_s`` seconds (a minute: one UPDATE) through its own connection, and on each beat runs
@@ -35,7 +35,7 @@ from abwatch.service.notify import alerts
 from abwatch.service.store.base import aware
 from abwatch.service.store.models import DeviceHost, Job, JobStatus, utcnow
 from abwatch.service.store.rows import current_device, device_note, insert_ignoring_conflict, seen_device
-from abwatch.service.watch.devices import for_device
+from abwatch.service.watch.device_config import for_device
 
 
 def describe(config: Config, device: str) -> tuple[DeviceInfo | None, str | None]:

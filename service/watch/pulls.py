@@ -10,7 +10,7 @@ from a person with write access (or one on ``[github] allow``) queues a ``pr`` j
 device (:func:`submit`): the pull request's head against its merge base, run like a person's
 try job (:func:`service.watch.tryjob.run_try`). With ``pr_runs = "auto"`` opening or pushing to a
 pull request does the same. When the job is queued and when it ends, :func:`run_pr` records the
-pull request's new state in the outbox (:mod:`service.notify.pulls`): the comment, the check run
+pull request's new state in the outbox (:mod:`service.notify.pull_answer`): the comment, the check run
 and the label.
 
 Nothing from a comment, a branch or a payload reaches a shell: a command is split on white
@@ -30,14 +30,14 @@ from sqlalchemy.orm import Session
 
 from abwatch.service.config import Config, GithubConfig
 from abwatch.service.compare import driver
-from abwatch.service.notify import pulls
+from abwatch.service.notify import pull_answer
 from abwatch.service.stats.verdict import TriageStatus
 from abwatch.service.store import db
 from abwatch.service.store.models import Job, JobStatus, Regression
 from abwatch.service.watch import queue, tryjob
-from abwatch.service.watch.devices import device_names
+from abwatch.service.watch.device_config import device_names
 
-KIND = pulls.KIND
+KIND = pull_answer.KIND
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 WRITERS = frozenset({"admin", "maintain", "write"})
 TRIAGE_WORDS = {"acknowledged": TriageStatus.ACKNOWLEDGED, "not-a-bug": TriageStatus.INVALID,
@@ -48,10 +48,10 @@ LOGIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
 WORDS_MAX = 64  # words of one command
 
 
-# the reads of GitHub's API the webhook needs (service.notify.pulls holds the API's client)
-GithubApiError = pulls.GithubApiError
-read_pull = pulls.pull
-merge_base = pulls.merge_base
+# the reads of GitHub's API the webhook needs (service.notify.pull_answer holds the API's client)
+GithubApiError = pull_answer.GithubApiError
+read_pull = pull_answer.pull
+merge_base = pull_answer.merge_base
 
 
 class CommandError(ValueError):
@@ -83,12 +83,12 @@ def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
 
 def may_command(config: GithubConfig, login: str, timeout_s: float = 10.0) -> bool:
     """Whether ``login`` may command runs: on ``[github] allow``, or with write access to the
-    repository as GitHub's API says (:func:`service.notify.pulls.permission`)."""
+    repository as GitHub's API says (:func:`service.notify.pull_answer.permission`)."""
     if not LOGIN.match(login):
         return False
     if login.lower() in {name.lower() for name in config.allow}:
         return True
-    return pulls.permission(config, login, timeout_s) in WRITERS
+    return pull_answer.permission(config, login, timeout_s) in WRITERS
 
 
 def submit(session: Session, config: Config, number: int, head: str, merge_base: str, command: Command,
@@ -117,11 +117,11 @@ def submit(session: Session, config: Config, number: int, head: str, merge_base:
                "verify": command.verify, "who": who, "pr": number, "repo": github.repo}
     jobs = []
     for device in device_names(config):
-        job = queue.enqueue(session, KIND, device, payload, f"{pulls.job_key(github, number)}{request_key}:{device}")
+        job = queue.enqueue(session, KIND, device, payload, f"{pull_answer.job_key(github, number)}{request_key}:{device}")
         if job is not None:
             jobs.append(job)
     if jobs:
-        pulls.enqueue(session, github, number, config.alerts.dashboard_url)
+        pull_answer.enqueue(session, github, number, config.alerts.dashboard_url)
     session.commit()
     return jobs
 
@@ -139,19 +139,19 @@ def head_key(head: str) -> str:
 
 def queued_for(session: Session, config: GithubConfig, number: int, request_key: str) -> bool:
     """Whether a job of pull request ``number`` was queued for ``request_key`` already."""
-    prefix = f"{pulls.job_key(config, number)}{request_key}:"
+    prefix = f"{pull_answer.job_key(config, number)}{request_key}:"
     return session.scalar(select(Job.id).where(Job.dedupe_key.startswith(prefix, autoescape=True)).limit(1)) is not None
 
 
 def open_regressions(session: Session, config: GithubConfig, number: int) -> list[Regression]:
     """The open regressions of the pull request's newest runs (what a triage command decides)."""
-    runs = [j.result["run_id"] for j in pulls.current_jobs(session, config, number) if j.result and j.result.get("run_id")]
-    return [r for r in pulls.pr_regressions(session, runs) if r.state in pulls.OPEN_STATES]
+    runs = [j.result["run_id"] for j in pull_answer.current_jobs(session, config, number) if j.result and j.result.get("run_id")]
+    return [r for r in pull_answer.pr_regressions(session, runs) if r.state in pull_answer.OPEN_STATES]
 
 
 def announce(session: Session, config: Config, number: int) -> None:
     """Record the pull request's state now in the outbox (after a triage), in the caller's transaction."""
-    pulls.enqueue(session, config.github, number, config.alerts.dashboard_url)
+    pull_answer.enqueue(session, config.github, number, config.alerts.dashboard_url)
 
 
 def run_pr(session: Session, config: Config, job: Job, progress: driver.Progress | None = None) -> dict:
@@ -165,9 +165,9 @@ def run_pr(session: Session, config: Config, job: Job, progress: driver.Progress
         if db.lost_connection(exc) is not None:
             raise  # nothing can be recorded now; the job is queued again once its lock is free
         session.rollback()
-        pulls.enqueue(session, config.github, number, config.alerts.dashboard_url,
+        pull_answer.enqueue(session, config.github, number, config.alerts.dashboard_url,
                       {job_id: (JobStatus.FAILED, None, f"{type(exc).__name__}: {exc}")})
         session.commit()
         raise
-    pulls.enqueue(session, config.github, number, config.alerts.dashboard_url, {job_id: (JobStatus.DONE, result, None)})
+    pull_answer.enqueue(session, config.github, number, config.alerts.dashboard_url, {job_id: (JobStatus.DONE, result, None)})
     return result

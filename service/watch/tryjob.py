@@ -22,7 +22,7 @@ from abwatch.service.compare.outcome import NothingToVerify
 from abwatch.service.config import Config
 from abwatch.service.store.models import Job
 from abwatch.service.watch import queue
-from abwatch.service.watch.devices import device_names, for_device
+from abwatch.service.watch.device_config import device_names, for_device
 
 KIND = "try"
 

@@ -25,10 +25,10 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from abwatch.core.errors import UsageError
-from abwatch.service.read import build_series, devices, queries, serialize, triage as triage_mod, triage_report
+from abwatch.service.read import build_series, device_views, queries, serialize, triage as triage_mod, triage_report
 from abwatch.service.config import ServerConfig
 from abwatch.service.watch import tryjob
-from abwatch.service.watch.devices import device_names
+from abwatch.service.watch.device_config import device_names
 from abwatch.service.web import admission, github_hooks
 from abwatch.service.web.dashboard import add_dashboard
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations at run time
@@ -287,7 +287,7 @@ def _watch_routes(app: FastAPI) -> None:
     def device_list(session: SessionDep) -> list[dict[str, Any]]:
         """Every device: its current fingerprint and earlier ones (each a series), the host that
         serves it, its last heartbeat, whether it went silent (``stale``), its queued jobs."""
-        return devices.list_devices(session)
+        return device_views.list_devices(session)
 
     @app.get("/api/watch", tags=["watch"])
     def watch(session: SessionDep) -> dict[str, Any]:

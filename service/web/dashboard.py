@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
-from abwatch.service.read import devices, queries
+from abwatch.service.read import device_views, queries
 
 HERE = Path(__file__).resolve().parent
 
@@ -61,7 +61,7 @@ def add_dashboard(app: FastAPI, api) -> None:
 
     @app.get("/devices", response_class=HTMLResponse, include_in_schema=False)
     def device_list(request: Request, session: SessionDep) -> HTMLResponse:
-        return page(request, "devices.html", "devices", {"devices": devices.list_devices(session)})
+        return page(request, "devices.html", "devices", {"devices": device_views.list_devices(session)})
 
     @app.get("/workloads/{workload}", response_class=HTMLResponse, include_in_schema=False)
     def trend(request: Request, workload: str, session: SessionDep) -> HTMLResponse:

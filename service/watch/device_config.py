@@ -12,7 +12,7 @@ from abwatch.service.config import Config
 
 def device_names(config: Config) -> list[str]:
     """The devices a watch queues jobs for: ``[watch] devices``, else the runner's own
-    (:meth:`~abwatch.runners.base.Runner.device_name`, the name its comparisons store)."""
+    (:meth:`~abwatch.runners.runner.Runner.device_name`, the name its comparisons store)."""
     if config.watch.devices:
         return list(config.watch.devices)
     return [make_runner(config).device_name()]
