@@ -42,19 +42,7 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         raise NothingToVerify(f"nothing to verify: run {run_id} " + (
             f"has no regression still waiting for it (its regressions: {states}; `abwatch regressions`)" if found
             else "found no regression"))
-    config = Config.model_validate(original.config)
-    names = {r.workload.name for r in pending}
-    repetitions = max(config.run.repetitions + 1, round(config.run.repetitions * config.run.verify_factor))
-    config = config.model_copy(update={
-        "workloads": [w for w in config.workloads if w.name in names],
-        "run": config.run.model_copy(update={
-            "repetitions": repetitions,
-            # the cap grows with them: the stored config must validate again (bisection reads it)
-            "max_repetitions": None if config.run.max_repetitions is None
-            else max(config.run.max_repetitions, repetitions),
-            "seed": None,
-        }),
-    })
+    config = verify_config(Config.model_validate(original.config), {r.workload.name for r in pending})
 
     claimed: list = []
 
@@ -80,16 +68,49 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
                               run_type=RunType.VERIFY, parent_run_id=run_id, progress=progress,
                               on_started=started)
     except BaseException:
-        session.rollback()
-        for regression in claimed:  # only what this verify took: another verify's stay its own
-            try:
-                lifecycle.transition(session, regression, RegressionState.BENCHMARK, None,
-                                     "verification could not finish; back to suspected",
-                                     expect=RegressionState.VERIFY)
-            except lifecycle.TransitionError:
-                continue
-        session.commit()
+        _release(session, claimed)
         raise
+    _settle(session, pending, outcome, run_id)
+    confirmed = [r.id for r in pending if r.state == RegressionState.REGRESS]
+    # recorded with the transitions (the outbox); the caller sends them after its work
+    if alerts.enqueue(session, confirmed, "regress", config.alerts):
+        progress.message(f"{len(confirmed)} regression(s) to alert {len(config.alerts.webhooks)} webhook(s) of")
+    session.commit()
+    return outcome, pending
+
+
+def verify_config(config: Config, names: set[str]) -> Config:
+    """The benchmark run's config for its verification: only ``names``' workloads, with
+    ``verify_factor`` times the repetitions (at least one more) and a fresh seed."""
+    repetitions = max(config.run.repetitions + 1, round(config.run.repetitions * config.run.verify_factor))
+    return config.model_copy(update={
+        "workloads": [w for w in config.workloads if w.name in names],
+        "run": config.run.model_copy(update={
+            "repetitions": repetitions,
+            # the cap grows with them: the stored config must validate again (bisection reads it)
+            "max_repetitions": None if config.run.max_repetitions is None
+            else max(config.run.max_repetitions, repetitions),
+            "seed": None,
+        }),
+    })
+
+
+def _release(session: Session, claimed: list[Regression]) -> None:
+    """A verification that could not finish: what it took goes back to ``benchmark``."""
+    session.rollback()
+    for regression in claimed:  # only what this verify took: another verify's stay its own
+        try:
+            lifecycle.transition(session, regression, RegressionState.BENCHMARK, None,
+                                 "verification could not finish; back to suspected",
+                                 expect=RegressionState.VERIFY)
+        except lifecycle.TransitionError:
+            continue
+    session.commit()
+
+
+def _settle(session: Session, pending: list[Regression], outcome: CompareOutcome, run_id: int) -> None:
+    """Each pending regression judged again by the verify run: ``regress`` where it
+    reproduced, ``cleared`` where not, back to ``benchmark`` where it could not be judged."""
     verify_run = session.get(Run, outcome.run_id)
     by_name = {r.workload: r for r in outcome.results}
     for regression in pending:
@@ -111,12 +132,6 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         lifecycle.transition(session, regression, state, verify_run,
                              f"{word}; {first}; {second}{_moved(regression, verify_run)}",
                              expect=RegressionState.VERIFY)
-    confirmed = [r.id for r in pending if r.state == RegressionState.REGRESS]
-    # recorded with the transitions (the outbox); the caller sends them after its work
-    if alerts.enqueue(session, confirmed, "regress", config.alerts):
-        progress.message(f"{len(confirmed)} regression(s) to alert {len(config.alerts.webhooks)} webhook(s) of")
-    session.commit()
-    return outcome, pending
 
 
 def _moved(regression: Regression, verify_run: Run | None) -> str:
