@@ -299,3 +299,18 @@ def test_history_table_marks_the_step_and_draws_a_sparkline_on_a_terminal():
     marked = [line for line in text.splitlines() if "◆" in line and "+10.00%" in line]
     assert len(marked) == 1 and points[5].sha[:12] in marked[0]
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_heavy_contention_is_said_once_per_workload():
+    from dataclasses import replace
+
+    caveat = "heavy contention: the processes ran 22% of their wall time on a CPU: judged on CPU time per process"
+    stored = _outcome()
+    first = stored.outcome.results[0]
+    judged = replace(first.verdict, caveat=caveat, reason=f"{caveat}; {first.verdict.reason}")
+    outcome = replace(stored.outcome, results=[replace(first, verdict=judged), *stored.outcome.results[1:]])
+    out = Console(width=200, file=io.StringIO(), highlight=False, color_system=None)
+    report.print_outcome(out, replace(stored, outcome=outcome), False)
+    text = out.file.getvalue()
+    assert text.count("heavy contention") == 1, text
+    assert f"resnet18-batch1-llvm: {caveat}; unknown because" in text

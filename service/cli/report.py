@@ -213,9 +213,8 @@ def _footnotes(outcome: CompareOutcome) -> list[str]:
     if estimators:
         lines.append("control/treatment ms: what the verdict was judged on: " + "; or ".join(estimators)
                      + " (plain medians: --json)")
-    for r in outcome.results:  # heavy contention: how the verdict was taken instead of on wall time
-        if r.verdict.caveat:
-            lines.append(f"{r.workload}: {r.verdict.caveat}")
+    # heavy contention (how a verdict was taken instead of on wall time) is said once, at the
+    # start of the workload's own line below the table: its reason begins with it
     if adjusted:
         raw = ", ".join(f"{r.workload} {r.verdict.p_value:.2g}" for r in adjusted)
         lines.append(f"p (BH): Benjamini-Hochberg-adjusted p, which decided the verdict; raw p: {raw}")
