@@ -103,6 +103,9 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
         text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
                 f"({kind}) since {culprit.sha[:12]} \"{culprit.summary}\" by {culprit.author} "
                 f"(regression #{regression.id}, bisected in {len(steps)} step(s))")
+        sub = regression.culprit_submodule_commit  # bisected on into the culprit's submodule bump
+        if sub is not None:
+            text += f" -> {regression.culprit_submodule_path} {sub.sha[:12]} \"{sub.summary}\""
     else:
         text = (f"abwatch: {regression.workload.name} on {device} is fixed: regression #{regression.id} "
                 f"({regression.change_pct:+.2f}% at {bad.sha[:12]}) no longer reproduces")
