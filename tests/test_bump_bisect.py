@@ -8,6 +8,7 @@ Ninja + ccache builds, real PostgreSQL; the workload is measured by the instruct
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import git
@@ -15,7 +16,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from abwatch.builders import BuildFailed, TvmSourceBuilder
+from abwatch.builders.base import SubmodulePin
 from abwatch.builders.repo import RepoMirror
+from abwatch.builders.spec import ARTIFACT_INFO
+from abwatch.service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
 from abwatch.service.cli.main import main
 from abwatch.service.store import db
 from abwatch.service.store.models import BisectionStep, Build, BuildStatus
@@ -168,7 +173,9 @@ def test_watch_names_the_bump_and_the_submodule_commit(tmp_path, fresh_pg_url, c
     assert sub["path"] == FFI and sub["sha"] == ffi[5] and sub["summary"] == "Do 10% more work per call"
     assert found["culprit_line"] == (f"culprit: {bump[:12]} [FFI] Bump tvm-ffi -> {FFI} {ffi[5][:12]} "
                                      "Do 10% more work per call")
-    assert f"at most {4 + also_tvm} builds" in said.err + said.out  # 8 commits, or 9 with the old pin
+    text = said.err + said.out
+    assert f"at most {4 + also_tvm} builds" in text  # 8 commits, or 9 with the old pin
+    assert f"{bump[:12]} with {FFI} at {ffi[4][:12]}: skip (does not build)" in text
     engine = db.make_engine(fresh_pg_url)
     with Session(engine) as session:
         pinned = session.scalars(select(Build).where(Build.submodule_pin.is_not(None))).all()
@@ -184,3 +191,41 @@ def test_watch_names_the_bump_and_the_submodule_commit(tmp_path, fresh_pg_url, c
     capsys.readouterr()
     assert main(["regressions", "--db", fresh_pg_url]) == 0
     assert found["culprit_line"] in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_pinned_submodule_is_its_own_build(tmp_path):
+    """TVM at the bump with tvm-ffi at one of the bump's commits: another cache key and artifact
+    (saying its pin), the submodule at that commit in the build, the plain build unchanged after."""
+    root = tmp_path / "src"
+    _, ffi = _ffi_history(root)
+    repo = _project(root, ffi[0])
+    bump = _bump(repo, ffi[8], also_tvm=False)
+
+    def builder(submodules):
+        return TvmSourceBuilder(Config(
+            repo=RepoConfig(url=repo.working_dir), cache_dir=tmp_path / "cache",
+            build=TvmSourceBuildConfig(cmake={"USE_LLVM": "OFF"}, python_packages=[], check_import="",
+                                       submodules=submodules, libraries=["*.so", "bench"],
+                                       submodule_rewrites={FAKE_REMOTE: f"{root / 'mirrors'}/"}),
+            workloads=[CommandWorkloadConfig(name="w", command=["true"])]))
+
+    with pytest.raises(ValueError, match="not one of"):  # only a submodule the build checks out
+        builder(None).pin_submodule(bump, SubmodulePin(FFI, ffi[2]))
+    plain_builder, pinned_builder = builder([FFI]), builder([FFI])
+    pinned_builder.pin_submodule(bump, SubmodulePin(FFI, ffi[2]))
+    assert pinned_builder.submodule_pin(bump) == SubmodulePin(FFI, ffi[2]) and plain_builder.submodule_pin(bump) is None
+    assert pinned_builder.cache_key(bump) != plain_builder.cache_key(bump)
+    pinned = pinned_builder.build(plain_builder.resolve(bump).sha)
+    assert json.loads((pinned.path / ARTIFACT_INFO).read_text())["submodule_pin"] == f"{FFI}@{ffi[2]}"
+    assert f"{FFI} moved to {ffi[2]}" in pinned.log
+    plain = plain_builder.build(bump)  # the workspace's submodule back at the bump's own pin
+    assert plain.path != pinned.path and "moved to" not in plain.log
+    assert f"{FFI}@" not in (plain.path / ARTIFACT_INFO).read_text()
+    src = plain_builder.workspace / "src" / FFI
+    head = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(src), "rev-parse", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert head == ffi[8]
+    pinned_builder.pin_submodule(bump, SubmodulePin(FFI, "0" * 40))  # not in the mirror: the build fails
+    with pytest.raises(BuildFailed, match=f"fetch of {FFI} 000000000000 failed"):
+        pinned_builder.build(bump)

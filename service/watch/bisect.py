@@ -200,7 +200,7 @@ class _Tester:
                                           verdict=StepVerdict(value), side=StepSide(side), change_pct=change))
                 self.positions[regression.id] += 1
             session.commit()
-        _say(self.progress, sha if moved is None else f"{sha[:12]} with {moved.pin.path} at {moved.pin.sha[:12]}",
+        _say(self.progress, sha[:12] if moved is None else f"{sha[:12]} with {moved.pin.path} at {moved.pin.sha[:12]}",
              names, found)
         return found, builds
 
@@ -241,11 +241,11 @@ class _Moved:
         return step
 
 
-def _say(progress: driver.Progress, sha: str, names: frozenset[str], found: dict[str, tuple]) -> None:
-    """Tell what commit ``sha`` was found for each workload of ``names``."""
+def _say(progress: driver.Progress, label: str, names: frozenset[str], found: dict[str, tuple]) -> None:
+    """Tell what the commit ``label`` names was found for each workload of ``names``."""
     by_side = {side: sorted(n for n in names if found[n][0] == side) for side in (BAD, GOOD, SKIP)}
     broken = all(found[n][1] == "build_failed" for n in names)
-    progress.message(f"  {sha[:12]}: " + ("skip (does not build)" if broken else
+    progress.message(f"  {label}: " + ("skip (does not build)" if broken else
                                           f"bad for {by_side[BAD]}, good for {by_side[GOOD]}"
                                           + (f", cannot run {by_side[SKIP]}" if by_side[SKIP] else "")))
 
