@@ -13,6 +13,7 @@ from pathlib import Path
 
 import git
 import pytest
+import requests
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -23,8 +24,9 @@ from abwatch.builders.spec import ARTIFACT_INFO
 from abwatch.service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
 from abwatch.service.cli.main import main
 from abwatch.service.store import db
-from abwatch.service.store.models import BisectionStep, Build, BuildStatus
+from abwatch.service.store.models import AlertDelivery, BisectionStep, Build, BuildStatus
 from abwatch.service.watch import bisect, bisect_search
+from conftest import live_server
 
 FAKE_REMOTE = "https://example.invalid/apache/"
 FFI = "3rdparty/tvm-ffi"
@@ -122,6 +124,10 @@ device = "bench-box"
 [watch]
 control = "previous"
 {watch}
+[alerts]
+webhooks = ["http://127.0.0.1:9/hook"]
+timeout_s = 1.0
+attempts = 1
 """)
     return str(path)
 
@@ -184,6 +190,9 @@ def test_watch_names_the_bump_and_the_submodule_commit(tmp_path, fresh_pg_url, c
         assert {b.submodule_pin for b in pinned if b.status == BuildStatus.BUILD_FAILED} == {f"{FFI}@{ffi[4]}"}
         assert all(b.commit.sha == bump for b in pinned)  # TVM at the bump, the submodule moved
         assert len({b.artifact_key for b in pinned if b.artifact_key}) == len([b for b in pinned if b.artifact_key])
+        # the alert of the one-commit range names the bump and the submodule commit (port 9 refuses it)
+        [alert] = session.scalars(select(AlertDelivery).where(AlertDelivery.event == "regress")).all()
+        assert f"{bump[:12]} \"[FFI] Bump tvm-ffi\" -> {FFI} {ffi[5][:12]}" in alert.payload["text"]
         steps = session.scalars(select(BisectionStep).where(BisectionStep.submodule_commit_id.is_not(None))).all()
         assert {s.submodule_commit.sha: s.side.value for s in steps}[ffi[5]] == "bad"
         if also_tvm:  # the old pin at the bump was tested first: it is good
@@ -191,6 +200,13 @@ def test_watch_names_the_bump_and_the_submodule_commit(tmp_path, fresh_pg_url, c
     capsys.readouterr()
     assert main(["regressions", "--db", fresh_pg_url]) == 0
     assert found["culprit_line"] in capsys.readouterr().out
+    assert main(["report", "--since", "7d", "--markdown", "--db", fresh_pg_url]) == 0  # the weekly report
+    assert f"-> {FFI} {ffi[5][:12]} \"Do 10% more work per call\"" in capsys.readouterr().out
+    with live_server(fresh_pg_url, tmp_path / "serve") as base:  # the API's JSON and the regression's page
+        api = requests.get(f"{base}/api/regressions/{found['id']}", timeout=30).json()
+        assert api["culprit"]["submodule"]["sha"] == ffi[5]
+        page = requests.get(f"{base}/regressions/{found['id']}", timeout=30).text
+        assert f'<code id="culprit-submodule">{ffi[5][:12]}</code>' in page and "Do 10% more work per call" in page
 
 
 @pytest.mark.slow

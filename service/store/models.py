@@ -342,7 +342,10 @@ class Regression(Base):
             return None
         return next((t.fixed_by for t in reversed(self.triage_events) if t.status is TriageStatus.FIXED), None)
 
-    def _culprit_submodule(self) -> dict[str, Any] | None:
+    @property
+    def culprit_submodule(self) -> dict[str, Any] | None:
+        """The submodule commit a bisection into the culprit's bump named (path, sha, summary,
+        author), or None."""
         sub = self.culprit_submodule_commit
         return None if sub is None else {"path": self.culprit_submodule_path, "sha": sub.sha, "summary": sub.summary,
                                          "author": sub.author}
@@ -372,7 +375,7 @@ class Regression(Base):
             "device": self.device.name if self.device else None,
             "range": {"good": self.control_commit.sha, "bad": self.treatment_commit.sha},
             "culprit": {"sha": culprit.sha, "summary": culprit.summary, "author": culprit.author,
-                        "submodule": self._culprit_submodule()} if culprit else None,
+                        "submodule": self.culprit_submodule} if culprit else None,
             "culprit_line": self.culprit_line,
             "bisection": [step.to_dict() for step in self.bisection],
             "group": self.group_id,

@@ -262,8 +262,12 @@ def _announce(session: Session, config: Config, mirror: RepoMirror, by_name: dic
         told = alerts.refresh_pending(session, ids, "regress", config.alerts) if one_commit else set()
         alerts.enqueue(session, [i for i in ids if i not in told], "culprit", config.alerts)
         device = named[0].device.name if named[0].device else config.runner.device or "?"
+        # the submodule commit first when the bisection went on into the bump: the description is short
+        into = sorted({f"{r.culprit_submodule_path} {r.culprit_submodule_commit.sha[:12]}: " for r in named
+                       if r.culprit_submodule_commit is not None})
         github.enqueue(session, config.github, sha, "failure", device,
-                       "culprit of " + ", ".join(f"#{r.id} {r.workload.name} {r.change_pct:+.1f}%" for r in named),
+                       "".join(into) + "culprit of "
+                       + ", ".join(f"#{r.id} {r.workload.name} {r.change_pct:+.1f}%" for r in named),
                        github.run_url(config.alerts.dashboard_url, parent_run_id))
     session.commit()
 
