@@ -86,12 +86,17 @@ def _project(root: Path, ffi_pin: str) -> git.Repo:
     return repo
 
 
-def _bump(repo: git.Repo, pin: str, also_tvm: bool) -> str:
+def _bump(repo: git.Repo, pin: str, also_tvm: bool, extra: str = " /* adapted to the new FFI */") -> str:
     work = Path(repo.working_dir)
     repo.git.update_index("--cacheinfo", f"160000,{pin},{FFI}")
-    if also_tvm:  # a TVM change in the bump that costs nothing measurable
-        (work / "src" / "runtime.cc").write_text(RUNTIME.format(extra=" /* adapted to the new FFI */"))
+    if also_tvm:  # a TVM change in the bump: by default one that costs nothing measurable
+        (work / "src" / "runtime.cc").write_text(RUNTIME.format(extra=extra))
     return _commit(repo, "[FFI] Bump tvm-ffi", "src")
+
+
+def _tidy(repo: git.Repo, note: str) -> str:
+    (Path(repo.working_dir) / "README").write_text(note)
+    return _commit(repo, f"README: {note}", "README")
 
 
 def _config(tmp_path: Path, root: Path, repo: git.Repo, watch: str = "") -> str:
@@ -245,3 +250,33 @@ def test_a_pinned_submodule_is_its_own_build(tmp_path):
     pinned_builder.pin_submodule(bump, SubmodulePin(FFI, "0" * 40))  # not in the mirror: the build fails
     with pytest.raises(BuildFailed, match=f"fetch of {FFI} 000000000000 failed"):
         pinned_builder.build(bump)
+
+
+@pytest.mark.slow
+def test_a_bump_inside_a_range_and_a_bump_whose_own_tvm_change_is_the_culprit(tmp_path, fresh_pg_url, capsys):
+    """A bump between two other commits is found by the branch's bisection (its parent found
+    good), then bisected into; a bump whose own TVM change makes the workload slower is bisected
+    with TVM at the bump, whose old pin is slower already: no tvm-ffi commit is named."""
+    root = tmp_path / "src"
+    _, ffi = _ffi_history(root)
+    repo = _project(root, ffi[0])
+    config = _config(tmp_path, root, repo)
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 0  # the baseline
+    _tidy(repo, "one")
+    bump = _bump(repo, ffi[8], also_tvm=False)
+    _tidy(repo, "two")
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 1
+    [found] = _regressions(fresh_pg_url, capsys)
+    assert found["culprit"]["sha"] == bump and found["culprit"]["submodule"]["sha"] == ffi[5]
+
+    # the bump's TVM side does 25 % more work (the same tvm-ffi move rides along): back to the old
+    # pin first, so that the next bump moves tvm-ffi again
+    repo.git.update_index("--cacheinfo", f"160000,{ffi[0]},{FFI}")
+    _commit(repo, "Revert the tvm-ffi bump", "README")
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) in (0, 1)
+    slower = _bump(repo, ffi[8], also_tvm=True, extra=" + (i % 3) - 1")
+    capsys.readouterr()
+    assert main(["watch", "--config", config, "--once", "--db", fresh_pg_url]) == 1
+    latest = max(_regressions(fresh_pg_url, capsys), key=lambda r: r["id"])
+    assert latest["culprit"]["sha"] == slower and latest["culprit"]["submodule"] is None
+    assert any("the bump's own changes to TVM's files are the culprit" in e["reason"] for e in latest["events"])
