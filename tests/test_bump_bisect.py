@@ -153,6 +153,25 @@ def test_bump_range_and_its_culprit():
     assert bisect.rewritten("git@host:a", {FAKE_REMOTE: "/m/"}) == "git@host:a"
 
 
+def test_a_step_into_a_bump_pins_the_side_it_builds():
+    """Against the parent: the bump with the submodule moved. Undecided, against the bump: the
+    parent with it moved when the bump is pure (the same tree); no such build for a bump that
+    changes TVM's files too (None: the step keeps the earlier suspect)."""
+    calls = []
+
+    def compare(names, control, treatment, pin=None):
+        calls.append((control, treatment, pin))
+        return "compared"
+
+    pin = SubmodulePin(FFI, "c" * 40)
+    pure = bisect._Moved(pin, None, "parent", pure=True).compare(compare)
+    assert pure({"w"}, "parent", "bump") == "compared" and calls[-1] == ("parent", "bump", ("bump", pin))
+    assert pure({"w"}, "bump", "bump") == "compared" and calls[-1] == ("parent", "bump", ("parent", pin))
+    mixed = bisect._Moved(pin, None, "parent", pure=False).compare(compare)
+    assert mixed({"w"}, "bump", "bump") is None and len(calls) == 2
+    assert pin.describe == f"{FFI}@{'c' * 40}"
+
+
 def test_bumps_read_from_git(tmp_path):
     _, ffi = _ffi_history(tmp_path)
     repo = _project(tmp_path, ffi[0])
