@@ -14,7 +14,7 @@ from pathlib import Path
 import git
 import pytest
 import requests
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from abwatch.builders import BuildFailed, TvmSourceBuilder
@@ -27,6 +27,7 @@ from abwatch.service.store import db
 from abwatch.service.store.models import AlertDelivery, BisectionStep, Build, BuildStatus
 from abwatch.service.watch import bisect, bisect_search
 from conftest import live_server
+from test_sql import sql_blocks
 
 FAKE_REMOTE = "https://example.invalid/apache/"
 FFI = "3rdparty/tvm-ffi"
@@ -203,9 +204,9 @@ def test_watch_names_the_bump_and_the_submodule_commit(tmp_path, fresh_pg_url, c
     assert sub["path"] == FFI and sub["sha"] == ffi[5] and sub["summary"] == "Do 10% more work per call"
     assert found["culprit_line"] == (f"culprit: {bump[:12]} [FFI] Bump tvm-ffi -> {FFI} {ffi[5][:12]} "
                                      "Do 10% more work per call")
-    text = said.err + said.out
-    assert f"at most {4 + also_tvm} builds" in text  # 8 commits, or 9 with the old pin
-    assert f"{bump[:12]} with {FFI} at {ffi[4][:12]}: skip (does not build)" in text
+    told = said.err + said.out
+    assert f"at most {4 + also_tvm} builds" in told  # 8 commits, or 9 with the old pin
+    assert f"{bump[:12]} with {FFI} at {ffi[4][:12]}: skip (does not build)" in told
     engine = db.make_engine(fresh_pg_url)
     with Session(engine) as session:
         pinned = session.scalars(select(Build).where(Build.submodule_pin.is_not(None))).all()
@@ -221,6 +222,10 @@ def test_watch_names_the_bump_and_the_submodule_commit(tmp_path, fresh_pg_url, c
         assert {s.submodule_commit.sha: s.side.value for s in steps}[ffi[5]] == "bad"
         if also_tvm:  # the old pin at the bump was tested first: it is good
             assert {s.submodule_commit.sha: s.side.value for s in steps}.get(ffi[0]) in ("good", None)
+    with engine.connect() as connection:  # docs/sql.md's query of the submodule culprits
+        [row] = connection.execute(text(sql_blocks()[-1])).mappings().all()
+        assert (row["culprit_sha"], row["path"], row["submodule_sha"]) == (bump, FFI, ffi[5])
+        assert 1 <= row["submodule_steps"] <= 4
     capsys.readouterr()
     assert main(["regressions", "--db", fresh_pg_url]) == 0
     assert found["culprit_line"] in capsys.readouterr().out
