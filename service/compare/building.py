@@ -80,10 +80,9 @@ def build_commit(session: Session, builder: Builder, commit_id: int, info: Commi
             artifact = builder.build(info.sha)
         except BuildFailed as exc:
             # the log's last line says what failed and why: its tail, wherever shown, starts there
-            pin = builder.submodule_pin(info.sha)
             build = Build(commit_id=commit_id, builder=builder.kind, config_hash=builder.config_hash(),
-                          submodule_pin=pin.describe if pin else None, status=BuildStatus.BUILD_FAILED, log=f"{exc.log.rstrip()}\n{FAILURE_PREFIX}{exc}\n",
-                          duration_s=exc.duration_s)
+                          submodule_pin=pin.describe if pin else None, status=BuildStatus.BUILD_FAILED,
+                          log=f"{exc.log.rstrip()}\n{FAILURE_PREFIX}{exc}\n", duration_s=exc.duration_s)
             session.add(build)
             session.flush()
             shared.release(session, plan, build)
