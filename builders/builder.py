@@ -36,6 +36,21 @@ class Artifact:
     healed: str | None = None  # built again because the cached entry was damaged: what was wrong
 
 
+@dataclass(frozen=True)
+class SubmodulePin:
+    """A submodule checked out at another commit than the one its parent commit records: how a
+    bisection into a dependency bump builds TVM at one commit with ``3rdparty/tvm-ffi`` at each
+    of the bump's own commits."""
+
+    path: str
+    sha: str
+
+    @property
+    def describe(self) -> str:
+        """``path@sha``: what a build row and a build's log say of the pin."""
+        return f"{self.path}@{self.sha}"
+
+
 class BuildFailed(Exception):
     """The build command failed; ``log`` holds what it printed."""
 
@@ -190,6 +205,15 @@ class Builder(abc.ABC):
     def runs_here(self, artifact: Path) -> str | None:
         """Why an artifact fetched from the store cannot run on this host (its interpreter or
         libraries are not here), or None. Every artifact runs, unless the builder says otherwise."""
+        return None
+
+    def pin_submodule(self, sha: str, pin: SubmodulePin | None) -> None:
+        """Build ``sha`` with ``pin``'s submodule at ``pin.sha`` from now on (None: as ``sha``
+        records it). Only a builder that checks submodules out can; the others refuse."""
+        raise TypeError(f"a {self.kind} builder does not check out submodules; it cannot pin {pin}")
+
+    def submodule_pin(self, sha: str) -> SubmodulePin | None:
+        """The submodule pinned for builds of ``sha`` (:meth:`pin_submodule`), or None."""
         return None
 
     @abc.abstractmethod

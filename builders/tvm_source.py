@@ -32,8 +32,8 @@ from pathlib import Path
 
 from abwatch.core.file_lock import flocked
 from abwatch.core.commit_info import CommitInfo
-from abwatch.builders.builder import Artifact, Builder, BuildFailed, InfraFailure, failure_lines, missing_tool, \
-    repo_url, section
+from abwatch.builders.builder import Artifact, Builder, BuildFailed, InfraFailure, SubmodulePin, failure_lines, \
+    missing_tool, repo_url, section
 from abwatch.builders.build_tools import BuildTools, check_build_tools, tool
 from abwatch.builders.cache import ArtifactCache
 from abwatch.builders.compiler_cache import STATS_LOG, CompilerCache, parse_stats
@@ -86,6 +86,7 @@ class TvmSourceBuilder(Builder):
         self._sandbox = Sandbox(writable=(self.workspace.parent, self.ccache_dir, *local), build=True)
         self._toolchain: str | None = None
         self._tools: BuildTools | None = None  # checked at the first resolve or build
+        self._pins: dict[str, SubmodulePin] = {}  # commits built with a submodule moved (pin_submodule)
 
     def resolve(self, ref: str) -> CommitInfo:
         if not self._fetched:  # bring the mirror up to date once per builder
@@ -121,9 +122,25 @@ class TvmSourceBuilder(Builder):
     def scratch_dirs(self) -> list[Path]:
         return [*super().scratch_dirs(), self.workspace]
 
+    def pin_submodule(self, sha: str, pin: SubmodulePin | None) -> None:
+        """Build ``sha`` with ``pin.path`` checked out at ``pin.sha`` (a bisection into a bump);
+        the path must be one of ``[build] submodules``, the ones the build checks out."""
+        if pin is None:
+            self._pins.pop(sha, None)
+            return
+        if pin.path not in (self.config.submodules or []):
+            raise ValueError(f"cannot pin {pin.path}: not one of [build] submodules ({self.config.submodules})")
+        self._pins[sha] = pin
+
+    def submodule_pin(self, sha: str) -> SubmodulePin | None:
+        return self._pins.get(sha)
+
     def cache_key(self, sha: str) -> str:
-        digest = hashlib.sha256(f"{sha}\0{self.config_hash()}\0{self.toolchain()}".encode()).hexdigest()
-        return f"src-{sha[:12]}-{digest[:12]}"
+        pin = self._pins.get(sha)
+        # a pinned submodule is another build of the same commit: its own key, entry and row
+        moved = f"\0{pin.describe}" if pin else ""
+        digest = hashlib.sha256(f"{sha}\0{self.config_hash()}\0{self.toolchain()}{moved}".encode()).hexdigest()
+        return f"src-{sha[:12]}-{pin.sha[:8] + '-' if pin else ''}{digest[:12]}"
 
     def produce(self, sha: str, key: str) -> Artifact:
         with self._workspace_lock():
@@ -205,6 +222,9 @@ class TvmSourceBuilder(Builder):
         # their parents and their own submodules; a pin missing from a mirror takes its fallback
         update_submodules(self._step(log, deadline), git, src, only=self.config.submodules,
                           fallbacks=self.config.submodule_fallbacks, log=log)
+        pin = self._pins.get(sha)
+        if pin is not None:
+            self._move_submodule(src, pin, git, log, deadline)
         lines = [f"set({name} {_cmake_value(value)})\n" for name, value in sorted(self.config.cmake.items())]
         config_cmake = "".join(lines) + "set(CMAKE_BUILD_TYPE Release)\n"
         # the workspace is the build user's: abwatch reads and writes there without following links
@@ -264,6 +284,24 @@ class TvmSourceBuilder(Builder):
                 metrics.update(self.compiler_cache.metrics(parse_stats(counted), log))
         return metrics
 
+    def _move_submodule(self, src: Path, pin: SubmodulePin, git: list[str], log: list[str], deadline: float) -> None:
+        """Check the submodule ``pin.path`` of the checkout out at ``pin.sha`` (from its mirror,
+        through ``submodule_rewrites``), with its own submodules at that commit. A commit the
+        mirror lacks fails the build: a bisection skips it as it skips a broken commit."""
+        sub = src / pin.path
+        log.append(f"note: {pin.path} moved to {pin.sha} for this build (bisection into its bump)\n")
+        self._run(git + ["-C", str(sub), "fetch", "--quiet", "origin"], log, f"fetch of {pin.path}", deadline=deadline)
+        try:
+            self._run(git + ["-C", str(sub), "checkout", "--force", "--detach", pin.sha], log,
+                      f"checkout of {pin.path} at {pin.sha[:12]}", deadline=deadline)
+        except BuildFailed:  # a commit no branch holds: asked for by its sha
+            self._run(git + ["-C", str(sub), "fetch", "--quiet", "origin", pin.sha], log,
+                      f"fetch of {pin.path} {pin.sha[:12]}", deadline=deadline)
+            self._run(git + ["-C", str(sub), "checkout", "--force", "--detach", pin.sha], log,
+                      f"checkout of {pin.path} at {pin.sha[:12]}", deadline=deadline)
+        update_submodules(self._step(log, deadline), git, sub, prefix=f"{pin.path}/", only=self.config.submodules,
+                          fallbacks=self.config.submodule_fallbacks, log=log)
+
     def _store(self, key: str, sha: str, log: list[str]) -> Path:
         src, build = self.workspace / "src", self.workspace / "build"
         with tempfile.TemporaryDirectory(prefix="abwatch-src-artifact-") as tmp:
@@ -298,6 +336,7 @@ class TvmSourceBuilder(Builder):
                            "the artifact is not shared with other hosts\n")
             info = {"python": f"{VENV_DIR}/bin/python", "env_paths": {"PYTHONPATH": "python", "TVM_LIBRARY_PATH": "lib"},
                     "sha": sha, "libraries": [p.name for p in libraries],
+                    **({"submodule_pin": self._pins[sha].describe} if sha in self._pins else {}),
                     **({"host_paths": host_paths} if host_paths else {}),
                     **({"tvm_ffi_submodule": ffi.describe} if ffi else {})}
             (staging / ARTIFACT_INFO).write_text(json.dumps(info, sort_keys=True))

@@ -301,6 +301,8 @@ def print_regressions(out: Console, rows: list[Regression]) -> None:
                  if culprit is not None else "")
         out.print(f"regression {r.id}: {short_sha(r.control_commit.sha)}..{short_sha(r.treatment_commit.sha)}{named}",
                   markup=False)
+        if r.culprit_submodule_commit is not None:  # bisected on into the culprit's submodule bump
+            out.print(f"  {r.culprit_line}", markup=False)
         for e in r.events:
             out.print(f"  {when(e.at)} UTC {e.from_state.value if e.from_state else '-'}→{e.to_state.value}: "
                       f"{e.reason}", markup=False)

@@ -68,7 +68,8 @@ def build_commit(session: Session, builder: Builder, commit_id: int, info: Commi
     the artifact's build job (a build host). Returns the row, the artifact (None when the build
     failed) and the failure's message.
     """
-    progress.message(f"building {label} ({info.sha[:12]}) ...")
+    pin = builder.submodule_pin(info.sha)
+    progress.message(f"building {label} ({info.sha[:12]}{f', {pin.path} at {pin.sha[:12]}' if pin else ''}) ...")
     plan = shared.prepare(session, builder, info.sha, progress, claimed=claimed)
     try:
         if plan is not None and plan.failed is not None:  # a build host found it does not build: not again here
@@ -80,15 +81,15 @@ def build_commit(session: Session, builder: Builder, commit_id: int, info: Commi
         except BuildFailed as exc:
             # the log's last line says what failed and why: its tail, wherever shown, starts there
             build = Build(commit_id=commit_id, builder=builder.kind, config_hash=builder.config_hash(),
-                          status=BuildStatus.BUILD_FAILED, log=f"{exc.log.rstrip()}\n{FAILURE_PREFIX}{exc}\n",
-                          duration_s=exc.duration_s)
+                          submodule_pin=pin.describe if pin else None, status=BuildStatus.BUILD_FAILED,
+                          log=f"{exc.log.rstrip()}\n{FAILURE_PREFIX}{exc}\n", duration_s=exc.duration_s)
             session.add(build)
             session.flush()
             shared.release(session, plan, build)
             progress.message(f"  {label}: build FAILED: {exc}")
             return build, None, str(exc)
         artifact = shared.noted(plan, artifact)
-        build = _success_row(session, commit_id, builder, artifact)
+        build = _success_row(session, commit_id, info.sha, builder, artifact)
         if not artifact.cached:  # whole in the cache now (a cached one is measured once held: build_pair)
             measure_size(build, builder, artifact.path)
         shared.publish(session, builder, plan, artifact, build, progress)
@@ -167,6 +168,8 @@ def measure_size(build: Build, builder: Builder, path: Path) -> None:
         build.metrics = {**metrics, "binary_size": sizes}  # a new dict, so the JSON column sees the change
 
 
-def _success_row(session: Session, commit_id: int, builder: Builder, artifact: Artifact) -> Build:
+def _success_row(session: Session, commit_id: int, sha: str, builder: Builder, artifact: Artifact) -> Build:
     """The build row of a successful artifact: the original one when it came from the cache."""
-    return get_success_build(session, commit_id, builder.kind, builder.config_hash(), artifact)
+    pin = builder.submodule_pin(sha)
+    return get_success_build(session, commit_id, builder.kind, builder.config_hash(), artifact,
+                             pin.describe if pin else None)

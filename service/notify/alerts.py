@@ -89,18 +89,20 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
     url = f"{dashboard_url.rstrip('/')}/regressions/{regression.id}" if dashboard_url else None
     kind = RegressionKind(regression.kind).value
     culprit = regression.culprit_commit  # None until bisection names it
+    sub = regression.culprit_submodule_commit  # bisected on into the culprit's submodule bump
+    into = f" -> {regression.culprit_submodule_path} {sub.sha[:12]} \"{sub.summary}\"" if sub else ""
     session = object_session(regression)
     steps = [] if session is None else [step.to_dict() for step in session.scalars(
         select(BisectionStep).where(BisectionStep.regression_id == regression.id).order_by(BisectionStep.position))]
     if event == "regress":
         text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
                 f"({kind}) in {good.sha[:12]}..{bad.sha[:12]} \"{bad.summary}\" (regression #{regression.id}, "
-                + (f"confirmed; culprit {culprit.sha[:12]} \"{culprit.summary}\")" if culprit
+                + (f"confirmed; culprit {culprit.sha[:12]} \"{culprit.summary}\"{into})" if culprit
                    else "confirmed; culprit not named yet)"))
     elif event == "culprit":
         assert culprit is not None, "a culprit alert is recorded once bisection named it"
         text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
-                f"({kind}) since {culprit.sha[:12]} \"{culprit.summary}\" by {culprit.author} "
+                f"({kind}) since {culprit.sha[:12]} \"{culprit.summary}\"{into} by {culprit.author} "
                 f"(regression #{regression.id}, bisected in {len(steps)} step(s))")
     else:
         text = (f"abwatch: {regression.workload.name} on {device} is fixed: regression #{regression.id} "

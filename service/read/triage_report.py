@@ -54,7 +54,8 @@ def _entry(r: Regression, dashboard_url: str | None) -> dict[str, Any]:
         "id": r.id, "workload": r.workload.name, "kind": RegressionKind(r.kind).value,
         "metric": Metric(r.metric or Metric.TIME).value, "state": r.state.value, "change_pct": r.change_pct,
         "triage": r.triage.value if r.triage else None, "fixed_by": r.fixed_by,
-        "culprit": {"sha": culprit.sha, "summary": culprit.summary, "author": culprit.author} if culprit else None,
+        "culprit": {"sha": culprit.sha, "summary": culprit.summary, "author": culprit.author,
+                    "submodule": r.culprit_submodule} if culprit else None,
         "range": {"good": r.control_commit.sha, "bad": r.treatment_commit.sha},
         "run_id": r.run_id, "opened_at": aware(r.created_at).isoformat(),
         "url": f"{dashboard_url.rstrip('/')}/regressions/{r.id}" if dashboard_url else None,
@@ -104,7 +105,9 @@ def _who(entry: dict[str, Any]) -> str:
     if c is None:
         return f"{entry['range']['good'][:12]}..{entry['range']['bad'][:12]} (not bisected)"
     author = c["author"].split(" <")[0]
-    return f"{c['sha'][:12]} \"{c['summary']}\" ({author})"
+    sub = c.get("submodule")  # bisected on into the culprit's submodule bump
+    into = f" -> {sub['path']} {sub['sha'][:12]} \"{sub['summary']}\"" if sub else ""
+    return f"{c['sha'][:12]} \"{c['summary']}\" ({author}){into}"
 
 
 def _triage(entry: dict[str, Any]) -> str:

@@ -152,9 +152,15 @@ class BisectionStep(Base):
     verdict: Mapped[StepVerdict] = mapped_column(_enum(StepVerdict, "step_verdict"))
     side: Mapped[StepSide] = mapped_column(_enum(StepSide, "step_side", 8))
     change_pct: Mapped[float | None] = mapped_column(Float)
-    commit: Mapped[Commit] = relationship()
+    # a step of the bisection into a submodule bump: ``commit`` built with the submodule at this
+    # commit (a row of the submodule's repository); None for a step over the branch's commits
+    submodule_commit_id: Mapped[int | None] = mapped_column(ForeignKey("commits.id"))
+    commit: Mapped[Commit] = relationship(foreign_keys=[commit_id])
+    submodule_commit: Mapped[Commit | None] = relationship(foreign_keys=[submodule_commit_id])
 
     def to_dict(self) -> dict[str, Any]:
         """The step as every reader shows it (CLI, API, pages, alerts)."""
+        sub = self.submodule_commit
         return {"sha": self.commit.sha, "summary": self.commit.summary, "side": self.side.value, "verdict": self.verdict.value,
-                "change_pct": self.change_pct, "run_id": self.run_id}
+                "change_pct": self.change_pct, "run_id": self.run_id,
+                "submodule": {"sha": sub.sha, "summary": sub.summary} if sub else None}

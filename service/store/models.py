@@ -98,6 +98,9 @@ class Build(Base):
     status: Mapped[BuildStatus] = mapped_column(_enum(BuildStatus, "build_status"))
     artifact_key: Mapped[str | None] = mapped_column(String(128))
     cached: Mapped[bool] = mapped_column(Boolean, default=False)
+    # ``path@sha``: a submodule built at another commit than ``commit`` records (a bisection
+    # into a bump); its artifact key differs from the plain build's
+    submodule_pin: Mapped[str | None] = mapped_column(String(300))
     log: Mapped[str] = mapped_column(Text, default="")
     duration_s: Mapped[float | None] = mapped_column(Float)
     # build metrics: incremental or clean, steps compiled, ccache hits and hit rate
@@ -332,6 +335,10 @@ class Regression(Base):
     verify_verdict: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Named by bisection (or the range itself when it is one commit); null while unknown.
     culprit_commit_id: Mapped[int | None] = mapped_column(ForeignKey("commits.id"))
+    # when the culprit moves a submodule of [build] submodules: the path and the submodule's own
+    # commit the bisection into the bump named (a row of the submodule's repository)
+    culprit_submodule_path: Mapped[str | None] = mapped_column(String(256))
+    culprit_submodule_commit_id: Mapped[int | None] = mapped_column(ForeignKey("commits.id"))
     # Regressions with the same culprit on one device share a group: the lowest regression id.
     group_id: Mapped[int | None] = mapped_column(Integer, index=True)
     version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
@@ -340,6 +347,7 @@ class Regression(Base):
     control_commit: Mapped[Commit] = relationship(foreign_keys=[control_commit_id])
     treatment_commit: Mapped[Commit] = relationship(foreign_keys=[treatment_commit_id])
     culprit_commit: Mapped[Commit | None] = relationship(foreign_keys=[culprit_commit_id])
+    culprit_submodule_commit: Mapped[Commit | None] = relationship(foreign_keys=[culprit_submodule_commit_id])
     bisection: Mapped[list[BisectionStep]] = relationship(order_by="BisectionStep.position")
     events: Mapped[list[RegressionEvent]] = relationship(
         order_by="RegressionEvent.id", back_populates="regression"
@@ -353,6 +361,24 @@ class Regression(Base):
         if self.triage is not TriageStatus.FIXED:
             return None
         return next((t.fixed_by for t in reversed(self.triage_events) if t.status is TriageStatus.FIXED), None)
+
+    @property
+    def culprit_submodule(self) -> dict[str, Any] | None:
+        """The submodule commit a bisection into the culprit's bump named (path, sha, summary,
+        author), or None."""
+        sub = self.culprit_submodule_commit
+        return None if sub is None else {"path": self.culprit_submodule_path, "sha": sub.sha, "summary": sub.summary,
+                                         "author": sub.author}
+
+    @property
+    def culprit_line(self) -> str | None:
+        """``culprit: <sha> <subject>``, and ``-> <submodule path> <sha> <subject>`` when the
+        bisection went on into the culprit's submodule bump; None before a culprit is named."""
+        culprit, sub = self.culprit_commit, self.culprit_submodule_commit
+        if culprit is None:
+            return None
+        line = f"culprit: {culprit.sha[:12]} {culprit.summary}"
+        return line + (f" -> {self.culprit_submodule_path} {sub.sha[:12]} {sub.summary}" if sub else "")
 
     def to_dict(self) -> dict[str, Any]:
         """The one shape of a regression that every reader shows: ``abwatch regressions --json``,
@@ -368,7 +394,9 @@ class Regression(Base):
             "benchmark_verdict": self.benchmark_verdict, "verify_verdict": self.verify_verdict,
             "device": self.device.name if self.device else None,
             "range": {"good": self.control_commit.sha, "bad": self.treatment_commit.sha},
-            "culprit": {"sha": culprit.sha, "summary": culprit.summary, "author": culprit.author} if culprit else None,
+            "culprit": {"sha": culprit.sha, "summary": culprit.summary, "author": culprit.author,
+                        "submodule": self.culprit_submodule} if culprit else None,
+            "culprit_line": self.culprit_line,
             "bisection": [step.to_dict() for step in self.bisection],
             "group": self.group_id,
             "events": [{"from": e.from_state.value if e.from_state else None, "to": e.to_state.value,

@@ -181,11 +181,13 @@ def earlier_series(session: Session, workload: Workload) -> Workload | None:
         .order_by(Workload.id.desc()).limit(1)).first()
 
 
-def get_success_build(session: Session, commit_id: int, builder_kind: str, config_hash: str, artifact) -> Build:
+def get_success_build(session: Session, commit_id: int, builder_kind: str, config_hash: str, artifact,
+                      submodule_pin: str | None = None) -> Build:
     """The one row of a successful build's artifact: the first process that stored it made it,
-    every later run (this process or another, built here or found in the cache) shares it."""
+    every later run (this process or another, built here or found in the cache) shares it.
+    ``submodule_pin``: ``path@sha`` of a submodule built at another commit than ``commit_id``'s."""
     insert_ignoring_conflict(session, Build, {
-        "commit_id": commit_id, "builder": builder_kind, "config_hash": config_hash,
+        "commit_id": commit_id, "builder": builder_kind, "config_hash": config_hash, "submodule_pin": submodule_pin,
         "status": BuildStatus.SUCCESS, "artifact_key": artifact.key, "cached": artifact.cached,
         "log": artifact.log, "duration_s": artifact.duration_s, "metrics": artifact.metrics or None,
         "created_at": utcnow()}, ["artifact_key"], where=text("status = 'success'"))

@@ -25,10 +25,21 @@ by the verdict :data:`JUDGES` names for them, read through the metric registry
 (:func:`service.compare.metrics.judged`) — for ``runtime`` the run's verdict on that metric (time,
 instructions, CPU time, peak memory), for ``compile-time`` the compile's. The engine is the same;
 only the verdict it reads differs.
+
+When a culprit moves a submodule the build checks out (a ``[build] submodules`` entry, TVM's
+``3rdparty/tvm-ffi`` first) and its parent was found good, the bisection goes on into the
+bump (:func:`_into_submodule`): the submodule's first-parent commits between the two pins,
+each built as TVM at the culprit with the submodule moved to it (``Builder.pin_submodule``; its
+own cache key and build row), compared with the culprit's parent. A bump that changes nothing
+else is the parent's tree with the new pin, so a step undecided against the parent is compared
+with the bump built as the parent with the submodule moved; a bump that also changes TVM's files
+tests the old pin at the bump first, which names those files when it is slower already. The
+submodule commit is stored beside the culprit (``regressions.culprit_submodule_*``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Collection
 
@@ -36,7 +47,11 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+import git
+
 from abwatch.core.commit_info import CommitInfo, storable
+from abwatch.builders import make_builder
+from abwatch.builders.builder import SubmodulePin
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.service import stats
 from abwatch.service.compare import driver, lifecycle, metrics, outcome
@@ -121,6 +136,13 @@ def find_culprit(session: Session, config: Config, mirror: RepoMirror, regressio
         builds += built
         search = bisect_search.judged(step.search, step.probe, {name: found[name][0] for name in names})
     culprits = {name: commits[index] for name, index in step.search.culprits.items()}
+    for sha in sorted(set(culprits.values())):
+        named = frozenset(n for n, c in culprits.items() if c == sha)
+        index = commits.index(sha)
+        parent_good = (index == 0 and mirror.first_parents(good, sha) == [sha]) or _found_good(
+            session, [by_name[n] for n in named], commits[index - 1] if index else good)
+        if parent_good:  # the change reproduces between the culprit's parent and the culprit
+            _into_submodule(session, config, mirror, tester, named, sha, progress)
     _announce(session, config, mirror, by_name, culprits, parent_run_id, one_commit=len(commits) == 1)
     return culprits
 
@@ -150,11 +172,13 @@ class _Tester:
                                                .where(BisectionStep.regression_id == r.id)) or 0
                           for r in by_name.values()}
 
-    def test(self, names: frozenset[str], sha: str) -> tuple[dict[str, tuple], int]:
-        """Per workload of ``names``: (side, verdict, change) at commit ``sha``; and the builds it took."""
+    def test(self, names: frozenset[str], sha: str, moved: _Moved | None = None) -> tuple[dict[str, tuple], int]:
+        """Per workload of ``names``: (side, verdict, change) at commit ``sha`` (with a submodule
+        moved: ``moved``); and the builds it took."""
         session, builds = self.session, 0
         commit, unreadable = commit_row(session, self.repository, self.mirror, sha)
-        found = _stored_steps(session, [self.by_name[name] for name in names], commit.id)
+        sub_id = moved.commit.id if moved else None
+        found = _stored_steps(session, [self.by_name[name] for name in names], commit.id, sub_id)
         if found is not None:  # stepped before this process was killed: the verdict is kept
             self.progress.message(f"  {sha[:12]}: judged already (stored steps); not compared again")
         elif unreadable:  # no comparison can store it: skipped like a broken build
@@ -162,32 +186,66 @@ class _Tester:
             found = _skip_unreadable(session, [self.by_name[name] for name in sorted(names)], self.positions,
                                      commit, unreadable)
         else:
-            found, deciding, step_run = _judge(names, sha, self.good, self.bad, self._compare, self.judge)
+            if moved is None:
+                found, deciding, step_run = _judge(names, sha, self.good, self.bad, self._compare, self.judge)
+            else:  # against the bump's parent, the bump with the submodule moved (see _into_submodule)
+                found, deciding, step_run = _judge(names, sha, moved.parent, sha, moved.compare(self._compare),
+                                                   self.judge)
             builds = sum(1 for b in step_run.builds if not b.cached)
             for name in sorted(names):
                 side, value, change = found[name]
                 regression = self.by_name[name]
                 session.add(BisectionStep(regression_id=regression.id, position=self.positions[regression.id],
-                                          commit_id=commit.id, run_id=deciding[name],
+                                          commit_id=commit.id, submodule_commit_id=sub_id, run_id=deciding[name],
                                           verdict=StepVerdict(value), side=StepSide(side), change_pct=change))
                 self.positions[regression.id] += 1
             session.commit()
-        _say(self.progress, sha, names, found)
+        _say(self.progress, sha[:12] if moved is None else f"{sha[:12]} with {moved.pin.path} at {moved.pin.sha[:12]}",
+             names, found)
         return found, builds
 
-    def _compare(self, names: Collection[str], control: str, treatment: str) -> outcome.CompareOutcome:
+    def _compare(self, names: Collection[str], control: str, treatment: str,
+                 pin: tuple[str, SubmodulePin] | None = None) -> outcome.CompareOutcome:
+        """Compare ``control`` with ``treatment`` for ``names``; ``pin``: (commit, submodule
+        moved) of one side, built locally (a build host would build the commit as it records)."""
         run_config = self.base_config.model_copy(update={
             "workloads": [w for w in self.base_config.workloads if w.name in names],
             "run": self.base_config.run.model_copy(update={"seed": None})})
+        builder = None
+        if pin is not None:
+            builder = make_builder(run_config)
+            builder.store = None
+            builder.pin_submodule(*pin)
         return driver.run_compare(self.session, run_config, control, treatment, run_type=RunType.REGRESS,
-                                  parent_run_id=self.parent_run_id, progress=self.progress)
+                                  parent_run_id=self.parent_run_id, progress=self.progress, builder=builder)
 
 
-def _say(progress: driver.Progress, sha: str, names: frozenset[str], found: dict[str, tuple]) -> None:
-    """Tell what commit ``sha`` was found for each workload of ``names``."""
+@dataclasses.dataclass(frozen=True)
+class _Moved:
+    """A step of a bisection into a bump: the bump ``sha`` built with ``pin``, compared with the
+    bump's ``parent``; ``pure``: the bump changes nothing but the submodule."""
+
+    pin: SubmodulePin
+    commit: Commit  # the submodule commit's row
+    parent: str
+    pure: bool
+
+    def compare(self, compare: Callable[..., outcome.CompareOutcome]) -> Callable[..., outcome.CompareOutcome | None]:
+        """``_judge``'s comparison: against the parent, the bump with the submodule moved; undecided,
+        against the bump, the parent with it moved (the same tree when the bump is pure; a bump
+        that changes TVM's files has no such build: the step is left undecided, as the earlier)."""
+        def step(names: Collection[str], control: str, treatment: str) -> outcome.CompareOutcome | None:
+            if control == self.parent:
+                return compare(names, control, treatment, (treatment, self.pin))
+            return compare(names, self.parent, treatment, (self.parent, self.pin)) if self.pure else None
+        return step
+
+
+def _say(progress: driver.Progress, label: str, names: frozenset[str], found: dict[str, tuple]) -> None:
+    """Tell what the commit ``label`` names was found for each workload of ``names``."""
     by_side = {side: sorted(n for n in names if found[n][0] == side) for side in (BAD, GOOD, SKIP)}
     broken = all(found[n][1] == "build_failed" for n in names)
-    progress.message(f"  {sha[:12]}: " + ("skip (does not build)" if broken else
+    progress.message(f"  {label}: " + ("skip (does not build)" if broken else
                                           f"bad for {by_side[BAD]}, good for {by_side[GOOD]}"
                                           + (f", cannot run {by_side[SKIP]}" if by_side[SKIP] else "")))
 
@@ -204,19 +262,26 @@ def _announce(session: Session, config: Config, mirror: RepoMirror, by_name: dic
         told = alerts.refresh_pending(session, ids, "regress", config.alerts) if one_commit else set()
         alerts.enqueue(session, [i for i in ids if i not in told], "culprit", config.alerts)
         device = named[0].device.name if named[0].device else config.runner.device or "?"
+        # the submodule commit first when the bisection went on into the bump: the description is short
+        into = sorted({f"{r.culprit_submodule_path} {r.culprit_submodule_commit.sha[:12]}: " for r in named
+                       if r.culprit_submodule_commit is not None})
         github.enqueue(session, config.github, sha, "failure", device,
-                       "culprit of " + ", ".join(f"#{r.id} {r.workload.name} {r.change_pct:+.1f}%" for r in named),
+                       "".join(into) + "culprit of "
+                       + ", ".join(f"#{r.id} {r.workload.name} {r.change_pct:+.1f}%" for r in named),
                        github.run_url(config.alerts.dashboard_url, parent_run_id))
     session.commit()
 
 
 def _judge(names: frozenset[str], sha: str, good: str, bad: str,
-           compare: Callable[[Collection[str], str, str], outcome.CompareOutcome],
+           compare: Callable[[Collection[str], str, str], outcome.CompareOutcome | None],
            judge: Judge) -> tuple[dict[str, tuple], dict[str, int], outcome.CompareOutcome]:
     """One step: ``sha`` against the good end; the workloads it cannot tell apart against the
     bad end (no build: both are cached by then). Returns {workload: (side, verdict, change)},
-    {workload: the run that decided it}, and the comparison against the good end."""
+    {workload: the run that decided it}, and the comparison against the good end. ``compare``
+    may answer None against the bad end (no such build): the step is then the earlier suspect."""
     result = compare(names, good, sha)
+    if result is None:  # only the comparison against the bad end may have no build to make
+        raise ValueError(f"no comparison of {sha[:12]} with the good end {good[:12]}")
     deciding = dict.fromkeys(names, result.run_id)
     if result.status == "build_failed":
         return {name: (SKIP, "build_failed", None) for name in names}, deciding, result
@@ -225,12 +290,13 @@ def _judge(names: frozenset[str], sha: str, good: str, bad: str,
     undecided = frozenset(name for name in names if found[name][0] is None)
     if undecided:
         against_bad = compare(undecided, sha, bad)
-        again = _sides(against_bad, undecided, good_is_control=False, judge=judge)
+        again = {} if against_bad is None else _sides(against_bad, undecided, good_is_control=False, judge=judge)
         for name in undecided:
             side, value, change = again.get(name, (None, "unknown", None))
             # neither end tells them apart: keep the earlier commit as the suspect
             found[name] = (side or BAD, value, change)
-            deciding[name] = against_bad.run_id
+            if against_bad is not None:
+                deciding[name] = against_bad.run_id
     return found, deciding, result
 
 
@@ -249,8 +315,8 @@ def _skip_unreadable(session: Session, regressions: list[Regression], positions:
     return {r.workload.name: (SKIP, StepVerdict.FAILED.value, None) for r in regressions}
 
 
-def _stored_steps(session: Session, regressions: list[Regression],
-                  commit_id: int) -> dict[str, tuple] | None:
+def _stored_steps(session: Session, regressions: list[Regression], commit_id: int,
+                  submodule_commit_id: int | None = None) -> dict[str, tuple] | None:
     """The sides stored for ``commit_id`` by an earlier bisection of ``regressions`` (one that
     was killed, say), as :func:`_sides` gives them; None unless every one of them has a step.
 
@@ -260,7 +326,9 @@ def _stored_steps(session: Session, regressions: list[Regression],
     found = {}
     for regression in regressions:
         step = session.scalars(select(BisectionStep).where(
-            BisectionStep.regression_id == regression.id, BisectionStep.commit_id == commit_id)
+            BisectionStep.regression_id == regression.id, BisectionStep.commit_id == commit_id,
+            BisectionStep.submodule_commit_id.is_(None) if submodule_commit_id is None
+            else BisectionStep.submodule_commit_id == submodule_commit_id)
             .order_by(BisectionStep.position.desc())).first()
         if step is None:
             return None
@@ -295,3 +363,111 @@ def name_culprit(session: Session, regressions: list[Regression], mirror: RepoMi
         group = session.scalar(select(func.min(Regression.id)).where(*same))
         session.execute(update(Regression).where(*same).values(group_id=group))
     session.flush()
+
+
+def _found_good(session: Session, regressions: list[Regression], sha: str) -> bool:
+    """Whether a stored step found commit ``sha`` good for every one of ``regressions``."""
+    for regression in regressions:
+        sides = session.scalars(select(BisectionStep.side).join(Commit, BisectionStep.commit_id == Commit.id).where(
+            BisectionStep.regression_id == regression.id, Commit.sha == sha,
+            BisectionStep.submodule_commit_id.is_(None)))
+        if StepSide.GOOD not in set(sides):
+            return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Bump:
+    """What commit ``sha`` does to submodule ``path``: its pin before (``old``) and after
+    (``new``), the URL ``.gitmodules`` gives it, and whether the commit changes other files too."""
+
+    path: str
+    old: str
+    new: str
+    url: str
+    pure: bool
+
+
+def bumps(mirror: RepoMirror, sha: str, paths: Collection[str]) -> list[Bump]:
+    """The submodules of ``paths`` that commit ``sha`` moves (read from git: gitlinks and
+    ``.gitmodules`` of ``sha`` and its first parent)."""
+    if not paths:
+        return []
+    repo = mirror.repo.git
+    try:
+        def pins(rev: str) -> dict[str, str]:
+            out = repo.ls_tree(rev, "--", *paths)
+            return {line.split("\t", 1)[1]: line.split()[2] for line in out.splitlines()
+                    if line.split()[1] == "commit"}
+        before, after = pins(f"{sha}^"), pins(sha)
+        changed = set(repo.diff("--name-only", f"{sha}^", sha).split())
+        names = repo.config("--blob", f"{sha}:.gitmodules", "--get-regexp", r"^submodule\..*\.path$")
+    except git.GitCommandError:  # a root commit, no .gitmodules: nothing to go into
+        return []
+    found = []
+    for line in names.splitlines():
+        key, _, path = line.partition(" ")
+        if path in paths and path in after and before.get(path) not in (None, after[path]):
+            url = repo.config("--blob", f"{sha}:.gitmodules", "--get", key.removesuffix(".path") + ".url")
+            found.append(Bump(path, before[path], after[path], url.strip(),
+                              pure=not (changed - {path, ".gitmodules"})))
+    return found
+
+
+def rewritten(url: str, rewrites: dict[str, str]) -> str:
+    """``url`` through ``submodule_rewrites`` as git's ``insteadOf`` reads them (the longest
+    matching prefix wins)."""
+    prefix = max((p for p in rewrites if url.startswith(p)), key=len, default=None)
+    return url if prefix is None else rewrites[prefix] + url[len(prefix):]
+
+
+def _into_submodule(session: Session, config: Config, mirror: RepoMirror, tester: _Tester,
+                    names: frozenset[str], sha: str, progress: driver.Progress) -> None:
+    """Bisect on into the submodule bump of culprit ``sha`` for ``names`` (see the module);
+    the submodule commit found is stored on their regressions."""
+    paths = list(getattr(config.build, "submodules", None) or [])
+    for bump in bumps(mirror, sha, paths):
+        try:
+            sub_mirror = RepoMirror(rewritten(bump.url, getattr(config.build, "submodule_rewrites", {})),
+                                    config.cache_dir)
+            sub_mirror.fetch_for(bump.new)
+            moved = sub_mirror.first_parents(bump.old, bump.new)
+        except (RepoError, git.GitCommandError) as exc:
+            progress.message(f"  {bump.path} of {sha[:12]}: not bisected ({exc})")
+            continue
+        if not moved or moved[-1] != bump.new:  # moved back, or to a side line: no range to search
+            progress.message(f"  {bump.path} of {sha[:12]}: {bump.new[:12]} is not after {bump.old[:12]} "
+                             "on its first-parent line; not bisected")
+            continue
+        parent = mirror.repo.git.rev_parse(f"{sha}^")
+        span = bisect_search.bump_range(bump.path, bump.old, moved, bump.pure)
+        n = len(span.commits)
+        progress.message(f"bisecting into {bump.path} of {sha[:12]}: {len(moved)} commit(s) {bump.old[:12]}.."
+                         f"{bump.new[:12]}, TVM at {sha[:12]} "
+                         f"({'a pure bump' if bump.pure else 'the bump changes TVM files too: the old pin first'}); "
+                         f"at most {bisect_search.max_builds(n)} builds, one more per commit that does not build")
+        sub_repository = get_repository(session, bump.url)
+        search, builds = bisect_search.start(names, n), 0
+        limit = config.watch.max_builds_per_range
+        while (step := bisect_search.next_step(search, builds, limit)).probe is not None:
+            at = span.commits[step.probe.index]
+            commit, _ = commit_row(session, sub_repository, sub_mirror, at)
+            found, built = tester.test(step.probe.part.names, sha,
+                                       _Moved(SubmodulePin(bump.path, at), commit, parent, bump.pure))
+            builds += built
+            search = bisect_search.judged(step.search, step.probe,
+                                          {name: found[name][0] for name in step.probe.part.names})
+        progress.message(f"  {bump.path}: {builds} build(s)")
+        for name, index in step.search.culprits.items():
+            regression, culprit = tester.by_name[name], span.culprit(index)
+            if culprit is None:
+                lifecycle.note(session, regression, None, f"bisection into {bump.path}: {bump.old[:12]} at "
+                               f"{sha[:12]} shows it already; the bump's own changes to TVM's files are the culprit")
+                continue
+            regression.culprit_submodule_path = bump.path
+            regression.culprit_submodule_commit, _ = commit_row(session, sub_repository, sub_mirror, culprit)
+            progress.message(f"  {name}: culprit {bump.path} {culprit[:12]}")
+        for name in sorted(step.search.unresolved):
+            lifecycle.note(session, tester.by_name[name], None,
+                           f"bisection into {bump.path}: no submodule commit named within {limit} builds")
+        session.commit()

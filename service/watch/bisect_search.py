@@ -117,3 +117,34 @@ def judged(search: Search, probe: Probe, sides: Mapping[str, str | None]) -> Sea
     if split[BAD]:
         pushed.append(Part(split[BAD], part.lo, index, part.skipped))
     return Search((*search.todo, *pushed), search.culprits, search.unresolved)
+
+
+@dataclass(frozen=True)
+class BumpRange:
+    """The commits a bisection into a submodule bump tests, oldest first, numbered like a range
+    of the branch's commits: the last is the bump's new pin (the bad end, the bump itself), ``-1``
+    the bump's parent (the good end, the old pin).
+
+    When the bump changes nothing but the submodule, the parent is the old pin built with the
+    bump's files, so the range is the submodule's commits after the old pin. When the bump also
+    changes the parent repository's own files, the old pin built at the bump is tested too (it
+    comes first): found bad, the culprit is those files, not a submodule commit.
+    """
+
+    path: str
+    old: str
+    commits: tuple[str, ...]
+    pure: bool
+
+    def culprit(self, index: int) -> str | None:
+        """The submodule commit a search of this range named at ``index``; None when it named the
+        old pin at the bump (the bump's own files changed what was measured)."""
+        sha = self.commits[index]
+        return None if not self.pure and index == 0 else sha
+
+
+def bump_range(path: str, old: str, moved: Iterable[str], pure: bool) -> BumpRange:
+    """The range of a bump of ``path`` from ``old`` over ``moved`` (the submodule's first-parent
+    commits after ``old`` up to the new pin, oldest first); ``pure``: the bump changes no other file."""
+    moved = tuple(moved)
+    return BumpRange(path, old, moved if pure else (old, *moved), pure)
