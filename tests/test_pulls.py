@@ -227,3 +227,18 @@ def test_automatic_runs_and_the_servers_limits(tmp_path, bench_repo, fresh_pg_ur
         answers = [deliver(base, "wrong", "issue_comment", b"{}").status_code for _ in range(10)]
         assert 429 in answers and set(answers) <= {401, 429}
     assert job_count(fresh_pg_url) == 1
+
+
+def test_the_comment_written_at_acceptance_says_what_will_run(session):
+    from abwatch.service.config import GithubConfig
+    from abwatch.service.notify import pull_answer
+
+    github = GithubConfig(repo="apache/tvm")
+    payload = {"control": "a" * 40, "treatment": "b" * 40, "workloads": ["mlp", "cnn"], "verify": True,
+               "pr": 7, "repo": "apache/tvm"}
+    queue.enqueue(session, pulls.KIND, "ci-box", payload, f"{pull_answer.job_key(github, 7)}comment-1:ci-box")
+    shown = pull_answer.render(session, github, 7)
+    assert f"### abwatch: {'b' * 12} against its merge base {'a' * 12}" in shown["comment"]
+    assert ("Queued (job " in shown["comment"] and "): `mlp`, `cnn`; a suspected regression is verified. This "
+            "comment is edited with the verdicts when the job ends." in shown["comment"])
+    assert shown["check"]["status"] == "in_progress" and shown["check"]["title"] == "measuring on 1 device(s)"

@@ -207,7 +207,11 @@ def _device_section(session: Session, job: Job, status: JobStatus, result: dict 
                     regressions: dict[int, Regression], dashboard_url: str | None) -> list[str]:
     lines = [f"#### {_cell(job.device)}", ""]
     if status in (JobStatus.QUEUED, JobStatus.RUNNING):
-        return lines + [f"{'Queued' if status == JobStatus.QUEUED else 'Running'} (job {job.id}).", ""]
+        # what will run, said as the command is accepted; the comment is edited when the job ends
+        what = ", ".join(f"`{_cell(w)}`" for w in job.payload.get("workloads") or []) or "every workload"
+        verify = "; a suspected regression is verified" if job.payload.get("verify") else ""
+        return lines + [f"{'Queued' if status == JobStatus.QUEUED else 'Running'} (job {job.id}): {what}{verify}. "
+                        "This comment is edited with the verdicts when the job ends.", ""]
     if status == JobStatus.FAILED or not result or not result.get("run_id"):
         first = (error or "no result").splitlines()[0] if (error or "").strip() else "no result"
         return lines + [f"Job {job.id} failed: {_cell(first)}", ""]
