@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -41,6 +42,7 @@ def artifact(tvm_cache):
 def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact):
     runner = CpuRunner(RunnerConfig(threads=1, processes="forked", children_per_server=2))
     servers: list[int] = []  # the live server's pid after each child
+    pads: dict[int, int] = {}  # each server's environment padding (the sandbox's process holds it)
     try:
         first = runner.run(artifact, MLP, 120, "control")  # compiles and exports: a fresh worker
         assert first.status == "ok" and first.server is None and first.metrics["compile_ms"] > 0
@@ -51,6 +53,10 @@ def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact
             children.append(child)
             live = runner.tvm.timed.live
             servers.append(next(iter(live.values())).pid if live else 0)
+            if servers[-1]:
+                environ = Path(f"/proc/{servers[-1]}/environ").read_bytes().split(b"\0")
+                (pad,) = [v for v in environ if v.startswith(b"ABWATCH_LAYOUT_PAD=")]
+                pads[servers[-1]] = len(pad) - len("ABWATCH_LAYOUT_PAD=")
         other = runner.run(artifact, MLP, 120, "treatment")  # its own side's compile, then its own server
         treated = runner.run(artifact, MLP, 120, "treatment")
     finally:
@@ -64,6 +70,8 @@ def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact
     # the server lived for its two children, was closed after them and replaced by a new process
     assert servers[0] and servers[1] == 0 and servers[2] and servers[2] != servers[0] and servers[3] == 0
     assert not alive(servers[0]) and not alive(servers[2])
+    assert len(pads) == 3 and all(0 <= n < 4096 for n in pads.values())
+    assert len(set(pads.values())) > 1  # drawn per server (all three alike: once in 16 million runs)
     assert other.server is None and treated.server == 3  # the treatment side is never served by control's
     assert not runner.tvm.timed.live  # teardown stops the servers
 
@@ -131,3 +139,27 @@ samples = 20
         # 4 children a side, 3 a server: two servers each
         assert sorted(len(set(servers)) for servers in by_side.values()) == [2, 2]
     engine.dispose()
+
+
+def test_each_forked_child_moves_its_stack_and_heap_by_its_own_draw(artifact):
+    from abwatch.runners.tvm_sessions import _from_child
+
+    runner = CpuRunner(RunnerConfig(threads=1, processes="forked"))
+    tvm = runner.tvm
+    try:
+        assert runner.run(artifact, MLP, 120, "control").status == "ok"  # compiles and exports
+        spec = dict(tvm.spec(MLP, {}), load=str(tvm._lib(artifact, MLP, "control")))
+        layouts = []
+        with tvm.timed.one("control", artifact, {"TVM_NUM_THREADS": "1"}, tvm._sandbox(), 300) as server:
+            for _ in range(4):
+                server.worker.send({"cmd": "fork"})
+                layouts.append(_from_child(server.worker, 60)["layout"])
+                server.worker.send(spec)
+                assert _from_child(server.worker, 60)["ready"]  # the child loaded the library
+                server.worker.send({"cmd": "exit"})
+                assert server.worker.receive(60) == {"forked": True, "status": 0}
+    finally:
+        runner.teardown()
+    assert all(0 <= x["stack_depth"] < 64 and 0 <= x["heap_bytes"] < 65536 and x["heap_bytes"] % 16 == 0
+               for x in layouts)
+    assert len({(x["stack_depth"], x["heap_bytes"]) for x in layouts}) > 1  # four alike: once in 10^17
