@@ -356,21 +356,22 @@ class TimedServers:
             server.close()
 
 
-def _from_child(server: Worker, timeout_s: float) -> dict:
-    """A forked child's reply; WorkerError if the child died first (its server then says so)."""
+def _from_child(server: Worker, timeout_s: float, what: str = "counted") -> dict:
+    """A forked child's reply; WorkerError if the child died first (its server then says so,
+    naming it a ``what`` worker)."""
     reply = server.receive(timeout_s)
     if "forked" in reply:
-        raise WorkerError(_ended(reply, server))
+        raise WorkerError(_ended(reply, server, what))
     return reply
 
 
-def _ended(reply: dict, server: Worker) -> str:
+def _ended(reply: dict, server: Worker, what: str = "counted") -> str:
     status = reply.get("status")
     # Valgrind 3.19 decodes no AVX-512: code compiled for such a host's CPU stops it with SIGILL
     hint = (" (SIGILL: an instruction the counter cannot run, such as AVX-512 under Valgrind)"
-            if status == -4 else "")
+            if status == -4 and what == "counted" else "")
     tail = server.tail()
-    return f"counted worker ended with status {status}{hint}" + (f": {tail}" if tail else "")
+    return f"{what} worker ended with status {status}{hint}" + (f": {tail}" if tail else "")
 
 
 def _series(reply: dict) -> dict[str, tuple[float, ...]]:
@@ -493,16 +494,16 @@ class TvmSessions:
             with self.timed.one(side, artifact, {"TVM_NUM_THREADS": str(threads)}, self._sandbox(),
                                 max(COMPILE_TIMEOUT_S, timeout_s)) as server:
                 server.worker.send({"cmd": "fork"})
-                child = _from_child(server.worker, timeout_s)
+                child = _from_child(server.worker, timeout_s, "forked")
                 server.worker.send(spec)
-                _from_child(server.worker, timeout_s)  # loaded: the limits are a fresh worker's
+                _from_child(server.worker, timeout_s, "forked")  # loaded: the limits are a fresh worker's
                 server.worker.send({"cmd": "run"})
-                reply = _from_child(server.worker, timeout_s)
+                reply = _from_child(server.worker, timeout_s, "forked")
                 series = _series(reply)
                 server.worker.send({"cmd": "exit"})  # to the child; its server says when it is gone
                 ended = server.worker.receive(timeout_s)
                 if ended.get("status") != 0:
-                    raise WorkerError(f"forked worker ended with status {ended.get('status')}: {server.worker.tail()}")
+                    raise WorkerError(_ended(ended, server.worker, "forked"))
                 wall_s = time.monotonic() - start  # a server closed after its last child is not this child's
         except WorkerError as exc:
             status = "timeout" if "timeout" in str(exc) else "error"

@@ -76,7 +76,7 @@ def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact
     assert not runner.tvm.timed.live  # teardown stops the servers
 
 
-def test_a_failing_child_takes_its_server_down_and_the_next_gets_a_new_one(artifact):
+def test_a_failing_or_hung_child_takes_its_server_down_and_the_next_gets_a_new_one(artifact):
     runner = CpuRunner(RunnerConfig(threads=1, processes="forked", children_per_server=5))
     try:
         assert runner.run(artifact, MLP, 120, "control").status == "ok"
@@ -86,6 +86,15 @@ def test_a_failing_child_takes_its_server_down_and_the_next_gets_a_new_one(artif
         failed = runner.run(artifact, MLP, 120, "control")
         assert failed.status == "error" and "failed" in failed.message and failed.server is None, failed
         assert not runner.tvm.timed.live and not alive(server.pid)
+        # a child past its time limit is killed with its server, and the next child has a new one
+        assert runner.run(artifact, MLP, 120, "treatment").status == "ok"  # compiles the treatment's
+        assert runner.run(artifact, MLP, 120, "treatment").server == 1
+        (server,) = runner.tvm.timed.live.values()
+        hung = runner.run(artifact, MLP, 0.001, "treatment")
+        assert hung.status == "timeout" and "killed after" in hung.message, hung
+        assert not runner.tvm.timed.live and not alive(server.pid)
+        after = runner.run(artifact, MLP, 120, "treatment")
+        assert after.status == "ok" and after.server == 2
     finally:
         runner.teardown()
 
