@@ -355,6 +355,17 @@ class RunnerConfig(StrictModel):
     kind: str = Field(default="cpu", description="a runner of runners.RUNNERS (the config checks the name there)")
     device: str | None = Field(default=None, description="device name; default: host name or rpc key")
     threads: int | None = Field(default=None, ge=1, description="TVM_NUM_THREADS; default: all cores")
+    # A forked child skips the interpreter's start and ``import tvm`` (~0.55 s of a ~0.9 s
+    # invocation of builtin:mlp here: benchmarks/tvm_worker_phases.py) and is still a process
+    # of its own with its own samples; runners/tvm_sessions.py, TimedServers, says how it stays
+    # independent (servers restarted, each child's layout randomised).
+    processes: Literal["fresh", "forked"] = Field(
+        default="forked", description="tvm, on this host's CPU: how each timed worker starts: forked (a "
+        "child of a per-build, per-side fork server that has imported TVM) or fresh (a new interpreter "
+        "that imports TVM); the compiling worker, GPU and RPC runners' workers always start fresh")
+    children_per_server: int = Field(
+        default=8, ge=1, le=1000, description='processes = "forked": children a fork server serves before it '
+        "is restarted (each server is one memory layout its children share)")
     tracker: str | None = Field(default=None, pattern=r"^[^:]+:\d+$", description="rpc: host:port")
     key: str | None = Field(default=None, description="rpc: device key at the tracker")
     target: dict[str, Any] | str | None = Field(

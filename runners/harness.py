@@ -108,6 +108,7 @@ class ProcessFigures:
     max_rss_kb: int | None = None  # its peak resident memory (or its timed region's)
     # the figures of each token generation it timed, by metric name (InvocationResult.series)
     series: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    server: int | None = None  # the fork server it was a child of (InvocationResult.server)
 
 
 @dataclass
@@ -145,7 +146,7 @@ def measure(runner, artifacts: Mapping[str, Path], workload, schedule: list[Slot
             result_of.records[slot.side].extend(result.records)
             result_of.processes[slot.side].append(ProcessFigures(
                 slot.position, result.usage_span_s, result.cpu_s, result.involuntary_switches,
-                result.threads, result.max_rss_kb, result.series))
+                result.threads, result.max_rss_kb, result.series, result.server))
         if result.metrics:
             result_of.metrics[slot.side].append(result.metrics)
     return result_of

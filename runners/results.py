@@ -79,6 +79,12 @@ class InvocationResult:
     # a counted process: the functions its count was spent in (runners.profiles.Profile.to_dict,
     # per call where its sample is), None where the counter counts no functions
     profile: dict[str, Any] | None = None
+    # a forked TVM worker ([runner] processes = "forked"): the fork server it was a child of, by
+    # its number in the runner's sequence of servers (a level of the statistics above the
+    # process: its children share its memory layout), and its process id as it saw it; None
+    # for a fresh process
+    server: int | None = None
+    pid: int | None = None
 
     @property
     def usage_span_s(self) -> float:

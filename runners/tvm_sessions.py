@@ -7,7 +7,9 @@ fresh process (the statistics' unit: two processes of one build differ by severa
 percent, so one long-lived worker per side would turn that into false alarms). A worker
 that fails to compile, crashes or exceeds its time is killed and reported as that
 build's failure. Counted workers are forked from a per-build fork server that has imported
-TVM (below, ``ForkServers``).
+TVM (below, ``ForkServers``); so are timed workers after the compiling one, with ``[runner]
+processes = "forked"``, from a per-build, per-side server restarted every few children
+(``TimedServers``).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import json
 import math
 import os
 import queue
+import random
 import signal
 import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -255,21 +259,119 @@ class ForkServers:
             server.close()
 
 
-def _from_child(server: Worker, timeout_s: float) -> dict:
-    """A forked child's reply; WorkerError if the child died first (its server then says so)."""
+# Fork servers for timed workers: a fork, not an interpreter's start and ``import tvm``.
+#
+# A fresh timed worker of builtin:mlp spent ~0.55 s of its ~0.9 s starting Python and importing
+# TVM, and ~0.17 s loading, warming up and timing (benchmarks/tvm_worker_phases.py). A forked
+# child skips the first part and is still a process of its own: its own library load, inputs,
+# VM, warm-up and samples, and its own exit. What children of one server share is the server's
+# memory layout, which can move a workload's time by a few percent. So a server serves at most
+# ``children_per_server`` children before it is closed and a new one started (its environment
+# padded by a random 0-4 KiB, which moves where its stack starts), each child moves its own
+# stack and heap by a random amount (tvm_worker.py, ``_shifted``), and every invocation says
+# which server it came from (``InvocationResult.server``), so the statistics can take servers
+# as a level above processes. Each side has its own servers: the two builds' children never
+# share one, and an A/A run's two sides are served by different servers too.
+
+LAYOUT_PAD_BYTES = 4096  # environment padding drawn per server: one page of stack positions
+
+
+class TimedServer:
+    """One fork server of timed workers of one (side, build): its number in the runner's
+    sequence of servers and how many children it has served."""
+
+    def __init__(self, artifact: Path, env: dict[str, str], sandbox: Sandbox, index: int, timeout_s: float) -> None:
+        pad = "x" * random.SystemRandom().randrange(LAYOUT_PAD_BYTES)
+        self.index, self.children = index, 0
+        self.worker = Worker(artifact, {"fork": True, "timed": True}, {**env, "ABWATCH_LAYOUT_PAD": pad}, sandbox)
+        try:
+            self.worker.receive(timeout_s)
+        except WorkerError:
+            self.worker.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        """The server process's id (the sandbox's, when sandboxed: its children are below it)."""
+        return self.worker.proc.pid
+
+    def close(self) -> None:
+        """Stop the server and any child it has."""
+        self.worker.close()
+
+
+class TimedServers:
+    """The timed fork servers of one runner: one live server per (side, build), replaced after
+    ``children_per_server`` children, or at once when a child failed; at most ``KEEP`` live,
+    the least recently used closed first."""
+
+    KEEP = 4  # a run's two sides, and the next run's while a worker moves on
+
+    def __init__(self, children_per_server: int) -> None:
+        self.children_per_server = children_per_server
+        self.started = 0  # servers started so far: the next one's index
+        self._live: dict[tuple[str, Path], TimedServer] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def live(self) -> dict[tuple[str, Path], TimedServer]:
+        """The live servers by (side, build)."""
+        with self._lock:
+            return dict(self._live)
+
+    @contextlib.contextmanager
+    def one(self, side: str, artifact: Path, env: dict[str, str], sandbox: Sandbox,
+            timeout_s: float) -> Iterator[TimedServer]:
+        """The (side, build)'s server for one child (started if there is none), held for the
+        child's whole life; closed after it if the child failed or it has served its share."""
+        key = (side, artifact)
+        with self._lock:
+            server = self._live.pop(key, None)  # taken: no other thread forks from it meanwhile
+            if server is None:
+                index, self.started = self.started, self.started + 1
+        if server is None:
+            server = TimedServer(artifact, env, sandbox, index, timeout_s)
+        try:
+            server.children += 1
+            yield server
+        except BaseException:
+            server.close()
+            raise
+        if server.children >= self.children_per_server:
+            server.close()
+            return
+        with self._lock:
+            stale = [self._live.pop(key)] if key in self._live else []  # another thread's meanwhile
+            self._live[key] = server  # the most recently used last
+            while len(self._live) > self.KEEP:  # a watch's worker keeps its runner for many runs' builds
+                stale.append(self._live.pop(next(iter(self._live))))
+        for old in stale:
+            old.close()
+
+    def close(self) -> None:
+        """Close every live server."""
+        with self._lock:
+            live, self._live = list(self._live.values()), {}
+        for server in live:
+            server.close()
+
+
+def _from_child(server: Worker, timeout_s: float, what: str = "counted") -> dict:
+    """A forked child's reply; WorkerError if the child died first (its server then says so,
+    naming it a ``what`` worker)."""
     reply = server.receive(timeout_s)
     if "forked" in reply:
-        raise WorkerError(_ended(reply, server))
+        raise WorkerError(_ended(reply, server, what))
     return reply
 
 
-def _ended(reply: dict, server: Worker) -> str:
+def _ended(reply: dict, server: Worker, what: str = "counted") -> str:
     status = reply.get("status")
     # Valgrind 3.19 decodes no AVX-512: code compiled for such a host's CPU stops it with SIGILL
     hint = (" (SIGILL: an instruction the counter cannot run, such as AVX-512 under Valgrind)"
-            if status == -4 else "")
+            if status == -4 and what == "counted" else "")
     tail = server.tail()
-    return f"counted worker ended with status {status}{hint}" + (f": {tail}" if tail else "")
+    return f"{what} worker ended with status {status}{hint}" + (f": {tail}" if tail else "")
 
 
 def _series(reply: dict) -> dict[str, tuple[float, ...]]:
@@ -282,6 +384,18 @@ def _series(reply: dict) -> dict[str, tuple[float, ...]]:
             raise WorkerError(f"worker broke the protocol: series {name!r} is not one positive number a sample")
         out[str(name)] = tuple(float(v) for v in values)
     return out
+
+
+def _timed(reply: dict, metrics: TvmMetrics, series: dict[str, tuple[float, ...]], wall_s: float,
+           threads: int) -> InvocationResult:
+    """The result of a timed worker's ``run`` reply."""
+    metrics["ops"] = reply.get("ops", {})
+    metrics["op_features"] = reply.get("op_features", {})
+    usage = reply.get("usage") or {}  # the timing batch's, on the host CPU (absent over RPC, on a GPU)
+    return InvocationResult("ok", tuple(reply["samples"]), wall_s, "", (), metrics,
+                            cpu_s=usage.get("cpu_s"), involuntary_switches=usage.get("involuntary_switches"),
+                            usage_wall_s=usage.get("wall_s"), threads=threads, max_rss_kb=usage.get("max_rss_kb"),
+                            series=series)
 
 
 class TvmSessions:
@@ -298,6 +412,7 @@ class TvmSessions:
         # counted processes run in threads (run.counted_jobs): one of them compiles a side's library
         self._libs_lock, self._ensuring = threading.Lock(), threading.Lock()
         self.forks = ForkServers()
+        self.timed = TimedServers(config.children_per_server)
 
     def _lib_dir(self) -> Path:
         with self._libs_lock:
@@ -321,14 +436,23 @@ class TvmSessions:
             "rpc": self.rpc,
         }
 
+    def forks_timed(self) -> bool:
+        """Whether timed workers after the compiling one are forked (``[runner] processes``):
+        on this host's CPU only. A GPU's driver and an RPC session are a fresh process's."""
+        return self.config.processes == "forked" and self.device == "cpu" and not self.rpc
+
     def run(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
             side: str, side_options: dict) -> InvocationResult:
         """One invocation: a fresh worker that loads (or first compiles) the library, answers one
-        timing batch, and exits. The compiling invocation also reports compile time and outputs."""
+        timing batch, and exits. The compiling invocation also reports compile time and outputs.
+        With ``processes = "forked"`` every later one is a child of the side's fork server
+        (:meth:`forked`)."""
         # Per side even when both sides are the same build (an A/A run).
         key = (side, artifact, workload.name)
         lib = self._lib(artifact, workload, side)
         first = key not in self.compiled
+        if not first and self.forks_timed():
+            return self.forked(artifact, workload, timeout_s, side, side_options)
         spec = dict(self.spec(workload, side_options), **({"export": str(lib)} if first else {"load": str(lib)}))
         threads = self.config.threads or os.cpu_count() or 1
         start = time.monotonic()
@@ -355,13 +479,37 @@ class TvmSessions:
         finally:
             if worker is not None:
                 worker.close()
-        metrics["ops"] = reply.get("ops", {})
-        metrics["op_features"] = reply.get("op_features", {})
-        usage = reply.get("usage") or {}  # the timing batch's, on the host CPU (absent over RPC, on a GPU)
-        return InvocationResult("ok", tuple(reply["samples"]), time.monotonic() - start, "", (), metrics,
-                                cpu_s=usage.get("cpu_s"), involuntary_switches=usage.get("involuntary_switches"),
-                                usage_wall_s=usage.get("wall_s"), threads=threads, max_rss_kb=usage.get("max_rss_kb"),
-                                series=series)
+        return _timed(reply, metrics, series, time.monotonic() - start, threads)
+
+    def forked(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
+               side: str, side_options: dict) -> InvocationResult:
+        """One invocation as a child of the (side, build)'s fork server: it loads the library
+        the compiling worker exported, answers one timing batch and exits, as a fresh worker
+        would; its result names its server (``server``). A child that fails takes its server
+        down with it (the next child gets a new one)."""
+        spec = dict(self.spec(workload, side_options), load=str(self._lib(artifact, workload, side)))
+        threads = self.config.threads or os.cpu_count() or 1
+        start = time.monotonic()
+        try:
+            with self.timed.one(side, artifact, {"TVM_NUM_THREADS": str(threads)}, self._sandbox(),
+                                max(COMPILE_TIMEOUT_S, timeout_s)) as server:
+                server.worker.send({"cmd": "fork"})
+                child = _from_child(server.worker, timeout_s, "forked")
+                server.worker.send(spec)
+                _from_child(server.worker, timeout_s, "forked")  # loaded: the limits are a fresh worker's
+                server.worker.send({"cmd": "run"})
+                reply = _from_child(server.worker, timeout_s, "forked")
+                series = _series(reply)
+                server.worker.send({"cmd": "exit"})  # to the child; its server says when it is gone
+                ended = server.worker.receive(timeout_s)
+                if ended.get("status") != 0:
+                    raise WorkerError(_ended(ended, server.worker, "forked"))
+                wall_s = time.monotonic() - start  # a server closed after its last child is not this child's
+        except WorkerError as exc:
+            status = "timeout" if "timeout" in str(exc) else "error"
+            return InvocationResult(status, (), time.monotonic() - start, str(exc))
+        return replace(_timed(reply, TvmMetrics(), series, wall_s, threads), server=server.index,
+                       pid=child.get("child"))
 
     def compile_time(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
                      side: str, side_options: dict) -> InvocationResult:
@@ -464,6 +612,7 @@ class TvmSessions:
     def close(self) -> None:
         """Stop the fork servers; remove the compiled libraries."""
         self.forks.close()
+        self.timed.close()
         if self._libs is not None:
             self._libs.cleanup()
             self._libs = None

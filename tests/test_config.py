@@ -270,3 +270,26 @@ def test_a_native_cpu_in_a_target_string_is_refused_with_the_table_to_write(tmp_
         load_config(path)
     path.write_text(path.read_text().replace('"llvm -mcpu=native -num-cores=2"', '"llvm -mcpu=skylake"'))
     assert load_config(path).runner.target == "llvm -mcpu=skylake"
+
+
+@pytest.mark.parametrize(
+    ("runner", "message"),
+    [
+        ('processes = "spawn"', "abwatch.toml: runner.processes: input should be 'fresh' or 'forked'"),
+        ("children_per_server = 0", "abwatch.toml: runner.children_per_server: input should be greater than or equal to 1"),
+    ],
+)
+def test_how_timed_workers_start_is_checked(tmp_path, runner, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, VALID + f"\n[runner]\n{runner}\n"))
+    assert message in str(info.value)
+
+
+def test_a_watch_that_leaves_how_workers_start_at_its_default_is_the_same_watch(tmp_path):
+    from abwatch.service.watch.poll import config_hash
+
+    default = load_config(write(tmp_path, VALID))
+    assert default.runner.processes == "forked" and default.runner.children_per_server == 8
+    assert config_hash(default) == "463a36fe14d8c344"  # what this config hashed to before the keys existed
+    fresh = default.model_copy(update={"runner": default.runner.model_copy(update={"processes": "fresh"})})
+    assert config_hash(fresh) != config_hash(default)

@@ -266,7 +266,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
             status=InvocationStatus(result.status), wall_s=result.wall_s, message=result.message,
             cpu_s=result.cpu_s, involuntary_switches=result.involuntary_switches,
             usage_wall_s=None if result.cpu_s is None else result.usage_span_s,
-            max_rss_kb=result.max_rss_kb,
+            max_rss_kb=result.max_rss_kb, server=result.server,
         )
         session.add(invocation)
         session.flush()

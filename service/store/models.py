@@ -184,6 +184,9 @@ class Invocation(Base):
     involuntary_switches: Mapped[int | None] = mapped_column(BigInteger)
     usage_wall_s: Mapped[float | None] = mapped_column(Float)
     max_rss_kb: Mapped[int | None] = mapped_column(BigInteger)  # peak resident memory (or its timed region's)
+    # a forked TVM worker's fork server, by its number in the runner's sequence of servers (its
+    # children share one memory layout: a level above the process); NULL for a fresh process
+    server: Mapped[int | None] = mapped_column(Integer)
 
 
 class Sample(Base):

@@ -28,7 +28,7 @@ from abwatch.core.config_base import spec_hash
 from abwatch.service.compare import building, driver, lifecycle, outcome, verify
 from abwatch.service.notify import alerts, github
 from abwatch.service.watch import bisect, queue, retry, upkeep
-from abwatch.service.config import Config
+from abwatch.service.config import Config, RunnerConfig
 from abwatch.service.watch.controls import control_rule
 from abwatch.service.watch.device_config import device_names, for_device
 from abwatch.service.store.models import (
@@ -53,6 +53,9 @@ def config_hash(config: Config) -> str:
     payload["run"].pop("seed", None)
     if payload["stats"].get("contention_share") == 0.5:  # added later at its default: the same watch as before
         del payload["stats"]["contention_share"]
+    for added in ("processes", "children_per_server"):  # the same: how a timed worker starts
+        if payload["runner"].get(added) == RunnerConfig.model_fields[added].default:
+            del payload["runner"][added]
     for workload in payload["workloads"]:  # limits on what is printed, not what is measured
         for limit in ("max_output_mb", "max_samples"):
             workload.pop(limit, None)

@@ -1,0 +1,174 @@
+"""Timed TVM workers forked from per-build, per-side fork servers (``[runner] processes =
+"forked"``), with the real apache-tvm wheel: each child a process of its own with its own
+samples, servers restarted after their share of children, and a comparison through them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from abwatch.builders import TvmWheelBuilder
+from abwatch.builders.spec import RunnerConfig
+from abwatch.runners import CpuRunner
+from abwatch.service.cli.main import main
+from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
+from abwatch.service.store import db
+from abwatch.service.store.models import Comparison, Invocation
+
+pytestmark = pytest.mark.slow  # real TVM processes (each test ~10-20 s on 2 busy cores)
+
+NEW = "0.27.0.post1"
+MLP = TvmWorkloadConfig(name="mlp", model="builtin:mlp", input_shape=[1, 64], options={"hidden": 64}, samples=20)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def artifact(tvm_cache):
+    config = Config(build=TvmWheelBuildConfig(), cache_dir=tvm_cache, workloads=[MLP])
+    return TvmWheelBuilder(config).build(NEW).path
+
+
+def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact):
+    runner = CpuRunner(RunnerConfig(threads=1, processes="forked", children_per_server=2))
+    servers: list[int] = []  # the live server's pid after each child
+    pads: dict[int, int] = {}  # each server's environment padding (the sandbox's process holds it)
+    try:
+        first = runner.run(artifact, MLP, 120, "control")  # compiles and exports: a fresh worker
+        assert first.status == "ok" and first.server is None and first.metrics["compile_ms"] > 0
+        children = []
+        for _ in range(5):
+            child = runner.run(artifact, MLP, 120, "control")
+            assert child.status == "ok", child.message
+            children.append(child)
+            live = runner.tvm.timed.live
+            servers.append(next(iter(live.values())).pid if live else 0)
+            if servers[-1]:
+                environ = Path(f"/proc/{servers[-1]}/environ").read_bytes().split(b"\0")
+                (pad,) = [v for v in environ if v.startswith(b"ABWATCH_LAYOUT_PAD=")]
+                pads[servers[-1]] = len(pad) - len("ABWATCH_LAYOUT_PAD=")
+        other = runner.run(artifact, MLP, 120, "treatment")  # its own side's compile, then its own server
+        treated = runner.run(artifact, MLP, 120, "treatment")
+    finally:
+        runner.teardown()
+    # every child timed its own batch: its samples, its usage figures, its process
+    assert all(len(c.samples) == 20 and c.cpu_s and c.usage_wall_s for c in children)
+    assert len({c.samples for c in children}) == 5
+    assert [c.server for c in children] == [0, 0, 1, 1, 2]  # two children a server, then a new one
+    # within a server (a pid namespace of its own under the sandbox) each child has a pid of its own
+    assert len({(c.server, c.pid) for c in children}) == 5 and all(c.pid for c in children)
+    # the server lived for its two children, was closed after them and replaced by a new process
+    assert servers[0] and servers[1] == 0 and servers[2] and servers[2] != servers[0] and servers[3] == 0
+    assert not alive(servers[0]) and not alive(servers[2])
+    assert len(pads) == 3 and all(0 <= n < 4096 for n in pads.values())
+    assert len(set(pads.values())) > 1  # drawn per server (all three alike: once in 16 million runs)
+    assert other.server is None and treated.server == 3  # the treatment side is never served by control's
+    assert not runner.tvm.timed.live  # teardown stops the servers
+
+
+def test_a_failing_or_hung_child_takes_its_server_down_and_the_next_gets_a_new_one(artifact):
+    runner = CpuRunner(RunnerConfig(threads=1, processes="forked", children_per_server=5))
+    try:
+        assert runner.run(artifact, MLP, 120, "control").status == "ok"
+        assert runner.run(artifact, MLP, 120, "control").server == 0
+        (server,) = runner.tvm.timed.live.values()
+        runner.tvm._lib(artifact, MLP, "control").unlink()  # what the next child loads is gone
+        failed = runner.run(artifact, MLP, 120, "control")
+        assert failed.status == "error" and "failed" in failed.message and failed.server is None, failed
+        assert not runner.tvm.timed.live and not alive(server.pid)
+        # a child past its time limit is killed with its server, and the next child has a new one
+        assert runner.run(artifact, MLP, 120, "treatment").status == "ok"  # compiles the treatment's
+        assert runner.run(artifact, MLP, 120, "treatment").server == 1
+        (server,) = runner.tvm.timed.live.values()
+        hung = runner.run(artifact, MLP, 0.001, "treatment")
+        assert hung.status == "timeout" and "killed after" in hung.message, hung
+        assert not runner.tvm.timed.live and not alive(server.pid)
+        after = runner.run(artifact, MLP, 120, "treatment")
+        assert after.status == "ok" and after.server == 2
+    finally:
+        runner.teardown()
+
+
+def test_a_comparison_through_forked_workers_is_judged_and_stores_each_server(tmp_path, tvm_cache, sqlite_url,
+                                                                             capsys):
+    config = tmp_path / "tvm.toml"
+    config.write_text(f"""
+cache_dir = {json.dumps(str(tvm_cache))}
+[build]
+kind = "tvm-wheel"
+[runner]
+kind = "cpu"
+threads = 1
+processes = "forked"
+children_per_server = 3
+[run]
+repetitions = 4
+max_repetitions = 4
+compile_repetitions = 0
+seed = 3
+noise_aware = false
+[[workloads]]
+name = "mlp"
+kind = "tvm"
+model = "builtin:mlp"
+input_shape = [1, 64]
+options = {{hidden = 64}}
+samples = 20
+""")
+    code = main(["compare", "--config", str(config), "--control", NEW, "--treatment", NEW, "--json",
+                 "--db", sqlite_url])
+    out = capsys.readouterr()
+    assert code in (0, 1), out.err
+    payload = json.loads(out.out)
+    (result,) = payload["results"]
+    assert result["verdict"] in ("same", "unknown", "regression", "improvement") and not result["failure"], result
+    assert result["control"]["n"] == result["treatment"]["n"] == 4 * 20
+    engine = db.make_engine(sqlite_url)
+    with db.session_scope(engine) as session:
+        stored = session.scalars(select(Comparison.verdict).where(Comparison.run_id == payload["run_id"])).all()
+        assert [v.value for v in stored] == [result["verdict"]]
+        rows = session.scalars(select(Invocation).where(Invocation.run_id == payload["run_id"])).all()
+        measured = [r for r in rows if not r.warmup]
+        assert len(measured) == 8
+        # the warm-up invocation of each side compiles (fresh); every measured one was forked
+        assert all(r.server is None for r in rows if r.warmup)
+        by_side = {side: [r.server for r in measured if r.side.value == side] for side in ("control", "treatment")}
+        assert all(s is not None for servers in by_side.values() for s in servers)
+        assert not set(by_side["control"]) & set(by_side["treatment"])
+        # 4 children a side, 3 a server: two servers each
+        assert sorted(len(set(servers)) for servers in by_side.values()) == [2, 2]
+    engine.dispose()
+
+
+def test_each_forked_child_moves_its_stack_and_heap_by_its_own_draw(artifact):
+    from abwatch.runners.tvm_sessions import _from_child
+
+    runner = CpuRunner(RunnerConfig(threads=1, processes="forked"))
+    tvm = runner.tvm
+    try:
+        assert runner.run(artifact, MLP, 120, "control").status == "ok"  # compiles and exports
+        spec = dict(tvm.spec(MLP, {}), load=str(tvm._lib(artifact, MLP, "control")))
+        layouts = []
+        with tvm.timed.one("control", artifact, {"TVM_NUM_THREADS": "1"}, tvm._sandbox(), 300) as server:
+            for _ in range(4):
+                server.worker.send({"cmd": "fork"})
+                layouts.append(_from_child(server.worker, 60)["layout"])
+                server.worker.send(spec)
+                assert _from_child(server.worker, 60)["ready"]  # the child loaded the library
+                server.worker.send({"cmd": "exit"})
+                assert server.worker.receive(60) == {"forked": True, "status": 0}
+    finally:
+        runner.teardown()
+    assert all(0 <= x["stack_depth"] < 64 and 0 <= x["heap_bytes"] < 65536 and x["heap_bytes"] % 16 == 0
+               for x in layouts)
+    assert len({(x["stack_depth"], x["heap_bytes"]) for x in layouts}) > 1  # four alike: once in 10^17
