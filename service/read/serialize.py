@@ -128,8 +128,8 @@ def history_json(workload: str, points, found) -> dict:
 
 def cache_json(cache, entries, size: int, compiler: dict | None = None, store: dict | None = None) -> dict:
     """The ``--json`` shape of ``abwatch cache``: the artifact cache, ``compiler_cache``
-    (``service.read.compiler_cache``; null unless the config builds from source) and
-    ``artifact_store`` (``service.read.artifact_store``; null without ``[artifacts] store``)."""
+    (``service.read.ccache_report``; null unless the config builds from source) and
+    ``artifact_store`` (``service.read.artifact_report``; null without ``[artifacts] store``)."""
     return {"root": str(cache.root), "bytes": size, "entries": [asdict(e) for e in entries],
             "compiler_cache": compiler, "artifact_store": store}
 

@@ -3,16 +3,16 @@ number in the runner's sequence of servers, distinct within a run. Children of o
 its memory layout, so the server is a level of the statistics above the process. NULL for a
 fresh process (every row before this revision).
 
-Revision ID: 0032
-Revises: 0031
+Revision ID: 0033
+Revises: 0032
 Create Date: 2026-11-27 17:10:00
 """
 from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0032'
-down_revision = '0031'
+revision = '0033'
+down_revision = '0032'
 branch_labels = None
 depends_on = None
 
