@@ -359,8 +359,9 @@ class RunnerConfig(StrictModel):
     # invocation of builtin:mlp here: benchmarks/tvm_worker_phases.py) and is still a process
     # of its own with its own samples; runners/tvm_sessions.py, TimedServers, says how it stays
     # independent (servers restarted, each child's layout randomised).
+    # fresh by default until forked servers' A/A false-positive rate is measured (docs/statistics.md)
     processes: Literal["fresh", "forked"] = Field(
-        default="forked", description="tvm, on this host's CPU: how each timed worker starts: forked (a "
+        default="fresh", description="tvm, on this host's CPU: how each timed worker starts: forked (a "
         "child of a per-build, per-side fork server that has imported TVM) or fresh (a new interpreter "
         "that imports TVM); the compiling worker, GPU and RPC runners' workers always start fresh")
     children_per_server: int = Field(
