@@ -12,8 +12,12 @@ import json
 import os
 import random
 import sys
+import threading
+import time
 from contextlib import contextmanager
+from pathlib import Path
 
+import psutil
 import pytest
 from sqlalchemy import func, select
 
@@ -24,7 +28,7 @@ from abwatch.runners.duet import Cores, choose_cores, host_cores, measure_duet, 
 from abwatch.runners.harness import interleaved_schedule
 from abwatch.service.cli.main import main
 from abwatch.service.compare.schedule import MEMORY_BOUND, schedule_for
-from abwatch.service.config import CommandWorkloadConfig, load_config
+from abwatch.service.config import CommandWorkloadConfig, TvmWorkloadConfig, load_config
 from abwatch.service.store import db
 from abwatch.service.store.models import Comparison, Invocation, Run
 from abwatch.service.store.rows import workload_spec_hash
@@ -190,3 +194,45 @@ def test_a_duet_compare_says_its_schedule(capsys, write_config, sqlite_url):
         assert len(details) == 2  # what `abwatch show` prints again: the schedule is kept with the verdict
         assert any("duet: each pair" in d for d in details) and any("marked memory_bound" in d for d in details)
         assert connection.scalar(select(func.count()).select_from(Invocation)) == 2 * 2 * (1 + 4)
+
+
+@needs_two
+@pytest.mark.slow  # a real TVM wheel's venv (once a session) and two compiles
+def test_a_tvm_duets_workers_run_pinned_on_one_thread_at_once(tmp_path, tvm_python):
+    """TVM workloads too: each side's worker starts pinned to its own CPU (seen from outside, by
+    its affinity while it runs) and times on one thread, the two workers alive at once."""
+    artifact = Path(tvm_python).parent.parent
+    cores, runner = host_cores(), CpuRunner()
+    workload = TvmWorkloadConfig(name="mlp", model="builtin:mlp", input_shape=[1, 64], options={"hidden": 64})
+    seen: dict[int, tuple[frozenset[int], float, float]] = {}  # pid: CPUs, first and last seen
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for proc in psutil.process_iter(["cmdline"]):
+                try:
+                    if any(str(part).endswith("tvm_worker.py") for part in proc.info["cmdline"] or ()) and \
+                            str(artifact) in " ".join(proc.info["cmdline"]):
+                        now = time.monotonic()
+                        cpus, first = frozenset(proc.cpu_affinity()), seen.get(proc.pid, (None, now))[1]
+                        seen[proc.pid] = (cpus, first, now)
+                except psutil.Error:
+                    continue
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        m = measure_duet(runner, {CONTROL: artifact, TREATMENT: artifact}, workload,
+                         interleaved_schedule(1, 1, random.Random(2)), 600, lambda *_: None, cores)
+    finally:
+        done.set()
+        watcher.join()
+        runner.teardown()
+    assert m.failure is None and all(f.threads == 1 for side in (CONTROL, TREATMENT) for f in m.processes[side])
+    assert len(m.samples[CONTROL]) == len(m.samples[TREATMENT]) == workload.samples
+    workers = list(seen.values())
+    assert len(workers) >= 2 and all(len(cpus) == 1 for cpus, *_ in workers), workers
+    assert {cpu for cpus, *_ in workers for cpu in cpus} == set(cores.cpus)
+    # some two workers on different CPUs were alive at the same time
+    assert any(a[0] != b[0] and a[1] < b[2] and b[1] < a[2] for a in workers for b in workers), workers
