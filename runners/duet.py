@@ -109,7 +109,9 @@ def measure_duet(runner, artifacts: Mapping[str, Path], workload, schedule: list
     """:func:`~abwatch.runners.harness.measure` with each pair's two invocations at once: the
     pair's first slot on ``cores.cpus[0]``, its second on ``cpus[1]``, started together (a
     barrier both pass just before their timed work). ``on_invocation`` is called in this thread,
-    both of a pair in slot order, once both have ended; the first pair with a failure ends it."""
+    both of a pair in slot order, once both have ended; the first pair with a failure ends it.
+    An interrupt (Ctrl-C) ends it once the running pair has (each process at its time limit at
+    the latest): the processes are another thread's children, which that thread reaps."""
     result_of = into or Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []},
                                     {CONTROL: [], TREATMENT: []})
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="abwatch-duet") as pool:

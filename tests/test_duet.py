@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -23,6 +24,7 @@ from sqlalchemy import func, select
 
 from abwatch.core.errors import UsageError
 from abwatch.core.sides import CONTROL, TREATMENT
+from abwatch.builders.procs import pinned
 from abwatch.runners import CpuRunner
 from abwatch.runners.duet import Cores, choose_cores, host_cores, measure_duet, pairs, parse_cpu_list
 from abwatch.runners.harness import interleaved_schedule
@@ -75,6 +77,20 @@ def test_cores_are_two_separate_cores_where_there_are():
     assert "SMT siblings" in siblings.describe()
     with pytest.raises(UsageError, match=r'run.schedule = "duet".*1 CPU \(3; os.sched_getaffinity\)'):
         choose_cores(frozenset({3}), {})
+
+
+@needs_two
+def test_a_pinned_start_leaves_this_threads_cpus_as_they_were():
+    mine = os.sched_getaffinity(0)
+    other = max(mine)
+    with pinned(frozenset({other})):
+        assert os.sched_getaffinity(0) == {other}
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True, check=True)
+    assert json.loads(child.stdout) == [other] and os.sched_getaffinity(0) == mine
+    with pytest.raises(RuntimeError), pinned(frozenset({other})):
+        raise RuntimeError("a start that failed")
+    assert os.sched_getaffinity(0) == mine
 
 
 def test_pairs_of_a_schedule():
