@@ -2,6 +2,7 @@
 memory-bound pair whose difference a duet shrinks.
 
     python -m benchmarks.duet --trials 6 --busy 2
+    python -m benchmarks.duet --made 0 --busy 0 --memory-pairs 0   # A/A: false positives
 
 A C program does a fixed amount of integer work (5 samples of ~20 ms a process); the treatment
 does 3 % more. Each trial judges it the way ``abwatch compare`` does (the first look's pairs,
@@ -163,6 +164,7 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=60.0, help="a trial's budget (run.max_seconds)")
     parser.add_argument("--memory-pairs", type=int, default=20, help="pairs a memory-bound measurement (0: none)")
     parser.add_argument("--memory-trials", type=int, default=4)
+    parser.add_argument("--made", type=float, default=3.0, help="the treatment's extra work, %% (0: an A/A run)")
     parser.add_argument("--wall-only", action="store_true",
                         help="judge wall time at every look (stats.contention_share = 0), not CPU time under contention")
     args = parser.parse_args()
@@ -174,10 +176,10 @@ def main() -> None:
         where.chmod(0o755)
         config = service_config(where, args.max_seconds, 0.0 if args.wall_only else 0.5)
         dirs = {CONTROL: build(where, "spin-c", SPIN, WORK=SPIN_WORK),
-                TREATMENT: build(where, "spin-t", SPIN, WORK=int(SPIN_WORK * 1.03))}
+                TREATMENT: build(where, "spin-t", SPIN, WORK=int(SPIN_WORK * (1 + args.made / 100)))}
         print(f"cores {cores.describe()}", flush=True)
         if args.trials:
-            print(f"\n+3 % made, threshold {config.stats.threshold_pct:g} %, {args.trials} trials a mode, "
+            print(f"\n{args.made:+g} % made, threshold {config.stats.threshold_pct:g} %, {args.trials} trials a mode, "
                   + ("wall time at every look" if args.wall_only else "CPU time under heavy contention"))
             print("| host | mode | verdicts | median s to verdict | median CI width (pp) | median change | "
                   "pairs/min | judged on CPU time |")
