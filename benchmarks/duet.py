@@ -39,7 +39,10 @@ from abwatch.runners.duet import Cores, host_cores, measure_duet
 from abwatch.runners.harness import interleaved_schedule, measure
 from abwatch.service import stats
 from abwatch.service.compare import contended
-from abwatch.service.config import CommandWorkloadConfig, Config, RunnerConfig, load_config
+from abwatch.builders import TvmWheelBuilder
+from abwatch.service.config import (
+    CommandWorkloadConfig, Config, RunnerConfig, TvmWheelBuildConfig, TvmWorkloadConfig, load_config,
+)
 
 SPIN = r"""
 #include <stdio.h>
@@ -76,6 +79,7 @@ int main(void) {
 }
 """
 
+COMPILE_S = 900.0  # a TVM side's first invocation compiles its library
 SPIN_WORK = 20_000_000  # ~20 ms a sample on this machine
 # The memory-bound pairs: the control reads READ uint64s a pass, the treatment 10 % more.
 # "dram": 256 MiB a pass, far beyond any cache; "l3": 20 MiB, 20 passes a sample, which fits this
@@ -157,6 +161,38 @@ def summary(rows: list[dict]) -> str:
             f"{med('width'):.2f} | {med('change'):+.2f} | {pairs_min:.0f} | {cpu}")
 
 
+def tvm_trials(runner, cores: Cores, args) -> None:
+    """A made +3 % on a TVM workload (the treatment's matmul 3 % larger), interleaved against duet:
+    each pair's processes are fresh TVM workers, most of whose time is starting and importing TVM."""
+    workload = TvmWorkloadConfig(name="matmul", model="te:matmul", options={"m": 96, "k": 96, "n": 96},
+                                 treatment_options={"options": {"n": 99}})
+    base = Config(build=TvmWheelBuildConfig(), cache_dir=args.tvm, workloads=[workload])
+    artifact = TvmWheelBuilder(base).build("0.27.0.post1").path
+    with tempfile.TemporaryDirectory() as tmp:
+        config = service_config(Path(tmp), args.max_seconds, 0.0 if args.wall_only else 0.5)
+        dirs = {CONTROL: artifact, TREATMENT: artifact}
+        rows: dict[str, list[dict]] = {"interleaved": [], "duet": []}
+        # the first compile of each side, outside the trials' times
+        runner.run(artifact, workload, COMPILE_S, CONTROL)
+        runner.run(artifact, workload, COMPILE_S, TREATMENT)
+        loops = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(args.busy)]
+        try:
+            for t in range(args.trials):
+                for mode in (("interleaved", "duet") if t % 2 == 0 else ("duet", "interleaved")):
+                    rows[mode].append(trial(runner, workload, dirs, config, cores if mode == "duet" else None, t))
+                    print(f"  tvm {mode} {t}: {rows[mode][-1]}", file=sys.stderr, flush=True)
+        finally:
+            for loop in loops:
+                loop.kill()
+                loop.wait()
+    print(f"\nte:matmul 96x96x96, treatment n = 99 (+3.1 %), one thread, TVM 0.27.0.post1, {args.busy} busy loops, "
+          f"{args.trials} trials a mode")
+    print("| mode | verdicts | median s to verdict | median CI width (pp) | median change | pairs/min | judged on CPU time |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for mode, found in rows.items():
+        print(f"| {mode} | {summary(found)} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=6, help="comparisons a mode, quiet and busy each")
@@ -165,11 +201,18 @@ def main() -> None:
     parser.add_argument("--memory-pairs", type=int, default=20, help="pairs a memory-bound measurement (0: none)")
     parser.add_argument("--memory-trials", type=int, default=4)
     parser.add_argument("--made", type=float, default=3.0, help="the treatment's extra work, %% (0: an A/A run)")
+    parser.add_argument("--tvm", type=Path, metavar="CACHE_DIR",
+                        help="instead: te:matmul on TVM 0.27.0.post1 (built under CACHE_DIR), its treatment "
+                             "3 %% larger (treatment_options), --trials a mode, with --busy loops beside it")
     parser.add_argument("--wall-only", action="store_true",
                         help="judge wall time at every look (stats.contention_share = 0), not CPU time under contention")
     args = parser.parse_args()
     cores = host_cores()
-    runner = CpuRunner(RunnerConfig(device="duet-benchmark"))
+    runner = CpuRunner(RunnerConfig(device="duet-benchmark", threads=1))
+    if args.tvm:
+        tvm_trials(runner, cores, args)
+        runner.teardown()
+        return
     spin = CommandWorkloadConfig(name="spin", command=["./bench"])
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
