@@ -36,7 +36,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import psutil
 
@@ -130,6 +130,37 @@ class ProcessResult:
     out_of_memory: bool = False  # the kernel killed it for passing its cgroup's memory limit
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where and when a measured process starts: one side of a duet pair (``[run] schedule =
+    "duet"``). The process runs pinned to ``cpus``; ``together`` is called just before the work
+    both sides time together begins (a command's start, a TVM worker's timing batch), so the two
+    sides of a pair begin it at the same moment and see the same interference."""
+
+    cpus: frozenset[int]
+    together: Callable[[], None] | None = None
+
+
+@contextlib.contextmanager
+def pinned(cpus: frozenset[int] | None) -> Iterator[None]:
+    """The calling thread pinned to ``cpus`` while the block runs (nothing with None).
+
+    Linux keeps an affinity per thread and a child inherits its forking thread's: a process
+    started in the block runs on ``cpus`` from its first instruction (no window in which it
+    runs elsewhere, as pinning it by pid after the start would leave), through any wrapper
+    that execs it (bubblewrap, a cgroup's entry), while abwatch's other threads keep theirs.
+    """
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def cut_log(text: str, limit: int, cut_bytes: int = 0) -> str:
     """The last ``limit`` characters of a log, marked at its start when anything was cut
     (``cut_bytes``: what :func:`run_process` already left out)."""
@@ -142,7 +173,7 @@ def cut_log(text: str, limit: int, cut_bytes: int = 0) -> str:
 
 def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str, str], timeout_s: float,
                 sandbox: Sandbox | None, merge_stderr: bool = False, max_output: int | None = None,
-                keep: int | None = None) -> ProcessResult:
+                keep: int | None = None, placement: Placement | None = None) -> ProcessResult:
     """Run ``argv`` (an argument list, never a shell string) for at most ``timeout_s`` seconds.
 
     Raises ``OSError`` when the program cannot be started. ``sandbox``: what the child may
@@ -151,7 +182,8 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
     both). With ``max_output``, a stream that passes that many bytes is read no further and
     the whole process tree is killed (``overflowed``). Of each stream only the last ``keep``
     bytes are held (default ``max_output``, else :data:`KEEP_BYTES`); ``cut`` says how many
-    bytes of stdout were left out before them.
+    bytes of stdout were left out before them. With ``placement`` the child starts pinned to its
+    CPUs, after its ``together`` returns (a duet's side, :class:`Placement`).
     """
     with contextlib.ExitStack() as stack:
         keep = keep if keep is not None else max_output or KEEP_BYTES
@@ -171,14 +203,15 @@ def run_process(argv: Sequence[str], *, cwd: Path | str | None, env: Mapping[str
                                 cgroup_procs=cgroup.procs_files if cgroup else ())
             try:
                 result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output, keep, pass_fds=(usage_w,),
-                              sweep=cgroup is None)
+                              sweep=cgroup is None, placement=placement)
             finally:
                 os.close(usage_w)
             result = _inner_usage(result, usage_r)
         else:
             if cgroup is not None:
                 argv = enter(cgroup.procs_files, list(argv))
-            result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output, keep, sweep=cgroup is None)
+            result = _run(argv, cwd, env, timeout_s, merge_stderr, max_output, keep, sweep=cgroup is None,
+                          placement=placement)
         if cgroup is not None and cgroup.oom_killed():
             result = dataclasses.replace(result, out_of_memory=True)
         return result
@@ -234,13 +267,16 @@ def _startable(program: str, cwd: Path | str | None, env: Mapping[str, str]) -> 
 
 def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], timeout_s: float,
          merge_stderr: bool, max_output: int | None, keep: int, pass_fds: tuple[int, ...] = (),
-         sweep: bool = True) -> ProcessResult:
+         sweep: bool = True, placement: Placement | None = None) -> ProcessResult:
+    if placement is not None and placement.together is not None:
+        placement.together()  # the last thing before the start: the other side starts now too
     start = time.monotonic()
     tag = uuid.uuid4().hex
-    proc = subprocess.Popen(
-        list(argv), cwd=cwd, env={**env, TAG_VAR: tag}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, start_new_session=True, pass_fds=pass_fds,
-    )
+    with pinned(placement.cpus if placement is not None else None):
+        proc = subprocess.Popen(
+            list(argv), cwd=cwd, env={**env, TAG_VAR: tag}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, start_new_session=True, pass_fds=pass_fds,
+        )
     waiter = _Reaper(proc)
     streams = {"stdout": proc.stdout} if merge_stderr else {"stdout": proc.stdout, "stderr": proc.stderr}
     tails = {name: _Tail(keep) for name in streams}

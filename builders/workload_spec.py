@@ -61,6 +61,10 @@ class WorkloadSpec(StrictModel):
     kind: str
     timeout_s: float | None = Field(default=None, gt=0)
     measure: list[Metric] = _measure_field()
+    memory_bound: bool = Field(
+        default=False, description="its time goes to memory traffic: measured interleaved even under "
+        '[run] schedule = "duet", whose two sides at once would share the memory bandwidth and shrink a difference '
+        "(docs/statistics.md, \"Duet runs\")")
 
     _unique_metrics = field_validator("measure")(_unique)
 

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from abwatch.builders.environment import ArtifactInfoError, build_environment
-from abwatch.builders.procs import ProcessResult, child_env, ending, passed, run_process
+from abwatch.builders.procs import Placement, ProcessResult, child_env, ending, passed, run_process
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.workload_spec import CommandWorkloadConfig
 from abwatch.runners.counters import COUNTED_ENV, CountError, InstructionCounter
@@ -26,6 +26,7 @@ class CommandKind(WorkloadKind):
     config = CommandWorkloadConfig
     # its process runs on this machine: a GPU or a board is a TVM worker's target, not a command's
     runners = frozenset({"cpu"})
+    runs_pinned = True
 
     def resolve(self, workload: CommandWorkloadConfig, base_dir: Path) -> CommandWorkloadConfig:
         """``cwd``, where given, made absolute against the config file's directory."""
@@ -34,8 +35,8 @@ class CommandKind(WorkloadKind):
         return workload.model_copy(update={"cwd": str((base_dir / workload.cwd).resolve())})
 
     def run(self, tvm: TvmSessions, artifact_dir: Path, workload: CommandWorkloadConfig, timeout_s: float,
-            side: str) -> InvocationResult:
-        proc = self._process(artifact_dir, workload, timeout_s, workload.command)
+            side: str, placement: Placement | None = None) -> InvocationResult:
+        proc = self._process(artifact_dir, workload, timeout_s, workload.command, placement=placement)
         if isinstance(proc, InvocationResult):
             return proc
         try:
@@ -66,9 +67,11 @@ class CommandKind(WorkloadKind):
 
     @staticmethod
     def _process(artifact_dir: Path, workload: CommandWorkloadConfig, timeout_s: float, argv: list[str],
-                 defaults: dict[str, str] | None = None, writable: tuple[str, ...] = ()) -> ProcessResult | InvocationResult:
-        """Run ``argv`` as the workload's process: its finished process, or the failed
-        invocation it makes (an :class:`InvocationResult`)."""
+                 defaults: dict[str, str] | None = None, writable: tuple[str, ...] = (),
+                 placement: Placement | None = None) -> ProcessResult | InvocationResult:
+        """Run ``argv`` as the workload's process (pinned and started with the other side as
+        ``placement`` says): its finished process, or the failed invocation it makes (an
+        :class:`InvocationResult`)."""
         try:
             # a TVM build's Python first on PATH, with its variables: `python bench.py` uses this build
             env = child_env(build_environment(artifact_dir), defaults or {}, passed(workload.pass_env), workload.env)
@@ -77,7 +80,8 @@ class CommandKind(WorkloadKind):
         try:
             # sandboxed: the artifact read-only, no network unless [sandbox] network allows it
             proc = run_process(argv, cwd=workload.cwd or artifact_dir, env=env, timeout_s=timeout_s,
-                               max_output=workload.output_limit, sandbox=Sandbox(writable=writable))
+                               max_output=workload.output_limit, sandbox=Sandbox(writable=writable),
+                               placement=placement)
         except OSError as exc:
             return InvocationResult("error", (), 0.0, f"cannot start {argv[0]!r}: {exc.strerror}")
         if proc.overflowed:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from abwatch.core.safejson import BadValue, loads, milliseconds
 from abwatch.core.sides import CONTROL, TREATMENT, Side
-from abwatch.runners.results import TvmMetrics
+from abwatch.runners.results import InvocationResult, TvmMetrics
 
 
 class OutputError(Exception):
@@ -136,17 +136,24 @@ def measure(runner, artifacts: Mapping[str, Path], workload, schedule: list[Slot
     for slot in schedule:
         result = runner.run(artifacts[slot.side], workload, timeout_s, slot.side)
         on_invocation(slot, result)
-        if result.status != "ok":
-            # A hung or crashing build is that build's failure, never a slowdown: stop here.
-            result_of.failure = f"{slot.side} invocation {slot.position} {result.status}: {result.message}"
+        if not take(result_of, slot, result):
             break
-        if not slot.warmup:
-            result_of.samples[slot.side].extend(result.samples)
-            result_of.groups[slot.side].extend([slot.position] * len(result.samples))
-            result_of.records[slot.side].extend(result.records)
-            result_of.processes[slot.side].append(ProcessFigures(
-                slot.position, result.usage_span_s, result.cpu_s, result.involuntary_switches,
-                result.threads, result.max_rss_kb, result.series, result.server))
-        if result.metrics:
-            result_of.metrics[slot.side].append(result.metrics)
     return result_of
+
+
+def take(into: Measurement, slot: Slot, result: InvocationResult) -> bool:
+    """Add one invocation's ``result`` to ``into``; False (its failure noted there) when it failed."""
+    if result.status != "ok":
+        # A hung or crashing build is that build's failure, never a slowdown: stop here.
+        into.failure = f"{slot.side} invocation {slot.position} {result.status}: {result.message}"
+        return False
+    if not slot.warmup:
+        into.samples[slot.side].extend(result.samples)
+        into.groups[slot.side].extend([slot.position] * len(result.samples))
+        into.records[slot.side].extend(result.records)
+        into.processes[slot.side].append(ProcessFigures(
+            slot.position, result.usage_span_s, result.cpu_s, result.involuntary_switches,
+            result.threads, result.max_rss_kb, result.series, result.server))
+    if result.metrics:
+        into.metrics[slot.side].append(result.metrics)
+    return True

@@ -16,6 +16,7 @@ from typing import ClassVar
 from abwatch.core.sides import CONTROL
 from abwatch.core.errors import UsageError
 from abwatch.core.device_identity import DeviceInfo
+from abwatch.builders.procs import Placement
 from abwatch.builders.spec import RunnerConfig
 from abwatch.builders.workload_spec import WorkloadSpec
 from abwatch.runners.counters import InstructionCounter
@@ -53,14 +54,18 @@ class Runner(abc.ABC):
     tvm: TvmSessions
 
     def run(self, artifact_dir: Path, workload: WorkloadSpec,
-            timeout_s: float, side: str = CONTROL) -> InvocationResult:
+            timeout_s: float, side: str = CONTROL, placement: Placement | None = None) -> InvocationResult:
         """Run one invocation of ``workload`` with the build in ``artifact_dir``, as its kind
         (:data:`~abwatch.runners.workloads.WORKLOAD_KINDS`) says.
 
         For TVM workloads an invocation is one fresh worker's timing batch; ``side`` selects
-        the workload's ``treatment_options`` for the treatment build.
+        the workload's ``treatment_options`` for the treatment build. ``placement`` (a duet's
+        side) is passed only to kinds that :attr:`~WorkloadKind.runs_pinned`.
         """
-        return self.kind_of(workload).run(self.tvm, artifact_dir, workload, timeout_s, side)
+        kind = self.kind_of(workload)
+        if placement is None:  # as always: kinds of plug-ins that know no placement run too
+            return kind.run(self.tvm, artifact_dir, workload, timeout_s, side)
+        return kind.run(self.tvm, artifact_dir, workload, timeout_s, side, placement=placement)
 
     def compile_time(self, artifact_dir: Path, workload: WorkloadSpec,
                      timeout_s: float, side: str = CONTROL) -> InvocationResult:

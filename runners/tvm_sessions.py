@@ -32,7 +32,7 @@ from typing import cast
 
 from abwatch.core.redact import mask_secrets
 from abwatch.builders.environment import ArtifactInfoError, build_environment, build_python
-from abwatch.builders.procs import child_env, kill_tree
+from abwatch.builders.procs import Placement, child_env, kill_tree, pinned
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO, RunnerConfig
 from abwatch.builders.workload_spec import TvmWorkloadConfig
@@ -57,7 +57,7 @@ class Worker:
     """One harness worker process and its line-based JSON conversation."""
 
     def __init__(self, artifact: Path, spec: dict, env: dict[str, str], sandbox: Sandbox,
-                 wrap: Callable[[list[str]], list[str]] | None = None) -> None:
+                 wrap: Callable[[list[str]], list[str]] | None = None, cpus: frozenset[int] | None = None) -> None:
         try:
             python = build_python(artifact)
         except ArtifactInfoError as exc:
@@ -76,8 +76,9 @@ class Worker:
             # not killed with the thread that started it: a fork server serves later threads
             argv = sandbox.wrap(argv, None, self._tmp.name, die_with_parent=False)
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+            with pinned(cpus):  # a duet's side: on its CPUs from the start (procs.pinned)
+                self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         except OSError:
             if self._tmp is not None:
                 self._tmp.cleanup()
@@ -442,24 +443,29 @@ class TvmSessions:
         return self.config.processes == "forked" and self.device == "cpu" and not self.rpc
 
     def run(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
-            side: str, side_options: dict) -> InvocationResult:
+            side: str, side_options: dict, placement: Placement | None = None) -> InvocationResult:
         """One invocation: a fresh worker that loads (or first compiles) the library, answers one
         timing batch, and exits. The compiling invocation also reports compile time and outputs.
         With ``processes = "forked"`` every later one is a child of the side's fork server
-        (:meth:`forked`)."""
+        (:meth:`forked`). With ``placement`` (a duet's side) the worker runs pinned, on as many
+        threads as it has CPUs, and starts its timing batch when the other side's worker does;
+        a duet's workers start fresh, pinned before their first instruction."""
         # Per side even when both sides are the same build (an A/A run).
         key = (side, artifact, workload.name)
         lib = self._lib(artifact, workload, side)
         first = key not in self.compiled
-        if not first and self.forks_timed():
+        if not first and self.forks_timed() and placement is None:
             return self.forked(artifact, workload, timeout_s, side, side_options)
         spec = dict(self.spec(workload, side_options), **({"export": str(lib)} if first else {"load": str(lib)}))
         threads = self.config.threads or os.cpu_count() or 1
+        if placement is not None:  # more threads than its CPUs would wait for each other there
+            threads = len(placement.cpus)
         start = time.monotonic()
         metrics = TvmMetrics()
         worker = None
         try:
-            worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)}, self._sandbox())
+            worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)}, self._sandbox(),
+                            cpus=placement.cpus if placement is not None else None)
             ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s) if first else timeout_s)
             self._resolved(artifact, ready)
             if first:
@@ -470,6 +476,8 @@ class TvmSessions:
                 if size is not None:
                     metrics["code"] = {"text_bytes": size["text_bytes"], "file_bytes": size["file_bytes"]}
                 self.compiled.add(key)
+            if placement is not None and placement.together is not None:
+                placement.together()  # both sides' timing batches begin at once
             worker.send({"cmd": "run"})
             reply = worker.receive(timeout_s)
             series = _series(reply)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from abwatch.core.errors import UsageError
+from abwatch.builders.procs import Placement
 from abwatch.builders.spec import BuildSpec
 from abwatch.builders.workload_spec import SCRIPT_REPO, TvmWorkloadConfig
 from abwatch.runners.counters import InstructionCounter
@@ -26,6 +27,7 @@ class TvmKind(WorkloadKind):
     kind = "tvm"
     config = TvmWorkloadConfig
     times_compiles = True  # every runner (cpu, gpu, rpc) runs it: its sessions know the target
+    runs_pinned = True
 
     def resolve(self, workload: TvmWorkloadConfig, base_dir: Path) -> TvmWorkloadConfig:
         """An ``onnx:`` path made absolute; a ``script:`` file made absolute, compiled (a syntax
@@ -74,8 +76,8 @@ class TvmKind(WorkloadKind):
         return None
 
     def run(self, tvm: TvmSessions, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,
-            side: str) -> InvocationResult:
-        return tvm.run(artifact_dir, workload, timeout_s, side, workload.overrides(side))
+            side: str, placement: Placement | None = None) -> InvocationResult:
+        return tvm.run(artifact_dir, workload, timeout_s, side, workload.overrides(side), placement=placement)
 
     def compile_time(self, tvm: TvmSessions, artifact_dir: Path, workload: TvmWorkloadConfig, timeout_s: float,
                      side: str) -> InvocationResult:

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from abwatch.builders.procs import Placement
 from abwatch.builders.spec import BuildSpec
 from abwatch.builders.workload_spec import WorkloadSpec
 from abwatch.runners.counters import InstructionCounter
@@ -45,6 +46,9 @@ class WorkloadKind(abc.ABC):
     # The runner kinds (RUNNERS' names) that can run it; None: every runner.
     runners: ClassVar[frozenset[str] | None] = None
     times_compiles: ClassVar[bool] = False  # whether compile_time() measures anything
+    # whether run() takes a ``placement`` (a duet's side: pinned CPUs, started with the other
+    # side); a kind without it is measured interleaved under ``[run] schedule = "duet"``
+    runs_pinned: ClassVar[bool] = False
 
     # --- the config -------------------------------------------------------------------------
 
@@ -70,9 +74,10 @@ class WorkloadKind(abc.ABC):
 
     @abc.abstractmethod
     def run(self, tvm: TvmSessions, artifact_dir: Path, workload: Any, timeout_s: float,
-            side: str) -> InvocationResult:
+            side: str, placement: Placement | None = None) -> InvocationResult:
         """One invocation of ``workload`` with the build in ``artifact_dir`` on the runner whose
-        TVM sessions are ``tvm`` (kinds that run no TVM worker leave them alone)."""
+        TVM sessions are ``tvm`` (kinds that run no TVM worker leave them alone); a kind that
+        :attr:`runs_pinned` starts its measured process as ``placement`` says."""
 
     def compile_time(self, tvm: TvmSessions, artifact_dir: Path, workload: Any, timeout_s: float,
                      side: str) -> InvocationResult:

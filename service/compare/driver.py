@@ -32,6 +32,7 @@ from abwatch.core.device_identity import DeviceInfo
 from abwatch.core.sides import CONTROL, TREATMENT, Side
 from abwatch.builders import Builder, make_builder
 from abwatch.runners import Runner, make_runner
+from abwatch.runners.duet import Cores, host_cores, measure_duet
 from abwatch.runners.harness import Measurement, interleaved_schedule, measure
 from abwatch.service import stats
 from abwatch.service.compare import contended, infra, liveness
@@ -48,6 +49,7 @@ from abwatch.service.store.models import (
 )
 from abwatch.service.stats.verdict import Metric
 from abwatch.service.compare.progress import NullProgress, Progress
+from abwatch.service.compare.schedule import schedule_for
 from abwatch.service.compare.storing import Attach, store_result
 from abwatch.service.store.rows import (
     device_note, earlier_series, get_commits, get_repository, get_workload, seen_device, write_samples,
@@ -99,6 +101,8 @@ def run_compare(
     for ref in (control_ref, treatment_ref):
         if len(ref) > MAX_REF_LENGTH:
             raise DriverError(f"ref {ref[:40]!r}... is {len(ref)} characters long; at most {MAX_REF_LENGTH}")
+    if config.run.schedule == "duet":
+        host_cores()  # a host with too few CPUs for a duet is refused before anything is built
     builder = builder if builder is not None else make_builder(config)
     control, treatment = builder.resolve(control_ref), builder.resolve(treatment_ref)
     owned = runner is None
@@ -169,6 +173,9 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
         runner.check_build(path)
     judge_builds(session, config, run, progress)
     rng = random.Random(run.seed)
+    cores = host_cores() if config.run.schedule == "duet" else None
+    if cores is not None and cores.warning:
+        progress.message(f"warning: {cores.warning}")
     device = device_info.name
     # Two measurements on one device at once corrupt each other: one measuring phase per
     # device, whichever process.
@@ -179,7 +186,8 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
         for workload in config.workloads:
             timeout = workload.timeout_s or config.run.timeout_s
             if Metric.TIME.value in workload.measure:
-                m, verdict = _measure_workload(session, config, run, runner, workload, artifacts, rng, progress)
+                m, verdict = _measure_workload(session, config, run, runner, workload, artifacts, rng, progress,
+                                               cores)
             else:  # counted only: no timed invocations
                 m, verdict = Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []},
                                          {CONTROL: [], TREATMENT: []}), None
@@ -240,13 +248,16 @@ def judge_builds(session: Session, config: Config, run: Run, progress: Progress)
 def _measure_workload(session: Session, config: Config, run: Run, runner: Runner,
                       workload: WorkloadSpec, artifacts: Mapping[Side, Path],
                       rng: random.Random,
-                      progress: Progress) -> tuple[Measurement, stats.Verdict]:
+                      progress: Progress, cores: Cores | None = None) -> tuple[Measurement, stats.Verdict]:
     """Run interleaved batches until the verdict is decided or the budget is spent.
 
     Every invocation and raw sample is stored as it happens. After each batch the stopping
     rule (:func:`stats.sequential_look`, an anytime-valid confidence sequence) judges the
     pairs so far and says whether to stop and how many pairs the next batch may have within
-    ``run.max_seconds`` and the optional ``run.max_repetitions``.
+    ``run.max_seconds`` and the optional ``run.max_repetitions``. Under ``run.schedule =
+    "duet"`` (on ``cores``) each pair's two processes run at once
+    (:mod:`service.compare.schedule` says which workloads stay interleaved); the verdict's
+    ``stop_reason`` then says the schedule it ran on.
     """
     row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
     earlier = earlier_series(session, row)
@@ -284,24 +295,35 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
     start, why = noise.starting_repetitions(session, config, row.id, run.device_id, floor)
     session.commit()  # nothing stays open while the workload's processes run
     progress.message(f"  {workload.name}: {why}")
+    how = schedule_for(config.run.schedule, cores, memory_bound=workload.memory_bound,
+                       pinnable=runner.kind_of(workload).runs_pinned, kind=workload.kind)
+    if how.note:
+        progress.message(f"  {workload.name}: {how.note}")
+
+    def noted(verdict: stats.Verdict) -> stats.Verdict:  # the schedule, after why it stopped
+        return replace(verdict, stop_reason="; ".join(x for x in (verdict.stop_reason, how.note) if x))
+
     schedule = interleaved_schedule(start, config.run.warmup, rng)
     measurement, look = None, 0
     while True:
         planned[0] += len(schedule)
-        measurement = measure(runner, paths, workload, schedule, timeout, store, into=measurement)
+        if how.cores is not None:  # the pairs' two sides at once (runners.duet)
+            measurement = measure_duet(runner, paths, workload, schedule, timeout, store, how.cores, into=measurement)
+        else:
+            measurement = measure(runner, paths, workload, schedule, timeout, store, into=measurement)
         session.commit()
         look += 1
         if measurement.failure is not None:
             progress.message(f"  {workload.name}: {measurement.failure}")
             verdict = replace(stats.compare([], [], threshold_pct=config.stats.threshold_pct),
                               reason=f"not judged: {measurement.failure}")
-            return measurement, replace(verdict, stop_reason="invocation failed", looks=look,
-                                        elapsed_s=time.monotonic() - started)
+            return measurement, noted(replace(verdict, stop_reason="invocation failed", looks=look,
+                                              elapsed_s=time.monotonic() - started))
         # on wall time, or on CPU time per process under heavy contention (service.compare.contended)
         step = contended.look(measurement, config, look=look, elapsed_s=time.monotonic() - started, budget=budget,
                               seed=run.seed, plan_pairs=max(start, stats.DEFAULT_PLAN_PAIRS))  # fixed before any data
         if step.stop:
             progress.invocation(workload.name, planned[0], planned[0])
-            return measurement, step.verdict
+            return measurement, noted(step.verdict)
         progress.message(f"  {workload.name}: look {look}: {step.verdict.reason}; adding {step.next_pairs} pairs")
         schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
