@@ -293,3 +293,5 @@ def test_a_watch_that_leaves_how_workers_start_at_its_default_is_the_same_watch(
     assert config_hash(default) == "463a36fe14d8c344"  # what this config hashed to before the keys existed
     forked = default.model_copy(update={"runner": default.runner.model_copy(update={"processes": "forked"})})
     assert config_hash(forked) != config_hash(default)
+    duet = default.model_copy(update={"run": default.run.model_copy(update={"schedule": "duet"})})
+    assert config_hash(duet) != config_hash(default)

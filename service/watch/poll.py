@@ -56,9 +56,13 @@ def config_hash(config: Config) -> str:
     for added in ("processes", "children_per_server"):  # the same: how a timed worker starts
         if payload["runner"].get(added) == RunnerConfig.model_fields[added].default:
             del payload["runner"][added]
+    if payload["run"].get("schedule") == "interleaved":  # added later at its default: the same watch
+        del payload["run"]["schedule"]
     for workload in payload["workloads"]:  # limits on what is printed, not what is measured
         for limit in ("max_output_mb", "max_samples"):
             workload.pop(limit, None)
+        if workload.get("memory_bound") is False:  # added later at its default: the same watch
+            del workload["memory_bound"]
     return spec_hash(payload)
 
 
