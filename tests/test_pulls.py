@@ -138,7 +138,7 @@ def test_a_comment_command_is_answered_in_the_pull_request(tmp_path, bench_repo,
         assert len(github.requests_to("POST", r"/issues/42/comments")) == 1
         assert len(github.requests_to("PATCH", rf"/issues/comments/{comment_id}")) == 1
         body = github.comments[comment_id]["body"]
-        assert body.startswith(pulls.pulls.MARKER) and "#### bench-box" in body
+        assert body.startswith(pulls.pull_answer.MARKER) and "#### bench-box" in body
         row = next(line for line in body.splitlines() if line.startswith("| loop |"))
         assert "**regression (confirmed)**" in row and "http://dash.example/runs/" in row and "ms |" in row
         # under the table, what explains it: a command timed on wall time has no profile, and says so
