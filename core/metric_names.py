@@ -3,12 +3,15 @@
 In core, below every layer, so that the config models (``builders.workload_spec``: a
 workload's ``measure``), the runners and the service (a regression's ``metric`` column, the
 metric registry ``service.compare.metrics.METRICS``) all name metrics by the same enum. What
-each metric means, how it is measured and judged is the registry's; this module only names them.
+each metric means, how it is measured and judged is the registry's; this module only names them
+(:data:`METRIC_NAMES`, the registry of names the metric classes' registry is ``of``).
 """
 
 from __future__ import annotations
 
 import enum
+
+from abwatch.core.plugins import Registry
 
 
 class Metric(str, enum.Enum):
@@ -25,6 +28,12 @@ class Metric(str, enum.Enum):
     DECODE_LATENCY = "decode_latency"  # one decode step, per generated token (ms)
     TOKENS_PER_S = "tokens_per_s"  # decode throughput (tokens per second; higher is better)
     BINARY_SIZE = "binary_size"  # the size of the build itself (its libraries): one value per build
+
+
+# The names as a registry, built from the enum (no second list): the metric classes are registered
+# ``of`` it (``service.compare.metrics.METRICS``), which refuses a name it lacks and lists, in
+# ``missing()``, a name without its class. The config validates ``measure`` by the enum itself.
+METRIC_NAMES: Registry[Metric] = Registry("metric", ((metric.value, metric) for metric in Metric))
 
 
 # Metrics judged from the timed processes themselves (no processes of their own; the code size

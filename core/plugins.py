@@ -16,6 +16,7 @@ lower one lacks is refused, and :meth:`Registry.missing` lists the names still w
 from __future__ import annotations
 
 import difflib
+import enum
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar, overload
@@ -142,12 +143,12 @@ class Registry(Generic[T]):
 
     def expected(self) -> str:
         """The known names, quoted: ``'command', 'tvm-wheel', 'tvm-source'``."""
-        return ", ".join(repr(name) for name in self._entries)
+        return ", ".join(_written(name) for name in self._entries)
 
     def hint(self, name: object) -> str:
         """`` (did you mean 'x'?)`` for the nearest known name, or nothing."""
         close = difflib.get_close_matches(str(name), list(self._entries), n=1)
-        return f" (did you mean {close[0]!r}?)" if close else ""
+        return f" (did you mean {_written(close[0])}?)" if close else ""
 
     def unknown(self, name: object, what: str | None = None) -> str:
         """``unknown <what> 'x'; expected one of ...`` with the hint."""
@@ -160,6 +161,12 @@ class Registry(Generic[T]):
             raise PydanticCustomError("unknown_kind", "unknown kind; expected one of {expected}{hint}",
                                       {"expected": self.expected(), "hint": self.hint(name)})
         return name
+
+
+def _written(name: object) -> str:
+    """``name`` quoted as the config writes it: a registry keyed by a ``str`` enum's members (the
+    metrics, by ``Metric``) shows ``'time'``, not the member's repr."""
+    return repr(name.value if isinstance(name, enum.Enum) else name)
 
 
 class KindValidator:

@@ -2,7 +2,7 @@
 
 A metric class knows its unit, its default threshold, how it is measured for a workload (or
 that it is measured elsewhere), and how verify and bisection read its verdict from a workload's
-result. The driver, verify and bisection go through this dictionary instead of naming metrics:
+result. The driver, verify and bisection go through this registry instead of naming metrics:
 
 - ``time``: wall time. The timed invocations (``driver``) and the fresh-process compiles
   (``compile_time``) are the measurement every other metric of the run rests on; its verdict is
@@ -34,7 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from abwatch.core.metric_names import FROM_TIMED_PROCESSES, Metric
+from abwatch.core.metric_names import FROM_TIMED_PROCESSES, METRIC_NAMES, Metric
+from abwatch.core.plugins import Registry
 from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
@@ -274,10 +275,13 @@ class BinarySize(MetricKind):
         return replace(stats.compare([], []), reason=f"not judged: {why}", unit=self.unit), why
 
 
-# name -> metric, as BUILDERS and RUNNERS: the one place a metric is registered
-METRICS: dict[Metric, MetricKind] = {m.metric: m for m in (Time(), Instructions(), CpuTime(), MaxRss(), CodeSize(),
-                                                           Ttft(), DecodeLatency(), TokensPerS(), BinarySize())}
-assert set(METRICS) == set(Metric), "every metric named in core.metric_names has its class here"
+# name -> metric, as BUILDERS and RUNNERS: the one place a metric is registered. Keyed by the
+# ``Metric`` member (a str, so its name finds it too: ``METRICS["max_rss"]``), and only by a name
+# of ``core.metric_names`` (``of``): a class whose name the config cannot write is refused.
+METRICS: Registry[MetricKind] = Registry("metric", ((m.metric, m) for m in (
+    Time(), Instructions(), CpuTime(), MaxRss(), CodeSize(), Ttft(), DecodeLatency(), TokensPerS(), BinarySize(),
+)), of=METRIC_NAMES)
+assert not METRICS.missing(), "every metric named in core.metric_names has its class here"
 
 
 def measure(ctx: Context) -> list[MetricResult]:
@@ -298,7 +302,7 @@ def record_fields(side: str, measured: Sequence[MetricResult]) -> dict[str, floa
     fields = {}
     for m in measured:
         values = m.control_values if side == CONTROL else m.treatment_values
-        name = METRICS[Metric(m.metric)].record_field
+        name = METRICS[m.metric].record_field
         if values and name:
             fields[("compilation_" if m.phase == COMPILE.value else "") + name] = statistics.median(values)
     return fields
@@ -320,7 +324,7 @@ def adjust(per_workload: Sequence[Sequence[MetricResult]]) -> list[list[MetricRe
 def judged(result: WorkloadResult, phase: RegressionKind, metric: Metric) -> Judgement:
     """The verdict of ``metric`` in ``phase`` of a workload's result: what verify and bisection
     judge a regression by (the one that opened it)."""
-    return METRICS[Metric(metric)].judged(result, RegressionKind(phase))
+    return METRICS[metric].judged(result, RegressionKind(phase))
 
 
 def measure_own(job: Job) -> Own:

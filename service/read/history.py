@@ -121,7 +121,7 @@ MEASURED = {series_name(metric, phase.value): (metric, phase)
             for phase in (RegressionKind.RUNTIME, RegressionKind.COMPILE_TIME) for metric in OF_WORKLOADS
             if metric is not Metric.TIME}
 # a workload's series (the builds' own, binary-size, are service.read.build_series)
-UNITS = {series_name(metric, phase): kind.unit for metric, kind in REGISTRY.items() if metric in OF_WORKLOADS
+UNITS = {series_name(kind.metric, phase): kind.unit for kind in REGISTRY.values() if kind.metric in OF_WORKLOADS
          for phase in ("runtime", "compile-time")}
 assert set(UNITS) == set(RECORDED) | set(MEASURED)
 

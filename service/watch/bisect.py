@@ -78,7 +78,7 @@ def _reading(kind: RegressionKind, metric: Metric) -> Judge:
 # opened it, for every metric of the registry. A correctness regression is not bisected.
 BISECTED_KINDS = sorted((RegressionKind.RUNTIME, RegressionKind.COMPILE_TIME))
 JUDGES: dict[tuple[RegressionKind, Metric], Judge] = {
-    (kind, metric): _reading(kind, metric) for kind in BISECTED_KINDS for metric in metrics.METRICS}
+    (kind, metric.metric): _reading(kind, metric.metric) for kind in BISECTED_KINDS for metric in metrics.METRICS.values()}
 
 
 def judge_of(regression: Regression) -> Judge:
