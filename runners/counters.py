@@ -12,7 +12,8 @@ retires barely moves with load. Two sources:
 
 A counter wraps a command (an argument list, never a shell string) and reads the count back
 from the files it wrote into a scratch directory. :func:`choose` picks one for a config's
-``run.counter`` (``auto``: perf where it works, else Valgrind).
+``run.counter`` (``auto``: perf where it works, else Valgrind), which the config validates by
+:func:`counter_name` against the registry.
 
 A TVM worker counts a *region* of itself instead (the compile call, or the timed calls), so
 that interpreter start-up and ``import tvm`` (4 G instructions, varying by ~0.1 % between
@@ -44,6 +45,7 @@ import subprocess
 from pathlib import Path
 from typing import ClassVar
 
+from abwatch.core.plugins import Registry
 from abwatch.builders.sandbox import Sandbox
 from abwatch.runners import profiles
 from abwatch.runners.profiles import Profile, ProfileError
@@ -219,16 +221,27 @@ class ValgrindCounter(InstructionCounter):
         return total
 
 
-COUNTERS: dict[str, InstructionCounter] = {
-    PerfCounter.name: PerfCounter(),
-    ValgrindCounter.name: ValgrindCounter(),
-}
+# name -> counter, in the order ``auto`` tries them; ``run.counter`` is validated by these names
+# (``service.config.RunConfig``), so a counter registered here is one the config can name.
+COUNTERS: Registry[InstructionCounter] = Registry("instruction counter", (
+    (counter.name, counter) for counter in (PerfCounter(), ValgrindCounter())))
+
+# what ``run.counter`` writes for "perf where the kernel counts instructions, else Valgrind"
+AUTO = "auto"
+
+
+def counter_name(value: str) -> str:
+    """``value`` if it is ``auto`` or names a counter of :data:`COUNTERS`, else ValueError listing them."""
+    if value != AUTO and value not in COUNTERS:
+        raise ValueError(f"unknown instruction counter {value!r}; expected {AUTO!r} or one of "
+                         f"{COUNTERS.expected()}{COUNTERS.hint(value)}")
+    return value
 
 
 def choose(preference: str = "auto") -> InstructionCounter:
     """The counter ``run.counter`` names; ``auto``: perf where the kernel counts instructions,
     else Valgrind. CounterUnavailable says why none can be used."""
-    names = list(COUNTERS) if preference == "auto" else [preference]
+    names = list(COUNTERS) if preference == AUTO else [preference]
     reasons = []
     for name in names:
         counter = COUNTERS[name]

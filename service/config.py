@@ -29,6 +29,7 @@ from abwatch.builders.workload_spec import (  # noqa: F401  (re-exported)
 )
 # Each [[workloads]] entry is validated, resolved and checked by its kind (runners.workloads)
 from abwatch.runners import RunnerSection
+from abwatch.runners.counters import counter_name
 from abwatch.runners.workloads import WORKLOAD_KINDS, WorkloadConfig
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abwatch"
@@ -56,7 +57,7 @@ class RunConfig(StrictModel):
         default_factory=lambda: os.cpu_count() or 1, ge=1,
         description="counted processes run at once (a count does not depend on the machine's load; "
                     "default: the number of CPUs)")
-    counter: Literal["auto", "perf", "valgrind"] = Field(
+    counter: str = Field(
         default="auto", description="instruction counter: perf (hardware counter), valgrind, or auto (perf where "
                                     "the kernel counts instructions, else valgrind)")
     noise_aware: bool = Field(
@@ -75,6 +76,11 @@ class RunConfig(StrictModel):
         if self.max_repetitions is not None and self.max_repetitions < self.repetitions:
             raise ValueError("max_repetitions must be >= repetitions")
         return self
+
+    @field_validator("counter")
+    @classmethod
+    def _counter(cls, value: str) -> str:
+        return counter_name(value)  # a counter registered later (runners.counters.COUNTERS) counts too
 
     @property
     def step(self) -> int:
