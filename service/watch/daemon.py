@@ -34,7 +34,7 @@ from abwatch.service.compare import liveness
 from abwatch.service.notify import alerts
 from abwatch.service.notify.channels import Destinations
 from abwatch.service.store import db
-from abwatch.service.watch import builds, presence, pulls, queue, retention, retry, tryjob, poll as watch
+from abwatch.service.watch import builds, job_kinds, presence, queue, retention, retry, poll as watch
 from abwatch.service.watch.device_config import device_names
 from abwatch.service.config import Config, cron_trigger
 from abwatch.service.exits import EXIT_INCOMPLETE, EXIT_INTERNAL, EXIT_OK, EXIT_REGRESSION
@@ -69,11 +69,9 @@ class Stopper:
 
 
 def handlers(config: Config, progress: Progress | None = None) -> dict:
-    """The job kinds a worker of this config runs: ``test`` (the watch's, :func:`.poll.test_commit`),
-    ``try`` (a person's, :func:`.tryjob.run_try`) and ``pr`` (a pull request's, :func:`.pulls.run_pr`)."""
-    return {"test": lambda session, job: watch.test_commit(session, config, job, progress),
-            tryjob.KIND: lambda session, job: tryjob.run_try(session, config, job, progress),
-            pulls.KIND: lambda session, job: pulls.run_pr(session, config, job, progress)}
+    """The job kinds a device's worker of this config runs (:data:`.job_kinds.JOB_KINDS` but the
+    build queue's): ``test`` (the watch's), ``try`` (a person's) and ``pr`` (a pull request's)."""
+    return job_kinds.handlers(config, progress)
 
 
 def pass_exit_code(confirmed: list[int], failed: list[str], untested: list[str] | None = None) -> int:
@@ -263,8 +261,8 @@ def work_builds(engine: Engine, config: Config, *, poll_s: float = 2.0, progress
     ArtifactStore.from_config(config.artifacts)  # a store without its manifest key: refused before any job
     stopper = Stopper()
     stopper.install()
-    worker = queue.Worker(engine, builds.BUILD_QUEUE, {builds.KIND: lambda session, job: builds.run_build(
-        session, config, job, progress)}, exclusive=False)
+    worker = queue.Worker(engine, builds.BUILD_QUEUE, job_kinds.handlers(config, progress, of_builds=True),
+                          exclusive=False)
     stopper.workers.append(worker)
     progress.message(f"build worker {worker.name}, pushing to {mask_url(config.artifacts.store or '')}")
     try:
