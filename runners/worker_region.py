@@ -27,6 +27,10 @@ _DISABLED, _INHERIT, _EXCLUDE_KERNEL, _EXCLUDE_HV = 1 << 0, 1 << 1, 1 << 5, 1 <<
 _ATTR_SIZE = 112  # PERF_ATTR_SIZE_VER5; the rest of the structure is zero
 _ENABLE, _DISABLE, _RESET = 0x2400, 0x2401, 0x2403
 
+# The counters a region is counted for here: the names of ``runners.counters.COUNTERS``, written
+# again because this file is loaded apart from abwatch (tests/test_toy_plugins.py checks the two).
+COUNTERS = ("perf", "valgrind")
+
 
 class RegionError(RuntimeError):
     """The region cannot be counted here (the message says why)."""
@@ -45,7 +49,7 @@ class Region:
     """Counts the instructions between :meth:`start` and :meth:`stop` for one counter."""
 
     def __init__(self, counter: str) -> None:
-        if counter not in ("valgrind", "perf"):
+        if counter not in COUNTERS:
             raise RegionError(f"unknown counter {counter!r}")
         self.counter, self.marks, self.fd = counter, list[int](), -1
         self.libc = ctypes.CDLL(None, use_errno=True)
