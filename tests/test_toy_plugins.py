@@ -4,6 +4,8 @@ name is refused with the known ones listed, and the registry is as it was after 
 
 from __future__ import annotations
 
+import enum
+import subprocess
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,18 +19,27 @@ from abwatch.builders.spec import BUILD_KINDS, BuildSpec, RunnerConfig
 from abwatch.builders.tvm_source import built_backends
 from abwatch.builders.workload_spec import WorkloadSpec
 from abwatch.core.device_backends import DEVICE_BACKENDS, DeviceBackend
+from abwatch.core.metric_names import METRIC_NAMES, Metric
 from abwatch.core.plugins import Registry, UnknownName
-from abwatch.runners import RUNNERS, CpuRunner, WorkloadKind, make_runner
+from abwatch.runners import RUNNERS, CpuRunner, WorkloadKind, make_runner, worker_region
+from abwatch.runners.counters import COUNTERS, InstructionCounter, choose
 from abwatch.runners.device_apis import DEVICE_APIS, DeviceApi, api_of
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service.config import (
     CONTROL_FORMS, AlertsConfig, Config, ControlForm, WatchConfig, format_validation_error,
 )
+from abwatch.service.compare import metrics
+from abwatch.service.compare.metric_base import MetricKind
+from abwatch.service.compare.metrics import METRICS
+from abwatch.service.compare.outcome import MetricResult
 from abwatch.service.notify import alerts
 from abwatch.service.notify.channels import AlertChannel, Destinations, Sender
 from abwatch.service.store import db
-from abwatch.service.store.models import AlertDelivery, DeliveryStatus, utcnow
+from abwatch.service.stats.exact import compare_exact
+from abwatch.service.store.models import AlertDelivery, DeliveryStatus, Job, JobStatus, utcnow
+from abwatch.service.watch import daemon, job_kinds, queue
 from abwatch.service.watch.controls import CONTROL_RULES, Previous, control_rule
+from abwatch.service.watch.job_kinds import JOB_KINDS, JobKind
 from abwatch.service.watch.pulls import Command, CommandError
 from abwatch.service.web import pull_commands
 from abwatch.service.web.pull_commands import COMMANDS, Asked, PullCommand, parse_command
@@ -96,6 +107,9 @@ def test_a_registry_of_another_takes_only_its_names():
 def test_every_registered_name_has_its_implementation():
     # the registries keyed by a lower one's names: none left without an entry
     assert BUILDERS.missing() == [] and DEVICE_APIS.missing() == [] and CONTROL_RULES.missing() == []
+    assert METRICS.missing() == []
+    # the TVM worker's region counting, loaded apart from abwatch, knows every built-in counter
+    assert COUNTERS.names() == worker_region.COUNTERS
 
 
 # --- a toy of each kind ------------------------------------------------------------------------
@@ -275,6 +289,105 @@ def test_a_toy_pull_request_command(plug, tmp_path):
     assert pull_commands.usage("@abwatch").endswith("`@abwatch echo WORD...`")
 
 
+class ToyName(str, enum.Enum):
+    """A metric's name as ``core.metric_names.Metric`` writes one (a ``str`` enum member)."""
+
+    TOY = "toy"
+
+
+class ToyMetric(MetricKind):
+    """A metric of the builds: the files each build's artifact holds, judged exactly."""
+
+    metric, unit, default_threshold_pct = ToyName.TOY, "files", 1.0
+    record_field = "toy_files"
+
+    def measure_builds(self, control, treatment, config):
+        files = [float((found or {}).get("toy_files", 1)) for found in (control, treatment)]
+        verdict = compare_exact(files[0], files[1], threshold_pct=self.threshold_pct(config), unit=self.unit)
+        return MetricResult(self.metric.value, "build", verdict, (files[0],), (files[1],), "toy count")
+
+    def judged(self, result, phase):
+        return result.verdict, None
+
+
+def test_a_toy_metric(plug, tmp_path):
+    # a metric of the builds: the registry judges it between a run's two builds (the driver's
+    # ``judge_builds`` asks every metric, naming none) and reads its record field back by name.
+    # Storing its rows needs its name in ``core.metric_names.Metric`` too (the store's and the
+    # config's enum), which a test cannot add to: that second file is a new metric's.
+    plug(METRIC_NAMES, "toy", ToyName.TOY)
+    plug(METRICS, ToyName.TOY, ToyMetric())
+    (toy,) = metrics.measure_builds({"toy_files": 3}, {"toy_files": 4}, config(tmp_path))
+    assert (toy.metric, toy.phase, toy.verdict.verdict.value) == ("toy", "build", "regression")
+    assert (toy.control_values, toy.treatment_values, toy.verdict.unit) == ((3.0,), (4.0,), "files")
+    assert metrics.record_fields("treatment", [toy]) == {"toy_files": 4.0}  # found by its name, a str
+    (same,) = metrics.measure_builds({"toy_files": 3}, {"toy_files": 3}, config(tmp_path))
+    assert same.verdict.verdict.value == "same"
+    with pytest.raises(ValueError, match="unknown metric 'tyo'; expected one of 'time', .*'toy' "):
+        METRICS.register("tyo", ToyMetric())  # a metric's name is one of core.metric_names'
+
+
+class ToyCounter(InstructionCounter):
+    """Counts nothing: says 42, written by the wrapped command's shell."""
+
+    name = "toy"
+
+    def unavailable(self):
+        return None
+
+    def wrap(self, argv, scratch):
+        return ["sh", "-c", f'echo 42 > {scratch}/count && exec "$@"', "toy", *argv]
+
+    def read(self, scratch):
+        return int((scratch / "count").read_text())
+
+    def region_argv(self, argv, scratch):
+        return self.wrap(argv, scratch)
+
+    def read_region(self, scratch, reported):
+        return self.read(scratch)
+
+
+def test_a_toy_instruction_counter(plug, tmp_path):
+    plug(COUNTERS, "toy", ToyCounter())
+    toy = config(tmp_path, run={"counter": "toy"})
+    counter = choose(toy.run.counter)
+    assert type(counter) is ToyCounter
+    subprocess.run(counter.wrap(["true"], tmp_path), check=True)
+    assert counter.read(tmp_path) == 42
+    assert refusal(tmp_path, run={"counter": "tyo"}) == (
+        "abwatch.toml: run.counter: value error, unknown instruction counter 'tyo'; expected 'auto' or one of "
+        "'perf', 'valgrind', 'toy' (did you mean 'toy'?)")
+    assert config(tmp_path, run={"counter": "auto"}).run.counter == "auto"
+
+
+class ToyJob(JobKind):
+    """Answers with its payload's words, reversed."""
+
+    def run(self, session, config, job, progress):
+        return {"said": list(reversed(job.payload["words"])), "device": job.device}
+
+
+def test_a_toy_job_kind(plug, tmp_path, sqlite_url):
+    plug(JOB_KINDS, "echo", ToyJob())
+    db.upgrade(sqlite_url)
+    engine = db.make_engine(sqlite_url)
+    with Session(engine) as session:
+        queue.enqueue(session, "echo", "toy-box", {"words": ["a", "b"]}, "echo:1")
+        session.commit()
+    worker = queue.Worker(engine, "toy-box", daemon.handlers(config(tmp_path)))
+    assert worker.run_one() is not None and worker.run_one() is None
+    with Session(engine) as session:
+        job = session.scalars(select(Job)).one()
+        assert (job.kind, job.status, job.result) == ("echo", JobStatus.DONE, {"said": ["b", "a"],
+                                                                               "device": "toy-box"})
+    # the build queue's worker runs the build kinds only, a device's worker all the others
+    assert list(job_kinds.handlers(config(tmp_path), of_builds=True)) == ["build"]
+    assert list(daemon.handlers(config(tmp_path))) == ["test", "try", "pr", "echo"]
+    worker.close()
+    engine.dispose()
+
+
 def test_the_registries_are_as_they_were():
     # after the toys: each plug-in registry holds the built-in plug-ins only
     assert BUILD_KINDS.names() == BUILDERS.names() == ("command", "tvm-wheel", "tvm-source")
@@ -283,6 +396,9 @@ def test_the_registries_are_as_they_were():
     assert DEVICE_APIS.names() == DEVICE_BACKENDS.names()
     assert alerts.CHANNELS.names() == ("github-pr", "github", "webhook")
     assert COMMANDS.names() == ("try", "triage")
+    assert METRICS.names() == METRIC_NAMES.names() == tuple(m.value for m in Metric)
+    assert COUNTERS.names() == ("perf", "valgrind")
+    assert JOB_KINDS.names() == ("test", "try", "pr", "build")
 
 
 # --- where a new plug-in goes ------------------------------------------------------------------
@@ -294,6 +410,8 @@ def test_the_documented_registries_are_where_the_docs_say():
                            ("RUNNERS", "runners/__init__.py"), ("WORKLOAD_KINDS", "runners/workloads.py"),
                            ("DEVICE_BACKENDS", "core/device_backends.py"), ("DEVICE_APIS", "runners/device_apis.py"),
                            ("CONTROL_FORMS", "service/config.py"), ("CONTROL_RULES", "service/watch/controls.py"),
-                           ("CHANNELS", "service/notify/alerts.py"), ("COMMANDS", "service/web/pull_commands.py")):
+                           ("CHANNELS", "service/notify/alerts.py"), ("COMMANDS", "service/web/pull_commands.py"),
+                           ("METRIC_NAMES", "core/metric_names.py"), ("METRICS", "service/compare/metrics.py"),
+                           ("COUNTERS", "runners/counters.py"), ("JOB_KINDS", "service/watch/job_kinds.py")):
         assert f"{registry}: Registry[" in (ROOT / path).read_text(), (registry, path)
         assert f"`{path}` (`{registry}`" in text, (registry, path)
