@@ -4,7 +4,7 @@
 
 The workload's library is compiled and exported once (as a build's first worker does); then
 ``--processes`` fresh processes of the build's Python each load it as a timed worker does
-(``runners/tvm_worker.py``'s ``Workload`` with ``load``), and say when each phase ended:
+(``runners/worker/tvm_worker.py``'s ``Workload`` with ``load``), and say when each phase ended:
 
 * **start**: from the parent's ``Popen`` to the child's first line of Python;
 * **numpy**, **tvm** (``import tvm``), **relax** (``from tvm import relax``);

@@ -117,7 +117,7 @@ class CommandWorkloadConfig(WorkloadSpec):
         return self.max_samples or MAX_SAMPLES
 
 
-# What each model reads from ``options`` (runners/worker_models.py); any other key is an error.
+# What each model reads from ``options`` (runners/worker/builtin_models.py); any other key is an error.
 MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
     "builtin:mlp": ("hidden", "classes", "weight_scale"),
     "builtin:cnn": ("classes", "weight_scale"),
@@ -128,7 +128,7 @@ MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
     "te:conv2d": ("out_channels", "kernel"),
     "onnx": (),
 }
-# Built-in models that generate tokens: a prefill, then decode steps (runners/worker_llm.py); by
+# Built-in models that generate tokens: a prefill, then decode steps (runners/worker/llm.py); by
 # default measured by time (one whole generation a sample) and the generation's metrics.
 GENERATIVE_MODELS = ("builtin:llm-decode",)
 # Model sources whose options are the user's own (passed to their function as keywords).

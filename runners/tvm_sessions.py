@@ -1,6 +1,6 @@
 """TVM workloads on a runner: one harness worker process per invocation.
 
-A worker (``runners/tvm_worker.py``) runs in the build's own Python. The first worker of
+A worker (``runners/worker/tvm_worker.py``) runs in the build's own Python. The first worker of
 a (side, build, workload) compiles the workload and exports the library; every later
 worker loads that library, so each build compiles once while every invocation is still a
 fresh process (the statistics' unit: two processes of one build differ by several
@@ -44,7 +44,9 @@ from abwatch.runners.counters import CountError, InstructionCounter
 # spinning and stealing.
 COUNTED_ENV = {**counters.COUNTED_ENV, "TVM_NUM_THREADS": "1"}
 
-WORKER = Path(__file__).with_name("tvm_worker.py")
+# The worker's side (runners/worker/): files the build's Python runs, never imported here.
+WORKER_DIR = Path(__file__).with_name("worker")
+WORKER = WORKER_DIR / "tvm_worker.py"
 COMPILE_TIMEOUT_S = 900.0
 MAX_LINE = 64 * 2**20  # the longest reply line a worker may send (per-operator tables, output tensors)
 

@@ -14,8 +14,8 @@ model's own imports): never abwatch, which lives in another environment. Protoco
     -> {"cmd": "run"}      <- {"samples": [ms, ...], "ops": {name: us},
                                "usage": {"wall_s", "cpu_s", "involuntary_switches", "max_rss_kb"} | null}
        (usage: the timing batch's wall time, this process's CPU time over it (all threads),
-       the kernel's preemptions of it and its peak memory (worker_usage.py); on the host CPU
-       only, not over RPC or on a GPU; a model that generates tokens (worker_llm.py) times one
+       the kernel's preemptions of it and its peak memory (usage.py); on the host CPU
+       only, not over RPC or on a GPU; a model that generates tokens (llm.py) times one
        generation a sample and adds "series": {"ttft": [ms, ...], "decode_latency": [ms, ...],
        "tokens_per_s": [...], and each on CPU time: "ttft_cpu", ...}, one value a sample)
     -> {"cmd": "count_run"}  <- {"instructions": {...}, "calls": N}  (N = number)
@@ -53,7 +53,7 @@ import numpy as np  # noqa: E402
 
 @functools.cache  # each sibling loaded once: its classes (ScriptError) stay one class
 def _sibling(name: str):
-    """The module ``name``.py beside this file (``worker_region``, ``worker_models``), loaded by
+    """The module ``name``.py beside this file (``region``, ``builtin_models``), loaded by
     path: this file's directory is not on ``sys.path``, so abwatch's modules never shadow TVM's."""
     import importlib.util
 
@@ -66,8 +66,8 @@ def _sibling(name: str):
 
 
 def _region(counter: str):
-    """A :class:`worker_region.Region` for ``counter``."""
-    return _sibling("worker_region").Region(counter)
+    """A :class:`region.Region` for ``counter``."""
+    return _sibling("region").Region(counter)
 
 
 def _protocol_stream():
@@ -84,7 +84,7 @@ def _relax_module(spec: dict, rng: np.random.Generator):
 
     kind, _, name = spec["model"].partition(":")
     dtype = spec["dtype"]
-    models = _sibling("worker_models") if kind == "builtin" else None
+    models = _sibling("builtin_models") if kind == "builtin" else None
     if models is not None and name in models.GENERATIVE:  # a model that generates tokens: its own module
         if spec.get("rpc"):  # each decode step would be a round trip to the board: the network timed
             raise ValueError(f"{spec['model']} is timed step by step from this process; it runs on this "
@@ -134,7 +134,7 @@ class Workload:
             from tvm.target import codegen
 
             target_spec["mcpu"] = codegen.llvm_get_system_cpu()
-        on_device = _sibling("worker_device") if spec["device"] != "cpu" and not spec.get("rpc") else None
+        on_device = _sibling("device") if spec["device"] != "cpu" and not spec.get("rpc") else None
         if on_device is not None:  # a GPU's backend and driver: named when missing, before any compile
             on_device.check(tvm, spec["device"], need_device=not spec.get("compile_only"))
         target = tvm.target.Target(target_spec)
@@ -143,7 +143,7 @@ class Workload:
         load, export = spec.get("load"), spec.get("export")
         self.script_sha256, self.generative = None, None
         if kind == "script":
-            script = _sibling("worker_script")
+            script = _sibling("script")
             with target:  # current while the script runs: it may schedule its kernels for the device
                 mod, self.inputs, self.script_sha256 = script.script_module(spec, rng)
             path = script.script_path(spec)
@@ -157,7 +157,7 @@ class Workload:
                 self.out_shape = list(self.inputs[-1].shape)
                 self.out_array = self.inputs.pop()
         elif kind == "te":
-            func, in_shapes, out_shape = _sibling("worker_models").te_function(spec)
+            func, in_shapes, out_shape = _sibling("builtin_models").te_function(spec)
             self.inputs = [rng.standard_normal([int(d) for d in s]).astype(spec["dtype"]) for s in in_shapes]
             self.out_shape = [int(d) for d in out_shape]
             self.is_vm, self.entry, self.params = False, "main", []
@@ -218,7 +218,7 @@ class Workload:
 
     def _upload(self, lib, path: str | None):
         """Send the compiled library to a board through the tracker and load it there (a Relax
-        model's kernels too, for per-operator times: :class:`worker_ops.Board`)."""
+        model's kernels too, for per-operator times: :class:`ops.Board`)."""
         from tvm import rpc
 
         host, port = self.spec["rpc"]["tracker"].rsplit(":", 1)
@@ -231,13 +231,13 @@ class Workload:
                 lib.export_library(path)
             remote.upload(path, target="workload.so")
             if self.is_vm:
-                self.board = _sibling("worker_ops").Board.attach(
+                self.board = _sibling("ops").Board.attach(
                     remote, lib, path, self.entry, self.inputs + list(self.params), self.spec.get("seed", 0))
         return remote.load_module("workload.so")
 
     def run(self) -> dict:
         """One timing batch: ``repeat`` samples of ``number`` calls each, and per-op times."""
-        usage_of = _sibling("worker_usage")
+        usage_of = _sibling("usage")
         before = usage_of.start()
         if self.timer is None:  # a model that generates: one generation a sample, and its figures (ttft, ...)
             samples, series = self.call.time(self.args, self.spec["repeat"])
@@ -247,7 +247,7 @@ class Workload:
         if not self.is_vm:  # a single operator: the whole call is the operator
             name = self.entry if self.script_sha256 else self.spec["model"].partition(":")[2]
             return {"samples": samples, "ops": {name: float(np.median(samples)) * 1000},
-                    "op_features": {name: _sibling("worker_ops").features(self.args)}, "usage": usage}
+                    "op_features": {name: _sibling("ops").features(self.args)}, "usage": usage}
         features: dict = {}
         return {"samples": samples, "ops": self._ops(features), "op_features": features, "usage": usage,
                 **({"series": series} if series else {})}
@@ -267,9 +267,9 @@ class Workload:
     def _ops(self, features: dict) -> dict:
         """Per-operator time (µs) of one call; ``features`` gets each operator's argument shapes
         and dtypes. On this process's device, the VM's instrument hook, synced (a GPU's too); on
-        a board, which the hook cannot reach, each kernel timed there (worker_ops.py says why)."""
+        a board, which the hook cannot reach, each kernel timed there (ops.py says why)."""
         if self.remote is None:
-            return _sibling("worker_ops").instrumented(self.vm, self.call, self.args, self.dev, features)
+            return _sibling("ops").instrumented(self.vm, self.call, self.args, self.dev, features)
         return self.board.times(self.dev, features) if self.board is not None else {}
 
     def outputs(self) -> dict:
@@ -294,7 +294,7 @@ def serve(spec: dict, send) -> int:
     closes; the exit status."""
     try:
         workload = Workload(spec)
-    except _sibling("worker_script").ScriptError as exc:  # the user's file and line, not this worker's traceback
+    except _sibling("script").ScriptError as exc:  # the user's file and line, not this worker's traceback
         send({"error": f"script workload failed: {exc}"})
         return 1
     except Exception as exc:  # noqa: BLE001 - any compile failure is reported, not raised
@@ -311,7 +311,7 @@ def serve(spec: dict, send) -> int:
           **({"instructions": workload.instructions} if workload.instructions else {}),
           **({"script_sha256": workload.script_sha256} if workload.script_sha256 else {}),
           # a compile-only worker's peak is its compile's (the import's included, alike on both sides)
-          **({"max_rss_kb": _sibling("worker_usage").peak_kb()} if spec.get("compile_only") else {})})
+          **({"max_rss_kb": _sibling("usage").peak_kb()} if spec.get("compile_only") else {})})
     for line in sys.stdin:
         command = json.loads(line).get("cmd")
         try:
@@ -346,7 +346,7 @@ def fork_server(out, send, timed: bool = False) -> int:
         from tvm.relax.frontend import nn  # noqa: F401
         from tvm.runtime import vm  # noqa: F401
 
-        for sibling in ("worker_models", "worker_ops", "worker_usage"):
+        for sibling in ("builtin_models", "ops", "usage"):
             _sibling(sibling)
     fork_line, exit_line = (json.dumps({"cmd": cmd}).encode() + b"\n" for cmd in ("fork", "exit"))
     first = _fork(out, send, warm_up=True)  # the loop below, once, before any counted child

@@ -1,8 +1,8 @@
 """In a TVM worker (the build's own Python): what a device other than the CPU needs.
 
 Loaded by ``tvm_worker.py`` as a sibling module, and by path in a build's Python by the gpu
-runner's backend question; abwatch imports it only for :func:`refusal` (it imports no TVM at
-the top, only numpy). It checks that the build can drive the device, gives hand-written kernels without a GPU schedule
+runner's backend question (:func:`backend` and :func:`refusal`); abwatch never imports it (it
+imports no TVM at the top, only numpy). It checks that the build can drive the device, gives hand-written kernels without a GPU schedule
 TVM's default one, and compares the device's output with the same build's CPU output, so a
 kernel that computes the wrong thing fast is a failure, not a speed-up.
 """
