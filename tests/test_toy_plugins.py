@@ -4,9 +4,11 @@ name is refused with the known ones listed, and the registry is as it was after 
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -15,11 +17,12 @@ from sqlalchemy.orm import Session
 from abwatch.builders.registry import BUILDERS
 from abwatch.builders.spec import BUILD_KINDS, BuildSpec, RunnerConfig
 from abwatch.builders.tvm_source import built_backends
-from abwatch.builders.workload_spec import WorkloadSpec
+from abwatch.builders.workload_spec import MODEL_SOURCES, ModelSource, WorkloadSpec
 from abwatch.core.device_backends import DEVICE_BACKENDS, DeviceBackend
 from abwatch.core.plugins import Registry, UnknownName
 from abwatch.runners import RUNNERS, CpuRunner, WorkloadKind, make_runner
 from abwatch.runners.device_apis import DEVICE_APIS, DeviceApi, api_of
+from abwatch.runners.tvm_sessions import WORKER_DIR
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service.config import (
     CONTROL_FORMS, AlertsConfig, Config, ControlForm, WatchConfig, format_validation_error,
@@ -207,6 +210,51 @@ def test_a_toy_workload_kind(plug, tmp_path):
         "abwatch.toml: workloads[0]: unknown kind; expected one of 'command', 'tvm', 'toy' (did you mean 'toy'?)")
 
 
+def worker_sources():
+    """The worker's sources module (runners/worker/sources.py), loaded by its path as the worker
+    loads it: abwatch never imports the worker's package, a test may read it."""
+    spec = importlib.util.spec_from_file_location("abwatch_test_sources", WORKER_DIR / "sources.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_hosts_model_sources_are_the_workers():
+    # what a config may write before a model's colon is what the worker can build
+    sources = worker_sources()
+    assert tuple(sources.SOURCES) == MODEL_SOURCES.names() == ("builtin", "te", "onnx", "script")
+    assert all(issubclass(source, sources.Source) for source in sources.SOURCES.values())
+
+
+def test_a_toy_model_source(plug, tmp_path, monkeypatch):
+    # the host's side: the name and its models' options, validated by the config
+    plug(MODEL_SOURCES, "toy", ModelSource(models={"cube": ("side",)}))
+    toy = config(tmp_path, workloads=[{"name": "t", "kind": "tvm", "model": "toy:cube", "options": {"side": 3}}])
+    assert toy.workloads[0].model == "toy:cube"
+    assert refusal(tmp_path, workloads=[{"name": "t", "kind": "tvm", "model": "toy:cube", "options": {"edge": 3}}]) \
+        == "abwatch.toml: workloads[0]: value error, options: unknown key 'edge' for toy:cube (known: side)"
+    assert "unknown model 'toy:ball'" in refusal(tmp_path, workloads=[{"name": "t", "kind": "tvm", "model": "toy:ball"}])
+    said = refusal(tmp_path, workloads=[{"name": "t", "kind": "tvm", "model": "tyo:cube"}])
+    assert "unknown model 'tyo:cube'; did you mean 'toy:cube'?" in said and "te:matmul, toy:cube, onnx:<path>" in said
+    # the worker's side: a Source subclass in its SOURCES (a worker of a build would then build
+    # it; that runs in the build's Python, from the file: runners/worker/sources.py)
+    sources = worker_sources()
+
+    class Cube(sources.Source):
+        def build(self, spec, rng, target):
+            side = spec["options"]["side"]
+            return sources.Model(None, "main", [rng.standard_normal([side] * 3)], False, out_shape=[side] * 3,
+                                 operator="cube")
+
+    monkeypatch.setitem(sources.SOURCES, "toy", Cube)
+    assert tuple(sources.SOURCES) == MODEL_SOURCES.names()
+    built = sources.SOURCES["toy"](lambda name: None).build({"options": {"side": 2}}, np.random.default_rng(0), None)
+    assert built.inputs[0].shape == (2, 2, 2) and built.operator == "cube" and not built.is_vm
+    with pytest.raises(TypeError, match="abstract"):  # a source must say how it builds
+        type("Empty", (sources.Source,), {})(lambda name: None)
+
+
 class ToySender(Sender):
     """Delivers by keeping the document: what a channel's sender does in place of a POST."""
 
@@ -283,6 +331,7 @@ def test_the_registries_are_as_they_were():
     assert DEVICE_APIS.names() == DEVICE_BACKENDS.names()
     assert alerts.CHANNELS.names() == ("github-pr", "github", "webhook")
     assert COMMANDS.names() == ("try", "triage")
+    assert MODEL_SOURCES.names() == ("builtin", "te", "onnx", "script")
 
 
 # --- where a new plug-in goes ------------------------------------------------------------------
@@ -293,6 +342,7 @@ def test_the_documented_registries_are_where_the_docs_say():
     for registry, path in (("BUILD_KINDS", "builders/spec.py"), ("BUILDERS", "builders/registry.py"),
                            ("RUNNERS", "runners/__init__.py"), ("WORKLOAD_KINDS", "runners/workloads.py"),
                            ("DEVICE_BACKENDS", "core/device_backends.py"), ("DEVICE_APIS", "runners/device_apis.py"),
+                           ("MODEL_SOURCES", "builders/workload_spec.py"),
                            ("CONTROL_FORMS", "service/config.py"), ("CONTROL_RULES", "service/watch/controls.py"),
                            ("CHANNELS", "service/notify/alerts.py"), ("COMMANDS", "service/web/pull_commands.py")):
         assert f"{registry}: Registry[" in (ROOT / path).read_text(), (registry, path)
