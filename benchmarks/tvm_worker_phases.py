@@ -37,7 +37,7 @@ from abwatch.builders.environment import build_environment, build_python
 from abwatch.builders.procs import child_env
 from abwatch.builders.spec import RunnerConfig
 from abwatch.runners import CpuRunner
-from abwatch.runners.tvm_sessions import WORKER
+from abwatch.runners.worker_process import WORKER
 from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
 
 # Run in the build's Python: each phase's end, as time.time(), in one JSON line.

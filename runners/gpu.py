@@ -31,7 +31,8 @@ from abwatch.runners.fingerprint import host_fingerprint
 from abwatch.runners.runner import Runner, RunnerUnavailable
 from abwatch.runners.device_apis import DeviceApi, api_of
 from abwatch.runners.sysinfo import hardware_config, software_config
-from abwatch.runners.tvm_sessions import WORKER_DIR, TvmSessions
+from abwatch.runners.tvm_sessions import TvmSessions
+from abwatch.runners.worker_process import WORKER_DIR
 
 # The worker's device module (runners/worker/device.py): run by the build's Python, never
 # imported by abwatch.

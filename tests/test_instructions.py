@@ -14,7 +14,7 @@ import requests
 from conftest import live_server
 
 from abwatch.runners.counters import COUNTERS, CounterUnavailable, CountError, choose
-from abwatch.runners.tvm_sessions import WORKER_DIR
+from abwatch.runners.worker_process import WORKER_DIR
 from abwatch.service.cli.demo import make_demo_repo
 from abwatch.service.cli.main import main
 from abwatch.service.compare.instructions import FIRST_LOOK

@@ -173,7 +173,7 @@ def test_the_worker_package_imports_nothing_of_abwatch():
 
 def test_no_host_module_imports_the_worker_package():
     wrong = host_imports_of_the_worker()
-    assert not wrong, "run the worker's files in the build's Python (runners/tvm_sessions.py, WORKER_DIR):\n" + \
+    assert not wrong, "run the worker's files in the build's Python (runners/worker_process.py, WORKER_DIR):\n" + \
         "\n".join(wrong)
 
 

@@ -22,7 +22,7 @@ from abwatch.core.device_backends import DEVICE_BACKENDS, DeviceBackend
 from abwatch.core.plugins import Registry, UnknownName
 from abwatch.runners import RUNNERS, CpuRunner, WorkloadKind, make_runner
 from abwatch.runners.device_apis import DEVICE_APIS, DeviceApi, api_of
-from abwatch.runners.tvm_sessions import WORKER_DIR
+from abwatch.runners.worker_process import WORKER_DIR
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service.config import (
     CONTROL_FORMS, AlertsConfig, Config, ControlForm, WatchConfig, format_validation_error,

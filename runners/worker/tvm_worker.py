@@ -350,7 +350,7 @@ def _fork(out, send, warm_up: bool = False, shift: bool = False) -> int:
 # tensors are then taken from) and its stack by 0-63 levels of calls entered from C (each a
 # frame of the C stack: a Python call from Python takes none in CPython 3.11+). The server's
 # own stack start moves with its environment's size, drawn afresh at each server's start
-# (runners/tvm_sessions.py), so servers differ byte by byte and children by frames.
+# (runners/fork_servers.py), so servers differ byte by byte and children by frames.
 MAX_HEAP_SHIFT, MAX_STACK_DEPTH = 64 * 1024, 64
 
 
