@@ -4,7 +4,7 @@
 
 The workload's library is compiled and exported once (as a build's first worker does); then
 ``--processes`` fresh processes of the build's Python each load it as a timed worker does
-(``runners/tvm_worker.py``'s ``Workload`` with ``load``), and say when each phase ended:
+(``runners/worker/tvm_worker.py``'s ``Workload`` with ``load``), and say when each phase ended:
 
 * **start**: from the parent's ``Popen`` to the child's first line of Python;
 * **numpy**, **tvm** (``import tvm``), **relax** (``from tvm import relax``);
@@ -37,7 +37,7 @@ from abwatch.builders.environment import build_environment, build_python
 from abwatch.builders.procs import child_env
 from abwatch.builders.spec import RunnerConfig
 from abwatch.runners import CpuRunner
-from abwatch.runners.tvm_sessions import WORKER
+from abwatch.runners.worker_process import WORKER
 from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
 
 # Run in the build's Python: each phase's end, as time.time(), in one JSON line.
@@ -58,7 +58,8 @@ def timed(name, f):
     def g(*a, **k):
         t = time.time(); r = f(*a, **k); spent[name] += time.time() - t; return r
     return g
-W._relax_module = timed("model", W._relax_module)
+for source in W._sibling("sources").SOURCES.values():  # each source's build (runners/worker/sources.py)
+    source.build = timed("model", source.build)
 tvm.runtime.load_module = timed("load", tvm.runtime.load_module)
 t = time.time()
 w = W.Workload(json.loads(sys.argv[3]))

@@ -357,7 +357,7 @@ class RunnerConfig(StrictModel):
     threads: int | None = Field(default=None, ge=1, description="TVM_NUM_THREADS; default: all cores")
     # A forked child skips the interpreter's start and ``import tvm`` (~0.55 s of a ~0.9 s
     # invocation of builtin:mlp here: benchmarks/tvm_worker_phases.py) and is still a process
-    # of its own with its own samples; runners/tvm_sessions.py, TimedServers, says how it stays
+    # of its own with its own samples; runners/fork_servers.py, TimedServers, says how it stays
     # independent (servers restarted, each child's layout randomised).
     # fresh by default until forked servers' A/A false-positive rate is measured (docs/statistics.md)
     processes: Literal["fresh", "forked"] = Field(

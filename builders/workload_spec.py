@@ -12,6 +12,7 @@ read them too.
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -19,6 +20,7 @@ from pydantic import Field, field_validator, model_validator
 from abwatch.core.sides import TREATMENT
 from abwatch.core.metric_names import FROM_TIMED_PROCESSES, GENERATION, OF_BUILDS, OF_WORKLOADS, Metric
 from abwatch.core.config_base import StrictModel
+from abwatch.core.plugins import Registry
 
 # What one invocation of a command workload may print and report, unless its config says more.
 MAX_OUTPUT_MB = 16
@@ -117,22 +119,43 @@ class CommandWorkloadConfig(WorkloadSpec):
         return self.max_samples or MAX_SAMPLES
 
 
-# What each model reads from ``options`` (runners/worker_models.py); any other key is an error.
-MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
-    "builtin:mlp": ("hidden", "classes", "weight_scale"),
-    "builtin:cnn": ("classes", "weight_scale"),
-    "builtin:resnet18": ("classes", "weight_scale"),
-    "builtin:transformer": ("heads", "weight_scale"),
-    "builtin:llm-decode": ("layers", "hidden", "heads", "prompt_tokens", "decode_steps", "vocab", "weight_scale"),
-    "te:matmul": ("m", "k", "n"),
-    "te:conv2d": ("out_channels", "kernel"),
-    "onnx": (),
-}
-# Built-in models that generate tokens: a prefill, then decode steps (runners/worker_llm.py); by
+@dataclass(frozen=True)
+class ModelSource:
+    """A source of TVM models, as a config writes it before the model's colon (``builtin:mlp``,
+    ``onnx:<path>``); the worker's class of the same name builds them (its ``SOURCES``,
+    ``runners/worker/sources.py``, which cannot import this: it runs in a build's Python).
+
+    ``models``: the models it names, each with the ``options`` keys it reads (any other key is
+    an error); None where what follows the colon is a path, whose models read ``options``
+    (none for onnx:) or, where that is None, the user's own keys (a script's, passed to its
+    function as keywords). ``md5``: a path's md5 must be given.
+    """
+
+    models: dict[str, tuple[str, ...]] | None = None
+    options: tuple[str, ...] | None = ()
+    md5: bool = False
+
+    def written(self, source: str) -> list[str]:
+        """Its models as a config writes them: ``builtin:mlp``, ..., or ``onnx:<path>``."""
+        return [f"{source}:{name}" for name in sorted(self.models)] if self.models is not None else [f"{source}:<path>"]
+
+
+# The names a config may write before a TVM model's colon: the one list on the host side.
+MODEL_SOURCES: Registry[ModelSource] = Registry("model source", [
+    ("builtin", ModelSource(models={  # runners/worker/builtin_models.py, llm.py
+        "mlp": ("hidden", "classes", "weight_scale"),
+        "cnn": ("classes", "weight_scale"),
+        "resnet18": ("classes", "weight_scale"),
+        "transformer": ("heads", "weight_scale"),
+        "llm-decode": ("layers", "hidden", "heads", "prompt_tokens", "decode_steps", "vocab", "weight_scale"),
+    })),
+    ("te", ModelSource(models={"matmul": ("m", "k", "n"), "conv2d": ("out_channels", "kernel")})),
+    ("onnx", ModelSource(options=(), md5=True)),
+    ("script", ModelSource(options=None)),
+])
+# Built-in models that generate tokens: a prefill, then decode steps (runners/worker/llm.py); by
 # default measured by time (one whole generation a sample) and the generation's metrics.
 GENERATIVE_MODELS = ("builtin:llm-decode",)
-# Model sources whose options are the user's own (passed to their function as keywords).
-OPEN_OPTIONS = ("script",)
 SCRIPT_REPO = "script:repo:"  # a script read from the build's own source tree (tvm-source ``keep``)
 # What ``treatment_options`` may override for the treatment side.
 TREATMENT_OVERRIDES = ("options", "dtype")
@@ -148,12 +171,12 @@ class TvmWorkloadConfig(WorkloadSpec):
     A ``script:<path>``'s SHA-256 (``script_sha256``, filled in when the config is read) is
     part of the workload's identity: a changed script starts a new series. ``treatment_options``
     apply to the treatment side only (``{dtype = "float16"}``, ``{options = {hidden = 640}}``), to study or provoke a difference
-    on purpose; only the keys in :data:`TREATMENT_OVERRIDES` and each model's
-    :data:`MODEL_OPTIONS` are accepted.
+    on purpose; only the keys in :data:`TREATMENT_OVERRIDES` and each model's options
+    (:data:`MODEL_SOURCES`) are accepted.
     """
 
     kind: Literal["tvm"] = "tvm"
-    model: str = Field(pattern=r"^(builtin|te|onnx|script):.+")
+    model: str = Field(pattern=r"^[^:]+:.+")  # <source>:<model>, the source one of MODEL_SOURCES
     md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
     script_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
                                       description="script: models: the file's SHA-256 (default: read from it)")
@@ -204,18 +227,22 @@ class TvmWorkloadConfig(WorkloadSpec):
         return self.treatment_options if side == TREATMENT else {}
 
     @model_validator(mode="after")
-    def _onnx_needs_md5(self) -> TvmWorkloadConfig:
-        if self.model.startswith("onnx:") and self.md5 is None:
-            raise ValueError("an onnx: model needs its md5")
-        source = self.model.partition(":")[0]
-        if source in OPEN_OPTIONS:
+    def _known_model(self) -> TvmWorkloadConfig:
+        prefix, _, name = self.model.partition(":")
+        source = MODEL_SOURCES.get(prefix, None)
+        if source is not None and source.md5 and self.md5 is None:
+            raise ValueError(f"{'an' if prefix[0] in 'aeiou' else 'a'} {prefix}: model needs its md5")
+        if source is not None and source.models is None and source.options is None:  # the user's own options
             return self
         if self.model in GENERATIVE_MODELS and self.input_shape is not None:
             raise ValueError(f"input_shape: {self.model} takes its shapes from its options "
                              "(prompt_tokens, hidden, ...), not from input_shape")
-        known = MODEL_OPTIONS.get("onnx" if source == "onnx" else self.model)
-        if known is None:
-            names = [name for name in sorted(MODEL_OPTIONS) if name != "onnx"] + ["onnx:<path>", "script:<path>"]
+        known = (None if source is None else source.options if source.models is None
+                 else source.models.get(name))
+        if source is None or known is None:
+            # the named models first, then the sources of paths, each as a config writes it
+            names = [model for written, entry in sorted(MODEL_SOURCES.items(), key=lambda item: item[1].models is None)
+                     for model in entry.written(written)]
             close = difflib.get_close_matches(self.model, names, n=1, cutoff=0.6)
             raise ValueError(f"model: unknown model {self.model!r}" + (f"; did you mean {close[0]!r}?" if close else "")
                              + f" (known: {', '.join(names)})")
@@ -223,6 +250,6 @@ class TvmWorkloadConfig(WorkloadSpec):
                                ("treatment_options.options", self.treatment_options.get("options", {}))):
             for key in options:
                 if key not in known:
-                    model = self.model if known else "onnx models"
+                    model = self.model if source.models is not None else f"{prefix} models"
                     raise ValueError(f"{where}: unknown key {key!r} for {model} (known: {', '.join(known) or 'none'})")
         return self

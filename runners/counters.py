@@ -18,7 +18,7 @@ from the files it wrote into a scratch directory. :func:`choose` picks one for a
 A TVM worker counts a *region* of itself instead (the compile call, or the timed calls), so
 that interpreter start-up and ``import tvm`` (4 G instructions, varying by ~0.1 % between
 processes) do not drown a compile of 80 M. :meth:`InstructionCounter.region_spec` says how
-the worker marks the region (``runners/worker_region.py``, ``Region``) and
+the worker marks the region (``runners/worker/region.py``, ``Region``) and
 :meth:`InstructionCounter.read_region` turns what it reported into a count:
 
 * perf: the worker opens the hardware counter itself (``perf_event_open``, user space,

@@ -5,7 +5,7 @@ Each knows the device nodes a sandboxed worker must be given, and how the
 operating system's own tool lists the devices and their drivers (``nvidia-smi``,
 ``vulkaninfo``, ``clinfo``, ``rocminfo``, ``system_profiler``): that listing, taken before any
 build exists, is the device's fingerprint in the records and the refusal when it is empty.
-Whether a build can drive the device is asked of the build itself (``runners/worker_device.py``:
+Whether a build can drive the device is asked of the build itself (``runners/worker/device.py``:
 its runtime decides). The APIs' names, and the CMake flag that builds each in, are core's
 :data:`~abwatch.core.device_backends.DEVICE_BACKENDS`: a new API is a line there and its class here.
 """

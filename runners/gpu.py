@@ -29,30 +29,36 @@ from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import RunnerConfig
 from abwatch.runners.fingerprint import host_fingerprint
 from abwatch.runners.runner import Runner, RunnerUnavailable
-from abwatch.runners import worker_device
 from abwatch.runners.device_apis import DeviceApi, api_of
 from abwatch.runners.sysinfo import hardware_config, software_config
 from abwatch.runners.tvm_sessions import TvmSessions
+from abwatch.runners.worker_process import WORKER_DIR
 
-# Run by a build's Python: what it says of one device API (worker_device.backend), one JSON
-# line; nothing is compiled. worker_device.py is loaded by its path, as the worker loads it.
+# The worker's device module (runners/worker/device.py): run by the build's Python, never
+# imported by abwatch.
+DEVICE_FILE = WORKER_DIR / "device.py"
+# Run by a build's Python: what it says of one device API (device.backend) and why it cannot
+# run there (device.refusal, None if it can), one JSON line; nothing is compiled. device.py is
+# loaded by its path, as the worker loads it.
 BACKEND = """
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("abwatch_worker_device", sys.argv[1])
 device = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(device)
 import tvm
-print(json.dumps(device.backend(tvm, sys.argv[2])))
+said = device.backend(tvm, sys.argv[2])
+print(json.dumps({**said, "refusal": device.refusal(sys.argv[2], said)}))
 """
 
 
-# what worker_device.backend() answers, key by key: a build's answer of any other shape is refused
+# what BACKEND answers, key by key: a build's answer of any other shape is refused
 BACKEND_KEYS: dict[str, type | tuple[type, ...]] = {
-    "tvm": str, "enabled": bool, "exist": bool, "library": (str, type(None)), "libinfo": str}
+    "tvm": str, "enabled": bool, "exist": bool, "library": (str, type(None)), "libinfo": str,
+    "refusal": (str, type(None))}
 
 
 def _well_formed(said: object) -> TypeGuard[dict]:
-    """Whether a build's answer to BACKEND has the shape worker_device.backend() gives."""
+    """Whether a build's answer to BACKEND has the shape BACKEND gives."""
     return isinstance(said, dict) and all(isinstance(said.get(key), kind) for key, kind in BACKEND_KEYS.items())
 
 
@@ -132,7 +138,7 @@ class GpuRunner(Runner):
             return str(exc)
         if python is None:  # a command build: its workloads are not TVM's, nothing to ask
             return None
-        argv = [str(python), "-c", BACKEND, worker_device.__file__, self.api.name]
+        argv = [str(python), "-c", BACKEND, str(DEVICE_FILE), self.api.name]
         env = child_env(build_environment(artifact_dir), {})
         proc = run_process(argv, cwd=artifact_dir, env=env, timeout_s=300, sandbox=Sandbox(devices=self.tvm.nodes))
         lines = proc.stdout.strip().splitlines()
@@ -143,7 +149,7 @@ class GpuRunner(Runner):
         if not _well_formed(said):  # the build's own Python answered: anything may come back
             return (f"gpu runner: the build in {artifact_dir} could not say whether it has the {self.api.name} "
                     f"backend: {(proc.stderr or proc.stdout).strip()[-300:] or 'no output'}")
-        why = worker_device.refusal(self.api.name, said)
+        why = said["refusal"]
         return None if why is None else (f"gpu runner: the build in {artifact_dir} (TVM {said['tvm']}) cannot run "
                                          f"on {self.api.name}: {why}")
 

@@ -8,7 +8,7 @@ C++ names are demangled by cachegrind itself (``--demangle=yes`` is its default)
 ``tvm::tir::StmtMutator::VisitStmt(tvm::tir::Stmt const&)`` is read as such. A function's count
 is the sum over its lines and files (a static helper of one name in two files is one row).
 
-A region of a TVM worker is counted between two forked marks (``runners/worker_region.py``):
+A region of a TVM worker is counted between two forked marks (``runners/worker/region.py``):
 each mark's file holds every count of the process up to it, so the region's profile is the end
 mark's counts minus the start mark's, function by function.
 

@@ -20,7 +20,7 @@ class OpFeatures(TypedDict):
 
 
 class WorkerReady(TypedDict, total=False):
-    """What a TVM worker says of itself once its workload is compiled (``runners/tvm_worker.py``)."""
+    """What a TVM worker says of itself once its workload is compiled (``runners/worker/tvm_worker.py``)."""
 
     ready: bool
     compile_ms: float

@@ -9,7 +9,7 @@ runtime itself — the VM, memory allocator, threading pool — is measured only
 it reaches the uploaded library; rebuild the board's runtime to A/B that. A Relax model's
 per-operator times are measured on the board too: each kernel by its own time evaluator
 there, on arguments of the shapes a dry run of the VM on this host found
-(``runners/worker_ops.py``: why not the VM's instrument hook, which cannot reach the board).
+(``runners/worker/ops.py``: why not the VM's instrument hook, which cannot reach the board).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The ``tvm`` workload kind: a model compiled and timed by harness workers in the build's own
-Python (``runners/tvm_worker.py``, through the runner's
+Python (``runners/worker/tvm_worker.py``, through the runner's
 :class:`~abwatch.runners.tvm_sessions.TvmSessions`), its outputs checked against the other
 build's."""
 

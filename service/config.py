@@ -25,7 +25,7 @@ from abwatch.builders.spec import (  # noqa: F401 - re-exported: the models buil
     SandboxConfig, TvmSourceBuildConfig, TvmWheelBuildConfig,
 )
 from abwatch.builders.workload_spec import (  # noqa: F401  (re-exported)
-    MODEL_OPTIONS, SCRIPT_REPO, TREATMENT_OVERRIDES, CommandWorkloadConfig, TvmWorkloadConfig, WorkloadSpec,
+    MODEL_SOURCES, SCRIPT_REPO, TREATMENT_OVERRIDES, CommandWorkloadConfig, TvmWorkloadConfig, WorkloadSpec,
 )
 # Each [[workloads]] entry is validated, resolved and checked by its kind (runners.workloads)
 from abwatch.runners import RunnerSection

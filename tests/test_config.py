@@ -163,7 +163,7 @@ def test_unknown_model_is_named(tmp_path):
 
 def test_supported_treatment_overrides_reach_the_treatment_worker_only(tmp_path):
     """What the treatment may override really changes what its worker compiles (the spec sent
-    to runners/tvm_worker.py); the control's spec stays the workload's own. The compiled
+    to runners/worker/tvm_worker.py); the control's spec stays the workload's own. The compiled
     effect is checked with real TVM in tests/test_tvm.py (heads=3 fails to compile, float16
     changes the outputs)."""
     from abwatch.runners.tvm_sessions import TvmSessions

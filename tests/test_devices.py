@@ -137,11 +137,10 @@ def test_the_workers_device_side_with_the_real_wheel(tvm_python):
     """dlight schedules an unscheduled kernel (and leaves a scheduled one alone), the missing
     backend is named, and the CPU reference check tells a few ulps from a wrong result."""
     import subprocess
-    from pathlib import Path
 
-    import abwatch.runners.worker_device as worker_device
+    from abwatch.runners.gpu import DEVICE_FILE
 
-    out = subprocess.run([tvm_python, "-c", WORKER_SIDE, str(Path(worker_device.__file__))],
+    out = subprocess.run([tvm_python, "-c", WORKER_SIDE, str(DEVICE_FILE)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     said = json.loads(out.stdout.strip().splitlines()[-1])

@@ -151,7 +151,7 @@ samples = 20
 
 
 def test_each_forked_child_moves_its_stack_and_heap_by_its_own_draw(artifact):
-    from abwatch.runners.tvm_sessions import _from_child
+    from abwatch.runners.fork_servers import from_child
 
     runner = CpuRunner(RunnerConfig(threads=1, processes="forked"))
     tvm = runner.tvm
@@ -162,9 +162,9 @@ def test_each_forked_child_moves_its_stack_and_heap_by_its_own_draw(artifact):
         with tvm.timed.one("control", artifact, {"TVM_NUM_THREADS": "1"}, tvm._sandbox(), 300) as server:
             for _ in range(4):
                 server.worker.send({"cmd": "fork"})
-                layouts.append(_from_child(server.worker, 60)["layout"])
+                layouts.append(from_child(server.worker, 60)["layout"])
                 server.worker.send(spec)
-                assert _from_child(server.worker, 60)["ready"]  # the child loaded the library
+                assert from_child(server.worker, 60)["ready"]  # the child loaded the library
                 server.worker.send({"cmd": "exit"})
                 assert server.worker.receive(60) == {"forked": True, "status": 0}
     finally:

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import requests
 
-import abwatch.runners
-
 from conftest import live_server
 
 from abwatch.runners.counters import COUNTERS, CounterUnavailable, CountError, choose
+from abwatch.runners.worker_process import WORKER_DIR
 from abwatch.service.cli.demo import make_demo_repo
 from abwatch.service.cli.main import main
 from abwatch.service.compare.instructions import FIRST_LOOK
@@ -81,7 +80,7 @@ def test_the_hardware_counter_says_why_it_cannot_count_here_or_counts(loop, tmp_
 REGION_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from worker_region import Region
+from region import Region
 region = Region(sys.argv[2])
 sum(range(1000))  # start-up work outside the region
 region.start()
@@ -96,8 +95,8 @@ def _count_region(counter, iterations: int, scratch: Path) -> int:
     """A Python process (start-up and all) whose loop alone is counted, as the TVM worker counts
     its compile call."""
     scratch.mkdir()
-    runners = Path(abwatch.runners.__file__).parent  # where worker_region.py sits beside the worker
-    argv = counter.region_argv(["python3", "-c", REGION_SCRIPT, str(runners), counter.name, str(iterations)], scratch)
+    # WORKER_DIR: where region.py sits beside the worker
+    argv = counter.region_argv(["python3", "-c", REGION_SCRIPT, str(WORKER_DIR), counter.name, str(iterations)], scratch)
     out = subprocess.run(argv, check=True, capture_output=True, text=True,
                          env={"PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin"})
     return counter.read_region(scratch, json.loads(out.stdout))
@@ -119,7 +118,7 @@ def test_a_region_of_a_process_is_counted_without_its_start_up(tmp_path):
 
 
 def test_the_hardware_counter_counts_a_region_or_says_why_not(tmp_path):
-    from abwatch.runners.worker_region import Region, RegionError
+    from abwatch.runners.worker.region import Region, RegionError
 
     try:
         region = Region("perf")

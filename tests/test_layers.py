@@ -119,10 +119,10 @@ def test_the_lower_service_packages_import_no_plug_in():
 
 
 def test_importing_builders_and_runners_loads_no_service_module():
-    # transitively too: a fresh interpreter imports every builder and runner module
-    # (tvm_worker is a script run inside a build's own Python, checked by the AST test only)
+    # transitively too: a fresh interpreter imports every builder and runner module (the
+    # worker's package, run inside a build's own Python, is checked by the AST tests below)
     modules = [f"abwatch.{package}.{path.stem}" for package in FORBIDDEN for path in modules_of(package)
-               if path.stem not in ("__init__", "tvm_worker")]
+               if path.stem != "__init__"]
     code = ("import importlib, sys\n"
             f"for name in {modules!r}: importlib.import_module(name)\n"
             "print(sorted(m for m in sys.modules if m.startswith('abwatch.service')))\n"
@@ -130,6 +130,68 @@ def test_importing_builders_and_runners_loads_no_service_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "[]", f"builders/runners pulled in {out[0]}"
     assert "abwatch.builders.spec" in out[1] and "abwatch.runners.cpu" in out[1]
+
+
+# The worker's side (runners/worker/) runs inside a build's own Python, where abwatch is not
+# installed: it imports nothing of abwatch (its modules load each other by path). The host
+# runs its files in the build's interpreter and never imports them: a host module that did
+# would run TVM-side code in abwatch's process, and the worker's files could no longer change
+# without the host's.
+WORKER_PACKAGE = "abwatch.runners.worker"
+
+
+def worker_imports_of_abwatch(root: Path = ROOT) -> list[str]:
+    """Imports of abwatch (or relative ones, which are abwatch's too) in the worker's package."""
+    wrong = []
+    for path in sorted((root / "runners" / "worker").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     ["." * node.level + (node.module or "")] if isinstance(node, ast.ImportFrom) else
+                     [target] if isinstance(node, ast.Call) and (target := _dynamic_target(node)) else [])
+            wrong += [f"{path.relative_to(root)}:{node.lineno}: imports {name}" for name in names
+                      if name.startswith(".") or name.split(".")[0] == "abwatch"]
+    return sorted(wrong)
+
+
+def host_imports_of_the_worker(root: Path = ROOT) -> list[str]:
+    """Imports of the worker's package by a module outside it (host side)."""
+    known = code_files(root)
+    return sorted(f"{path.relative_to(root)}:{line}: imports {target}"
+                  for name, path in known.items() if not _in_worker(name)
+                  for line, target, _ in imports_of(path, known, root) if _in_worker(target))
+
+
+def _in_worker(module: str) -> bool:
+    return module == WORKER_PACKAGE or module.startswith(WORKER_PACKAGE + ".")
+
+
+def test_the_worker_package_imports_nothing_of_abwatch():
+    assert (ROOT / "runners" / "worker" / "tvm_worker.py").is_file()
+    wrong = worker_imports_of_abwatch()
+    assert not wrong, "the worker runs in a build's Python, without abwatch:\n" + "\n".join(wrong)
+
+
+def test_no_host_module_imports_the_worker_package():
+    wrong = host_imports_of_the_worker()
+    assert not wrong, "run the worker's files in the build's Python (runners/worker_process.py, WORKER_DIR):\n" + \
+        "\n".join(wrong)
+
+
+def test_the_worker_checkers_see_imports_across_the_line(tmp_path):
+    # the two tests above would pass vacuously if their checkers missed an import
+    _plant(tmp_path, {
+        "runners/__init__.py": "", "runners/worker/__init__.py": "",
+        "runners/worker/tvm_worker.py": "import json\nimport numpy\ndef f():\n    from abwatch.core import errors\n"
+                                        "from . import ops\nimport importlib\nimportlib.import_module('abwatch.x')\n",
+        "runners/worker/ops.py": "import os\n",
+        "runners/gpu.py": "from abwatch.runners.worker import ops\nfrom abwatch.runners import worker\n",
+        "runners/workloads.py": "from abwatch.runners import gpu\n",  # worker*s* is not the worker's package
+    })
+    assert worker_imports_of_abwatch(tmp_path) == [
+        "runners/worker/tvm_worker.py:4: imports abwatch.core", "runners/worker/tvm_worker.py:5: imports .",
+        "runners/worker/tvm_worker.py:7: imports abwatch.x"]
+    assert host_imports_of_the_worker(tmp_path) == [
+        "runners/gpu.py:1: imports abwatch.runners.worker.ops", "runners/gpu.py:2: imports abwatch.runners.worker"]
 
 
 # Inside service/: each package may import only the packages below it in the pipeline

@@ -1,4 +1,4 @@
-"""The built-in LLM decode workload (``builtin:llm-decode``, runners/worker_llm.py) with the real
+"""The built-in LLM decode workload (``builtin:llm-decode``, runners/worker/llm.py) with the real
 apache-tvm wheel on this machine's CPU: a prefill and decode steps over an explicit KV cache,
 what mlc-llm's benchmark reports of it (time to first token, decode latency per token, tokens
 per second) judged as metrics of the registry, an A/A that is no regression, and a made

@@ -16,7 +16,7 @@ from abwatch.service.notify.explained import markdown_lines, text_lines
 from abwatch.service.notify.pull_answer import _cell
 from abwatch.service.store.explain import explain
 
-# a region between two forked marks, as runners/worker_region.py marks a TVM worker's compile:
+# a region between two forked marks, as runners/worker/region.py marks a TVM worker's compile:
 # work() runs `argv[1]` times inside it, once outside; helper() only outside
 CPP = r"""
 #include <cstdio>

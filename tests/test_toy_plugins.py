@@ -5,10 +5,12 @@ name is refused with the known ones listed, and the registry is as it was after 
 from __future__ import annotations
 
 import enum
+import importlib.util
 import subprocess
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -17,13 +19,14 @@ from sqlalchemy.orm import Session
 from abwatch.builders.registry import BUILDERS
 from abwatch.builders.spec import BUILD_KINDS, BuildSpec, RunnerConfig
 from abwatch.builders.tvm_source import built_backends
-from abwatch.builders.workload_spec import WorkloadSpec
+from abwatch.builders.workload_spec import MODEL_SOURCES, ModelSource, WorkloadSpec
 from abwatch.core.device_backends import DEVICE_BACKENDS, DeviceBackend
 from abwatch.core.metric_names import METRIC_NAMES, Metric
 from abwatch.core.plugins import Registry, UnknownName
-from abwatch.runners import RUNNERS, CpuRunner, WorkloadKind, make_runner, worker_region
+from abwatch.runners import RUNNERS, CpuRunner, WorkloadKind, make_runner
 from abwatch.runners.counters import COUNTERS, InstructionCounter, choose
 from abwatch.runners.device_apis import DEVICE_APIS, DeviceApi, api_of
+from abwatch.runners.worker_process import WORKER_DIR
 from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service.config import (
     CONTROL_FORMS, AlertsConfig, Config, ControlForm, WatchConfig, format_validation_error,
@@ -104,12 +107,22 @@ def test_a_registry_of_another_takes_only_its_names():
     assert paint.missing() == ["green"]
 
 
+def worker_module(name: str):
+    """A module of the worker's package (runners/worker/), loaded by its path as the worker
+    loads it: abwatch never imports the worker's package, a test may read it."""
+    spec = importlib.util.spec_from_file_location(f"abwatch_test_worker_{name}", WORKER_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_every_registered_name_has_its_implementation():
     # the registries keyed by a lower one's names: none left without an entry
     assert BUILDERS.missing() == [] and DEVICE_APIS.missing() == [] and CONTROL_RULES.missing() == []
     assert METRICS.missing() == []
     # the TVM worker's region counting, loaded apart from abwatch, knows every built-in counter
-    assert COUNTERS.names() == worker_region.COUNTERS
+    assert COUNTERS.names() == worker_module("region").COUNTERS
 
 
 # --- a toy of each kind ------------------------------------------------------------------------
@@ -219,6 +232,46 @@ def test_a_toy_workload_kind(plug, tmp_path):
         "abwatch.toml: workloads[0].samples: field required")
     assert refusal(tmp_path, workloads=[{"name": "t", "kind": "tyo"}]) == (
         "abwatch.toml: workloads[0]: unknown kind; expected one of 'command', 'tvm', 'toy' (did you mean 'toy'?)")
+
+
+def worker_sources():
+    """The worker's sources module (runners/worker/sources.py)."""
+    return worker_module("sources")
+
+
+def test_the_hosts_model_sources_are_the_workers():
+    # what a config may write before a model's colon is what the worker can build
+    sources = worker_sources()
+    assert tuple(sources.SOURCES) == MODEL_SOURCES.names() == ("builtin", "te", "onnx", "script")
+    assert all(issubclass(source, sources.Source) for source in sources.SOURCES.values())
+
+
+def test_a_toy_model_source(plug, tmp_path, monkeypatch):
+    # the host's side: the name and its models' options, validated by the config
+    plug(MODEL_SOURCES, "toy", ModelSource(models={"cube": ("side",)}))
+    toy = config(tmp_path, workloads=[{"name": "t", "kind": "tvm", "model": "toy:cube", "options": {"side": 3}}])
+    assert toy.workloads[0].model == "toy:cube"
+    assert refusal(tmp_path, workloads=[{"name": "t", "kind": "tvm", "model": "toy:cube", "options": {"edge": 3}}]) \
+        == "abwatch.toml: workloads[0]: value error, options: unknown key 'edge' for toy:cube (known: side)"
+    assert "unknown model 'toy:ball'" in refusal(tmp_path, workloads=[{"name": "t", "kind": "tvm", "model": "toy:ball"}])
+    said = refusal(tmp_path, workloads=[{"name": "t", "kind": "tvm", "model": "tyo:cube"}])
+    assert "unknown model 'tyo:cube'; did you mean 'toy:cube'?" in said and "te:matmul, toy:cube, onnx:<path>" in said
+    # the worker's side: a Source subclass in its SOURCES (a worker of a build would then build
+    # it; that runs in the build's Python, from the file: runners/worker/sources.py)
+    sources = worker_sources()
+
+    class Cube(sources.Source):
+        def build(self, spec, rng, target):
+            side = spec["options"]["side"]
+            return sources.Model(None, "main", [rng.standard_normal([side] * 3)], False, out_shape=[side] * 3,
+                                 operator="cube")
+
+    monkeypatch.setitem(sources.SOURCES, "toy", Cube)
+    assert tuple(sources.SOURCES) == MODEL_SOURCES.names()
+    built = sources.SOURCES["toy"](lambda name: None).build({"options": {"side": 2}}, np.random.default_rng(0), None)
+    assert built.inputs[0].shape == (2, 2, 2) and built.operator == "cube" and not built.is_vm
+    with pytest.raises(TypeError, match="abstract"):  # a source must say how it builds
+        type("Empty", (sources.Source,), {})(lambda name: None)
 
 
 class ToySender(Sender):
@@ -399,6 +452,7 @@ def test_the_registries_are_as_they_were():
     assert METRICS.names() == METRIC_NAMES.names() == tuple(m.value for m in Metric)
     assert COUNTERS.names() == ("perf", "valgrind")
     assert JOB_KINDS.names() == ("test", "try", "pr", "build")
+    assert MODEL_SOURCES.names() == ("builtin", "te", "onnx", "script")
 
 
 # --- where a new plug-in goes ------------------------------------------------------------------
@@ -409,6 +463,7 @@ def test_the_documented_registries_are_where_the_docs_say():
     for registry, path in (("BUILD_KINDS", "builders/spec.py"), ("BUILDERS", "builders/registry.py"),
                            ("RUNNERS", "runners/__init__.py"), ("WORKLOAD_KINDS", "runners/workloads.py"),
                            ("DEVICE_BACKENDS", "core/device_backends.py"), ("DEVICE_APIS", "runners/device_apis.py"),
+                           ("MODEL_SOURCES", "builders/workload_spec.py"),
                            ("CONTROL_FORMS", "service/config.py"), ("CONTROL_RULES", "service/watch/controls.py"),
                            ("CHANNELS", "service/notify/alerts.py"), ("COMMANDS", "service/web/pull_commands.py"),
                            ("METRIC_NAMES", "core/metric_names.py"), ("METRICS", "service/compare/metrics.py"),

@@ -256,7 +256,7 @@ def test_rpc_ab_through_a_real_tracker_on_loopback(capsys, tmp_path, tvm_cache, 
 
 
 def test_a_relax_model_over_rpc_has_per_operator_times_from_the_board(capsys, tmp_path, tvm_cache, sqlite_url, rpc_board):
-    """builtin:mlp on a loopback board: each kernel timed on the board (runners/worker_ops.py),
+    """builtin:mlp on a loopback board: each kernel timed on the board (runners/worker/ops.py),
     stored per run like the local CPU's table; the treatment widens only the last layer
     (10 -> 2000 classes), and the attribution puts that layer's kernels first."""
     tracker, procs = rpc_board

@@ -2,7 +2,7 @@
 modules with seeded weights) and ``te:`` operators.
 
 Loaded by ``tvm_worker.py`` from its own directory, in the build's Python (as
-``worker_region.py`` is): TVM and the standard library only, never abwatch. TVM is imported
+``region.py`` is): TVM and the standard library only, never abwatch. TVM is imported
 inside each function, so loading this file costs nothing before the worker needs a model.
 A new built-in model is a class and a branch in :func:`builtin`; one that generates tokens (a
 prefill, then decode steps, timed as a generation) is a module of its own beside this one,
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 # Built-in models that generate tokens -> the module beside this file that builds and times them
 # (``relax_module``, ``Generation``; tvm_worker.py loads it): each one's own file, as the LLM's is.
-GENERATIVE = {"llm-decode": "worker_llm"}
+GENERATIVE = {"llm-decode": "llm"}
 
 
 def builtin(name: str, shape, dtype: str, options: dict):  # noqa: C901 - the models' classes, where tvm is imported

@@ -2,7 +2,7 @@
 with an explicit KV cache, written with ``relax.frontend.nn``, and its generation timed the way
 mlc-llm's benchmark times one.
 
-Loaded by ``tvm_worker.py`` beside it (the name is registered in ``worker_models.GENERATIVE``),
+Loaded by ``tvm_worker.py`` beside it (the name is registered in ``builtin_models.GENERATIVE``),
 in the build's Python: TVM, numpy and the standard library only, never abwatch; TVM is imported
 inside the functions that need it.
 

@@ -2,7 +2,7 @@
 the user's file, call its ``workload(**options)``, find the function to time and make its inputs.
 
 Loaded by ``tvm_worker.py`` from its own directory, in the build's Python (as
-``worker_models.py`` is): TVM, numpy and the standard library only, never abwatch. The user's
+``builtin_models.py`` is): TVM, numpy and the standard library only, never abwatch. The user's
 code is hostile and fallible: every failure of it becomes a :class:`ScriptError` that names
 its file and line, never this worker's traceback.
 """

@@ -1,8 +1,8 @@
 """In a TVM worker (the build's own Python): what a device other than the CPU needs.
 
 Loaded by ``tvm_worker.py`` as a sibling module, and by path in a build's Python by the gpu
-runner's backend question; abwatch imports it only for :func:`refusal` (it imports no TVM at
-the top, only numpy). It checks that the build can drive the device, gives hand-written kernels without a GPU schedule
+runner's backend question (:func:`backend` and :func:`refusal`); abwatch never imports it (it
+imports no TVM at the top, only numpy). It checks that the build can drive the device, gives hand-written kernels without a GPU schedule
 TVM's default one, and compares the device's output with the same build's CPU output, so a
 kernel that computes the wrong thing fast is a failure, not a speed-up.
 """
@@ -130,7 +130,8 @@ def cpu_output(workload, mod) -> np.ndarray:
         while not hasattr(result, "numpy"):  # tuples of outputs: the first, as the device's
             result = result[0]
     else:  # a PrimFunc writes into its last argument: start from what the device's started from
-        initial = workload.out_array if workload.script_sha256 else np.zeros(workload.out_shape, workload.spec["dtype"])
+        initial = (workload.out_array if workload.out_array is not None  # the array a script gave
+                   else np.zeros(workload.out_shape, workload.spec["dtype"]))
         result = tvm.runtime.tensor(initial, cpu)
         getattr(lib, "mod", lib)[workload.entry](*args, result)
     return result.numpy().astype(np.float32)

@@ -14,8 +14,8 @@ model's own imports): never abwatch, which lives in another environment. Protoco
     -> {"cmd": "run"}      <- {"samples": [ms, ...], "ops": {name: us},
                                "usage": {"wall_s", "cpu_s", "involuntary_switches", "max_rss_kb"} | null}
        (usage: the timing batch's wall time, this process's CPU time over it (all threads),
-       the kernel's preemptions of it and its peak memory (worker_usage.py); on the host CPU
-       only, not over RPC or on a GPU; a model that generates tokens (worker_llm.py) times one
+       the kernel's preemptions of it and its peak memory (usage.py); on the host CPU
+       only, not over RPC or on a GPU; a model that generates tokens (llm.py) times one
        generation a sample and adds "series": {"ttft": [ms, ...], "decode_latency": [ms, ...],
        "tokens_per_s": [...], and each on CPU time: "ttft_cpu", ...}, one value a sample)
     -> {"cmd": "count_run"}  <- {"instructions": {...}, "calls": N}  (N = number)
@@ -37,7 +37,6 @@ from __future__ import annotations
 import base64
 import functools
 import gc
-import hashlib
 import json
 import os
 import sys
@@ -53,7 +52,7 @@ import numpy as np  # noqa: E402
 
 @functools.cache  # each sibling loaded once: its classes (ScriptError) stay one class
 def _sibling(name: str):
-    """The module ``name``.py beside this file (``worker_region``, ``worker_models``), loaded by
+    """The module ``name``.py beside this file (``region``, ``builtin_models``), loaded by
     path: this file's directory is not on ``sys.path``, so abwatch's modules never shadow TVM's."""
     import importlib.util
 
@@ -66,8 +65,8 @@ def _sibling(name: str):
 
 
 def _region(counter: str):
-    """A :class:`worker_region.Region` for ``counter``."""
-    return _sibling("worker_region").Region(counter)
+    """A :class:`region.Region` for ``counter``."""
+    return _sibling("region").Region(counter)
 
 
 def _protocol_stream():
@@ -75,47 +74,6 @@ def _protocol_stream():
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     return out
-
-
-def _relax_module(spec: dict, rng: np.random.Generator):
-    """(IRModule, parameter arrays, input arrays, entry function, the module that times its
-    generations or None) for builtin: and onnx: models."""
-    from tvm.relax.frontend import nn
-
-    kind, _, name = spec["model"].partition(":")
-    dtype = spec["dtype"]
-    models = _sibling("worker_models") if kind == "builtin" else None
-    if models is not None and name in models.GENERATIVE:  # a model that generates tokens: its own module
-        if spec.get("rpc"):  # each decode step would be a round trip to the board: the network timed
-            raise ValueError(f"{spec['model']} is timed step by step from this process; it runs on this "
-                             "host's CPU or a GPU runner, not over RPC")
-        generative = _sibling(models.GENERATIVE[name])
-        mod, weights, inputs = generative.relax_module(spec, rng)
-        return mod, weights, inputs, generative.ENTRY, generative
-    if models is not None:
-        module, shape = models.builtin(name, spec.get("input_shape"), dtype, spec.get("options", {}))
-        module.to(dtype)
-        mod, params = module.export_tvm(spec={"forward": {"x": nn.spec.Tensor(shape, dtype)}})
-        scale = float(spec.get("options", {}).get("weight_scale", 0.05))
-        weights = [(rng.standard_normal([int(d) for d in p.shape]) * scale).astype(dtype) for _, p in params]
-        return mod, weights, [rng.standard_normal(shape).astype(dtype)], "forward", None
-    if kind == "onnx":
-        import onnx
-        from tvm.relax.frontend.onnx import from_onnx
-
-        with open(name, "rb") as handle:
-            digest = hashlib.md5(handle.read()).hexdigest()
-        if spec.get("md5") and digest != spec["md5"]:
-            raise ValueError(f"{name}: md5 is {digest}, the config says {spec['md5']}")
-        graph = onnx.load(name)
-        shapes = {}
-        for inp in graph.graph.input:
-            dims = [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim]
-            shapes[inp.name] = spec.get("input_shape") or dims
-        mod = from_onnx(graph, shape_dict=shapes, keep_params_in_input=False)
-        inputs = [rng.standard_normal(s).astype(dtype) for s in shapes.values()]
-        return mod, [], inputs, "main", None
-    raise ValueError(f"unknown model kind {kind!r}")
 
 
 class Workload:
@@ -134,37 +92,21 @@ class Workload:
             from tvm.target import codegen
 
             target_spec["mcpu"] = codegen.llvm_get_system_cpu()
-        on_device = _sibling("worker_device") if spec["device"] != "cpu" and not spec.get("rpc") else None
+        on_device = _sibling("device") if spec["device"] != "cpu" and not spec.get("rpc") else None
         if on_device is not None:  # a GPU's backend and driver: named when missing, before any compile
             on_device.check(tvm, spec["device"], need_device=not spec.get("compile_only"))
         target = tvm.target.Target(target_spec)
         self.target = str(target)
-        kind = spec["model"].partition(":")[0]
+        kind, sources = spec["model"].partition(":")[0], _sibling("sources").SOURCES
+        if kind not in sources:
+            raise ValueError(f"unknown model kind {kind!r}")
+        source = sources[kind](_sibling)  # builtin, te, onnx, script: sources.py
         load, export = spec.get("load"), spec.get("export")
-        self.script_sha256, self.generative = None, None
-        if kind == "script":
-            script = _sibling("worker_script")
-            with target:  # current while the script runs: it may schedule its kernels for the device
-                mod, self.inputs, self.script_sha256 = script.script_module(spec, rng)
-            path = script.script_path(spec)
-            self.entry = script.entry(path, mod)
-            func = mod[self.entry]
-            self.is_vm, self.params = isinstance(func, relax.Function), list[np.ndarray]()
-            if self.inputs is None:
-                self.inputs = [script.random_inputs(rng, shape, dtype)
-                               for shape, dtype in script.parameters(path, func, self.is_vm)]
-            if not self.is_vm:  # a PrimFunc writes its results into its last argument(s)
-                self.out_shape = list(self.inputs[-1].shape)
-                self.out_array = self.inputs.pop()
-        elif kind == "te":
-            func, in_shapes, out_shape = _sibling("worker_models").te_function(spec)
-            self.inputs = [rng.standard_normal([int(d) for d in s]).astype(spec["dtype"]) for s in in_shapes]
-            self.out_shape = [int(d) for d in out_shape]
-            self.is_vm, self.entry, self.params = False, "main", []
-            mod = tvm.IRModule({"main": func})
-        else:
-            mod, self.params, self.inputs, self.entry, self.generative = _relax_module(spec, rng)
-            self.is_vm = True
+        model = source.build(spec, rng, target)
+        self.reports, self.operator, self.generative = source.reports(model), model.operator, model.generative
+        mod, self.inputs, self.params, self.entry, self.is_vm = (model.mod, model.inputs, model.params,
+                                                                 model.entry, model.is_vm)
+        self.out_array, self.out_shape = model.out, model.out_shape
         # the device's output is checked against this build's CPU output of the module before
         # any GPU schedule (a script that scheduled its kernels itself is checked against the
         # other side's output only, as every workload is)
@@ -202,7 +144,7 @@ class Workload:
             self.timer = (None if self.generative is not None else
                           self.vm.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"]))
         else:
-            if kind == "script":
+            if self.out_array is not None:  # the output array the model came with (a script's)
                 self.out = tvm.runtime.tensor(self.out_array, self.dev)
             else:
                 self.out = tvm.runtime.empty(self.out_shape, spec["dtype"], self.dev)
@@ -218,7 +160,7 @@ class Workload:
 
     def _upload(self, lib, path: str | None):
         """Send the compiled library to a board through the tracker and load it there (a Relax
-        model's kernels too, for per-operator times: :class:`worker_ops.Board`)."""
+        model's kernels too, for per-operator times: :class:`ops.Board`)."""
         from tvm import rpc
 
         host, port = self.spec["rpc"]["tracker"].rsplit(":", 1)
@@ -231,13 +173,13 @@ class Workload:
                 lib.export_library(path)
             remote.upload(path, target="workload.so")
             if self.is_vm:
-                self.board = _sibling("worker_ops").Board.attach(
+                self.board = _sibling("ops").Board.attach(
                     remote, lib, path, self.entry, self.inputs + list(self.params), self.spec.get("seed", 0))
         return remote.load_module("workload.so")
 
     def run(self) -> dict:
         """One timing batch: ``repeat`` samples of ``number`` calls each, and per-op times."""
-        usage_of = _sibling("worker_usage")
+        usage_of = _sibling("usage")
         before = usage_of.start()
         if self.timer is None:  # a model that generates: one generation a sample, and its figures (ttft, ...)
             samples, series = self.call.time(self.args, self.spec["repeat"])
@@ -245,9 +187,9 @@ class Workload:
             samples, series = [t * 1000.0 for t in self.timer(*self.args).results], None
         usage = usage_of.figures(*before) if self.spec["device"] == "cpu" and not self.spec.get("rpc") else None
         if not self.is_vm:  # a single operator: the whole call is the operator
-            name = self.entry if self.script_sha256 else self.spec["model"].partition(":")[2]
+            name = self.operator
             return {"samples": samples, "ops": {name: float(np.median(samples)) * 1000},
-                    "op_features": {name: _sibling("worker_ops").features(self.args)}, "usage": usage}
+                    "op_features": {name: _sibling("ops").features(self.args)}, "usage": usage}
         features: dict = {}
         return {"samples": samples, "ops": self._ops(features), "op_features": features, "usage": usage,
                 **({"series": series} if series else {})}
@@ -267,9 +209,9 @@ class Workload:
     def _ops(self, features: dict) -> dict:
         """Per-operator time (µs) of one call; ``features`` gets each operator's argument shapes
         and dtypes. On this process's device, the VM's instrument hook, synced (a GPU's too); on
-        a board, which the hook cannot reach, each kernel timed there (worker_ops.py says why)."""
+        a board, which the hook cannot reach, each kernel timed there (ops.py says why)."""
         if self.remote is None:
-            return _sibling("worker_ops").instrumented(self.vm, self.call, self.args, self.dev, features)
+            return _sibling("ops").instrumented(self.vm, self.call, self.args, self.dev, features)
         return self.board.times(self.dev, features) if self.board is not None else {}
 
     def outputs(self) -> dict:
@@ -294,7 +236,7 @@ def serve(spec: dict, send) -> int:
     closes; the exit status."""
     try:
         workload = Workload(spec)
-    except _sibling("worker_script").ScriptError as exc:  # the user's file and line, not this worker's traceback
+    except _sibling("script").ScriptError as exc:  # the user's file and line, not this worker's traceback
         send({"error": f"script workload failed: {exc}"})
         return 1
     except Exception as exc:  # noqa: BLE001 - any compile failure is reported, not raised
@@ -309,9 +251,9 @@ def serve(spec: dict, send) -> int:
           "input_shapes": [list(x.shape) for x in workload.inputs],
           "num_threads": os.environ.get("TVM_NUM_THREADS"),
           **({"instructions": workload.instructions} if workload.instructions else {}),
-          **({"script_sha256": workload.script_sha256} if workload.script_sha256 else {}),
+          **workload.reports,  # what the model's source says of it (a script's SHA-256)
           # a compile-only worker's peak is its compile's (the import's included, alike on both sides)
-          **({"max_rss_kb": _sibling("worker_usage").peak_kb()} if spec.get("compile_only") else {})})
+          **({"max_rss_kb": _sibling("usage").peak_kb()} if spec.get("compile_only") else {})})
     for line in sys.stdin:
         command = json.loads(line).get("cmd")
         try:
@@ -346,7 +288,7 @@ def fork_server(out, send, timed: bool = False) -> int:
         from tvm.relax.frontend import nn  # noqa: F401
         from tvm.runtime import vm  # noqa: F401
 
-        for sibling in ("worker_models", "worker_ops", "worker_usage"):
+        for sibling in ("sources", "builtin_models", "ops", "usage"):
             _sibling(sibling)
     fork_line, exit_line = (json.dumps({"cmd": cmd}).encode() + b"\n" for cmd in ("fork", "exit"))
     first = _fork(out, send, warm_up=True)  # the loop below, once, before any counted child
@@ -408,7 +350,7 @@ def _fork(out, send, warm_up: bool = False, shift: bool = False) -> int:
 # tensors are then taken from) and its stack by 0-63 levels of calls entered from C (each a
 # frame of the C stack: a Python call from Python takes none in CPython 3.11+). The server's
 # own stack start moves with its environment's size, drawn afresh at each server's start
-# (runners/tvm_sessions.py), so servers differ byte by byte and children by frames.
+# (runners/fork_servers.py), so servers differ byte by byte and children by frames.
 MAX_HEAP_SHIFT, MAX_STACK_DEPTH = 64 * 1024, 64
 
 

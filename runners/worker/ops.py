@@ -2,7 +2,7 @@
 it takes in one call of the model, and the shapes and dtypes of its arguments.
 
 Loaded by ``tvm_worker.py`` from its own directory, in the build's Python (as
-``worker_models.py`` is): TVM, numpy and the standard library only, never abwatch. Two routes
+``builtin_models.py`` is): TVM, numpy and the standard library only, never abwatch. Two routes
 give the same table, so run pages, attribution and profiles read it alike:
 
 - **A device of this process** (the CPU, a GPU): the Relax VM's instrument hook around every
