@@ -6,6 +6,7 @@ of ``conftest.HISTORY``); budgets are small, and no verdict is asserted (timing 
 
 from __future__ import annotations
 
+import shutil
 from contextlib import ExitStack
 
 from sqlalchemy import func, select
@@ -130,3 +131,58 @@ def test_build_pair_then_measure_pair_by_hand(write_config, sqlite_url):
         assert run.status in (RunStatus.COMPLETED, RunStatus.INCOMPLETE) and run.finished_at is not None
         assert [r.workload for r in results] == ["loop"]
         assert session.scalar(select(Comparison.verdict).where(Comparison.run_id == run.id)) == results[0].verdict.verdict
+
+
+def test_a_build_made_in_another_cache_directory_has_its_own_row(write_config, sqlite_url, tmp_path):
+    """Two configs with two cache directories, one database: each place's build row says what
+    happened there (built, its own time), never the other's; a cache that holds an artifact it
+    did not build names the build it reused."""
+    from abwatch.service.cli.report import print_outcome
+    from abwatch.service.read import queries
+    from abwatch.service.read.stored import load_outcome
+    from rich.console import Console
+
+    first_path = write_config(repetitions=4, run_extra="max_repetitions = 4")
+    text = first_path.read_text()
+    configs = {}
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text.replace(str(tmp_path / "cache"), str(tmp_path / f"cache-{name}")))
+        configs[name] = load_config(path)
+    engine = db.make_engine(sqlite_url)
+    db.upgrade(sqlite_url)
+    with db.session_scope(engine) as session:
+        first = driver.run_compare(session, configs["a"], "base", "slower")
+        second = driver.run_compare(session, configs["b"], "base", "slower")
+        assert not any(b.cached or b.reused for b in second.builds)  # built again there: said so
+        rows = {run: [session.get(Build, b.build_id) for b in outcome.builds]
+                for run, outcome in (("a", first), ("b", second))}
+        for row_a, row_b in zip(rows["a"], rows["b"], strict=True):
+            assert row_a.id != row_b.id and row_a.artifact_key == row_b.artifact_key
+            assert not row_b.cached and row_b.duration_s and row_b.duration_s > 0
+            assert row_a.place.endswith(f":{tmp_path / 'cache-a' / 'artifacts'}")
+            assert row_b.place.endswith(f":{tmp_path / 'cache-b' / 'artifacts'}")
+        shown = load_outcome(session, second.run_id)
+        assert [(b.cached, b.reused) for b in shown.outcome.builds] == [(False, ""), (False, "")]
+        report = queries.run_report(session, second.run_id)
+        assert [b["duration_s"] for b in report["builds"]] == [r.duration_s for r in rows["b"]]
+        console = Console(record=True, width=200)
+        print_outcome(console, shown, as_json=False)
+        assert "(cached)" not in console.export_text()
+
+        again = driver.run_compare(session, configs["b"], "base", "slower")  # this place's cache serves it
+        assert [(b.cached, b.build_id) for b in again.builds] == [(True, r.id) for r in rows["b"]]
+
+        # a third place whose cache holds the artifacts it did not build (as one fetched from the store)
+        shutil.copytree(tmp_path / "cache-a", tmp_path / "cache-c", symlinks=True)
+        path = tmp_path / "c.toml"
+        path.write_text(text.replace(str(tmp_path / "cache"), str(tmp_path / "cache-c")))
+        third = driver.run_compare(session, load_config(path), "base", "slower")
+        for b, row_a in zip(third.builds, rows["a"], strict=True):
+            assert b.cached and b.build_id == row_a.id  # no row claims it was built there: the reuse is named
+            assert b.reused == f"reused build #{row_a.id} built on {row_a.place.partition(':')[0]} in " \
+                               f"{tmp_path / 'cache-a' / 'artifacts'}"
+        assert session.scalar(select(func.count()).select_from(Build)) == 4
+        console = Console(record=True, width=300)
+        print_outcome(console, load_outcome(session, third.run_id), as_json=False)
+        assert f"(reused build #{rows['a'][0].id} built on " in console.export_text()

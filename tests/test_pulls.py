@@ -136,7 +136,11 @@ def test_a_comment_command_is_answered_in_the_pull_request(tmp_path, bench_repo,
         work_and_deliver(fresh_pg_url, config_path)  # measured and verified: a regression
         assert list(github.comments) == [comment_id]  # edited, not a second comment
         assert len(github.requests_to("POST", r"/issues/42/comments")) == 1
-        assert len(github.requests_to("PATCH", rf"/issues/comments/{comment_id}")) == 1
+        # edited as the job built and measured (tests/test_pulls.py::test_the_comment_is_edited_as_the_job_goes)
+        # and when it ended: the one comment each time
+        assert len(github.requests_to("PATCH", rf"/issues/comments/{comment_id}")) >= 1
+        assert len(github.requests_to("PATCH", r"/issues/comments/\d+")) == len(
+            github.requests_to("PATCH", rf"/issues/comments/{comment_id}"))
         body = github.comments[comment_id]["body"]
         assert body.startswith(pulls.pull_answer.MARKER) and "#### bench-box" in body
         row = next(line for line in body.splitlines() if line.startswith("| loop |"))
@@ -242,3 +246,93 @@ def test_the_comment_written_at_acceptance_says_what_will_run(session):
     assert ("Queued (job " in shown["comment"] and "): `mlp`, `cnn`; a suspected regression is verified. This "
             "comment is edited with the verdicts when the job ends." in shown["comment"])
     assert shown["check"]["status"] == "in_progress" and shown["check"]["title"] == "measuring on 1 device(s)"
+
+
+def test_the_comment_is_edited_as_the_job_goes(tmp_path, bench_repo, fresh_pg_url, github, monkeypatch):
+    """The comment written at acceptance is edited in place while the ``pr`` job runs: after each
+    side's build, when measuring starts, as the workload is measured, then with the verdict."""
+    from abwatch.service.notify import pull_answer
+
+    tags = {t.name: t.commit.hexsha for t in git.Repo(bench_repo).tags}
+    config_path = pr_config(tmp_path, bench_repo, github)
+    monkeypatch.setenv("ABWATCH_TEST_GH_TOKEN", TOKEN)
+    db.upgrade(fresh_pg_url)
+    config = load_config(config_path)
+    engine = db.make_engine(fresh_pg_url)
+    with Session(engine) as session:
+        (job,) = pulls.submit(session, config, 42, tags["slower"], tags["noop"], pulls.Command("try", ("loop",)),
+                              "alice", pulls.comment_key(1))
+    deliver_round(engine, config)  # accepted: the comment is written
+    (comment_id,) = github.comments
+    assert "Queued (job " in github.comments[comment_id]["body"]
+
+    work_and_deliver(fresh_pg_url, config_path)
+    assert list(github.comments) == [comment_id]  # one comment, edited in place
+    assert len(github.requests_to("POST", r"/issues/42/comments")) == 1
+    bodies = [c["body"]["body"] for c in github.requests_to("PATCH", rf"/issues/comments/{comment_id}")]
+    assert len(github.requests_to("PATCH", r"/issues/comments/\d+")) == len(bodies)
+
+    def first(text: str) -> int:
+        return next(i for i, body in enumerate(bodies) if text in body)
+
+    control, treatment = f"- control {tags['noop'][:12]}: built in ", f"- treatment {tags['slower'][:12]}: built in "
+    order = [first(control), first(treatment), first("- measuring 1 workload(s)"),
+             first("- 1 of 1 workload(s) measured: loop "), first("| loop |")]
+    assert order == sorted(order) and len(set(order)) == len(order), order
+    running = bodies[order[3]]
+    assert running.startswith(pull_answer.MARKER) and "Running (job " in running and "| loop |" not in running
+    assert control in running and treatment in running  # what was done so far stays
+    final = bodies[-1]
+    assert "| loop |" in final and "Running (job" not in final and "measured: loop" not in final
+    assert github.comments[comment_id]["body"] == final
+    (check,) = github.checks.values()
+    assert check["status"] == "completed"
+    with Session(engine) as session:  # each edit its own delivered row; none left waiting
+        rows = session.scalars(select(pull_answer.AlertDelivery).order_by(pull_answer.AlertDelivery.id)).all()
+        assert rows and all(r.status.value == "delivered" for r in rows), [(r.id, r.status, r.error) for r in rows]
+    engine.dispose()
+
+
+def test_a_state_not_yet_sent_is_replaced_and_edits_are_coalesced(fresh_pg_url, monkeypatch):
+    """A running job's progress: each stage sent, workloads within a stage at most once per
+    ``every_s``; a row waiting for its first attempt takes the newer state in place."""
+    from types import SimpleNamespace
+
+    from abwatch.service.compare.driver import NullProgress
+    from abwatch.service.compare.progress import BUILT, MEASURED, MEASURING, Stage
+    from abwatch.service.config import GithubConfig
+    from abwatch.service.notify import pull_answer
+    from abwatch.service.store.models import AlertDelivery, DeliveryStatus
+
+    monkeypatch.delenv("ABWATCH_NO_SUCH_TOKEN", raising=False)
+    github = GithubConfig(repo="apache/tvm", token_env="ABWATCH_NO_SUCH_TOKEN")  # no token: nothing is sent
+    payload = {"control": "a" * 40, "treatment": "b" * 40, "workloads": [], "verify": False, "pr": 7,
+               "repo": "apache/tvm"}
+    db.upgrade(fresh_pg_url)
+    engine = db.make_engine(fresh_pg_url)
+    session = Session(engine, expire_on_commit=False)
+    job = queue.enqueue(session, pulls.KIND, "ci-box", payload, f"{pull_answer.job_key(github, 7)}comment-1:ci-box")
+    session.commit()
+    config = SimpleNamespace(github=github, alerts=AlertsConfig())
+    now = [100.0]
+    told = pulls.PullProgress(engine, config, job, NullProgress(), every_s=20, clock=lambda: now[0])  # type: ignore[arg-type]
+    sent = []
+    told.send = lambda: sent.append(list(told.steps)) or pulls.PullProgress.send(told)  # type: ignore[method-assign]
+    told.stage(Stage(BUILT, "built in 12 s", side="control", sha="a" * 40))
+    told.stage(Stage(BUILT, "cached", side="treatment", sha="b" * 40))
+    told.stage(Stage(MEASURING, total=3))
+    told.stage(Stage(MEASURED, "no_change +0.10%", workload="mlp", done=1, total=3))
+    now[0] += 5
+    told.stage(Stage(MEASURED, "regression +9.00%", workload="cnn", done=2, total=3))  # within 20 s: waits
+    assert len(sent) == 4
+    told.stage(Stage(MEASURED, "no_change -0.20%", workload="rnn", done=3, total=3))  # the last: sent
+    assert len(sent) == 5 and sent[-1][-1].startswith(
+        "3 of 3 workload(s) measured: mlp no_change +0.10%, cnn regression +9.00%, rnn no_change -0.20%")
+    rows = session.scalars(select(AlertDelivery).where(AlertDelivery.event == pull_answer.EVENT)).all()
+    (row,) = [r for r in rows if r.status == DeliveryStatus.PENDING]  # one row, its state replaced
+    session.refresh(row)
+    assert "- 3 of 3 workload(s) measured: mlp" in row.payload["comment"]
+    assert "- control aaaaaaaaaaaa: built in 12 s" in row.payload["comment"]
+    assert "- treatment bbbbbbbbbbbb: cached" in row.payload["comment"]
+    session.close()
+    engine.dispose()

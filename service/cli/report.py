@@ -81,7 +81,7 @@ def print_outcome(out: Console, stored: StoredRun, as_json: bool, ops: bool = Fa
         return
     outcome = stored.outcome
     for b in outcome.builds:
-        note = " (cached)" if b.cached else ""
+        note = f" ({b.reused})" if b.reused else " (cached)" if b.cached else ""
         out.print(f"{b.side:9} {short_sha(b.ref)} {short_sha(b.sha)} {b.status}{note}", markup=False)
     for b in outcome.builds:
         if b.build_id in stored.failed_logs:

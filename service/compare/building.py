@@ -10,6 +10,7 @@ the next command, after a kill) sees every one that finished.
 
 from __future__ import annotations
 
+import socket
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from abwatch.core.sides import Side
 from abwatch.builders import Artifact, Builder, BuildFailed
 from abwatch.service.store.models import Build, BuildStatus, Run, RunStatus, utcnow
 from abwatch.service.compare import shared
-from abwatch.service.compare.progress import NullProgress, Progress
+from abwatch.service.compare.progress import BUILT, NullProgress, Progress, Stage, stage
 from abwatch.service.store.rows import get_commits, get_repository, get_success_build
 
 FAILURE_PREFIX = "abwatch: "  # begins a failed build log's last line: which step failed, and why
@@ -44,6 +45,7 @@ class BuildOutcome:
     cached: bool
     build_id: int
     message: str = ""
+    reused: str = ""  # the build made elsewhere whose artifact this run reused (:func:`reuse`), or ""
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,9 @@ def build_commit(session: Session, builder: Builder, commit_id: int, info: Commi
         progress.message(f"  {label}: WARNING: cached build {artifact.key} was damaged ({artifact.healed}); "
                          f"built again in {artifact.duration_s:.1f}s")
     else:
-        progress.message(f"  {label}: reused cached build {artifact.key}" if artifact.cached
+        reused = reuse(build, place(builder))
+        progress.message(f"  {label}: {reused} ({artifact.key})" if reused
+                         else f"  {label}: reused cached build {artifact.key}" if artifact.cached
                          else f"  {label}: built in {artifact.duration_s:.1f}s")
     return build, artifact, ""
 
@@ -124,7 +128,8 @@ def build_commits(session: Session, builder: Builder, refs: list[str],
                                                 claimed=claimed)
         session.commit()
         outcomes.append(BuildOutcome("", ref, info.sha, build.status.value,
-                                     artifact is not None and artifact.cached, build.id, message))
+                                     artifact is not None and artifact.cached, build.id, message,
+                                     reuse(build, place(builder))))
     return outcomes
 
 
@@ -144,10 +149,13 @@ def build_pair(session: Session, builder: Builder, run: Run, sides: dict[Side, t
             # held, the other side's build cannot pack or evict this one while it is measured
             paths[side] = held.enter_context(builder.cache.hold(artifact.key))
             measure_size(build, builder, paths[side])  # a build stored before sizes were kept
-        outcomes.append(BuildOutcome(side.value, ref, info.sha, build.status.value,
-                                     artifact is not None and artifact.cached, build.id, message))
+        outcome = BuildOutcome(side.value, ref, info.sha, build.status.value,
+                               artifact is not None and artifact.cached, build.id, message,
+                               reuse(build, place(builder)))
+        outcomes.append(outcome)
         setattr(run, f"{side.value}_build_id", build.id)
         session.commit()
+        stage(progress, Stage(BUILT, _how(outcome, artifact), side=side.value, sha=info.sha))
     pair = BuiltPair(outcomes, paths)
     if not pair.ok:
         run.status = RunStatus.BUILD_FAILED
@@ -155,6 +163,15 @@ def build_pair(session: Session, builder: Builder, run: Run, sides: dict[Side, t
         run.finished_at = utcnow()
         session.commit()
     return pair
+
+
+def _how(outcome: BuildOutcome, artifact: Artifact | None) -> str:
+    """How a side's build went, in a few words: ``built in N s``, ``cached``, the reuse, or the failure."""
+    if artifact is None:
+        return f"build FAILED: {outcome.message.splitlines()[0] if outcome.message.strip() else outcome.status}"
+    if outcome.reused:
+        return outcome.reused
+    return "cached" if artifact.cached else f"built in {artifact.duration_s:.0f} s"
 
 
 def measure_size(build: Build, builder: Builder, path: Path) -> None:
@@ -168,8 +185,30 @@ def measure_size(build: Build, builder: Builder, path: Path) -> None:
         build.metrics = {**metrics, "binary_size": sizes}  # a new dict, so the JSON column sees the change
 
 
+def place(builder: Builder) -> str:
+    """Where ``builder`` builds: this host and its artifact cache's directory (``host:cache_dir``)."""
+    return f"{socket.gethostname()}:{builder.cache.root}"[:400]
+
+
+def run_place(run: Run) -> str | None:
+    """Where ``run`` built (:func:`place`), from the host and the config stored with it."""
+    cache_dir = (run.config or {}).get("cache_dir")
+    return f"{run.host}:{Path(cache_dir) / 'artifacts'}"[:400] if run.host and cache_dir else None
+
+
 def _success_row(session: Session, commit_id: int, sha: str, builder: Builder, artifact: Artifact) -> Build:
-    """The build row of a successful artifact: the original one when it came from the cache."""
+    """The build row of a successful artifact in this place: the original one when it came from
+    this place's cache, a row of its own when built here after another place built it too, the
+    reused build's when another place's artifact was fetched (:func:`reuse` names it)."""
     pin = builder.submodule_pin(sha)
     return get_success_build(session, commit_id, builder.kind, builder.config_hash(), artifact,
-                             pin.describe if pin else None)
+                             pin.describe if pin else None, place(builder))
+
+
+def reuse(build: Build, here: str | None) -> str:
+    """What a run in place ``here`` says of a build row made elsewhere: ``reused build #N built
+    on <host> in <cache_dir>``; "" for one made here (or stored before places were kept)."""
+    if here is None or build.place is None or build.place == here or build.status != BuildStatus.SUCCESS:
+        return ""
+    host, _, cache_dir = build.place.partition(":")
+    return f"reused build #{build.id} built on {host} in {cache_dir}"

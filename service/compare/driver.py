@@ -48,7 +48,7 @@ from abwatch.service.store.models import (
     Build, BuildMeasurement, Comparison, Invocation, InvocationStatus, Run, RunStatus, RunType, utcnow,
 )
 from abwatch.service.stats.verdict import Metric
-from abwatch.service.compare.progress import NullProgress, Progress
+from abwatch.service.compare.progress import MEASURED, MEASURING, RUN, NullProgress, Progress, Stage, stage
 from abwatch.service.compare.schedule import schedule_for
 from abwatch.service.compare.storing import Attach, store_result
 from abwatch.service.store.rows import (
@@ -125,6 +125,7 @@ def run_compare(
         session.add(run)
         session.commit()
         progress.message(f"run {run.id} ({run_type.value}): {control_ref} -> {treatment_ref}")
+        stage(progress, Stage(RUN, run_type.value, run_id=run.id))
         if changed:
             progress.message(f"  {changed}")
         try:
@@ -183,7 +184,8 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
                            on_wait=lambda who: progress.message(f"device {device} is busy, measured by {who}; "
                                                                 "waiting for it")):
         measured = []
-        for workload in config.workloads:
+        stage(progress, Stage(MEASURING, total=len(config.workloads)))
+        for done, workload in enumerate(config.workloads, 1):
             timeout = workload.timeout_s or config.run.timeout_s
             if Metric.TIME.value in workload.measure:
                 m, verdict = _measure_workload(session, config, run, runner, workload, artifacts, rng, progress,
@@ -201,6 +203,8 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
             beside = [] if m.failure else metrics.measure(metrics.Context(
                 workload, config, m, own.get((Metric.TIME, metrics.COMPILE)), run.seed))
             measured.append((workload, m, verdict, own, beside))
+            stage(progress, Stage(MEASURED, _said(m, verdict, own, workload), workload=workload.name, done=done,
+                                  total=len(config.workloads)))
     # each metric is a family of its own for Benjamini-Hochberg
     timed = iter(stats.adjust_fdr([verdict for _, _, verdict, *_ in measured if verdict is not None]))
     owns = metrics.adjust_own([own for *_, own, _ in measured])
@@ -223,6 +227,21 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
     run.finished_at = utcnow()
     session.commit()
     return results
+
+
+def _said(m: Measurement, verdict: stats.Verdict | None, own: dict, workload: WorkloadSpec) -> str:
+    """A workload's verdict as measured, before the false-discovery adjustment (or why none)."""
+    first = own.get((Metric(workload.measure[0]), metrics.RUN))
+    if first is not None:
+        verdict, failure = first.verdict, first.failure
+    else:
+        failure = m.failure
+    if failure:
+        return "not judged"
+    if verdict is None:
+        return "measured"
+    change = f" {verdict.change_pct:+.2f}%" if verdict.change_pct is not None else ""
+    return f"{verdict.verdict.value}{change}"
 
 
 def judge_builds(session: Session, config: Config, run: Run, progress: Progress) -> list[MetricResult]:

@@ -50,7 +50,7 @@ import threading
 import time
 import uuid
 from datetime import timedelta, UTC
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, object_session, sessionmaker
@@ -249,12 +249,12 @@ def channel_for(webhook: str) -> AlertChannel:
 
 
 def deliver_pending(engine: Engine, destinations: Destinations | AlertsConfig, *,
-                    stop: threading.Event | None = None) -> list[Sent]:
+                    stop: threading.Event | None = None, ids: Collection[int] | None = None) -> list[Sent]:
     """Send the pending deliveries whose time has come; at most ``alerts.deadline_s`` in all.
 
     Rows are claimed first (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, their next attempt moved
     past this round), so two processes never send one delivery at once. No session is open
-    while sending. ``stop`` set (SIGTERM in the long-running loops) ends the wait at once; what
+    while sending. ``ids``: only these rows (a pull request's progress, sent as the job goes). ``stop`` set (SIGTERM in the long-running loops) ends the wait at once; what
     was not sent stays pending. Never raises for a delivery failure.
     """
     if isinstance(destinations, AlertsConfig):  # webhooks only
@@ -267,6 +267,8 @@ def deliver_pending(engine: Engine, destinations: Destinations | AlertsConfig, *
         query = (select(AlertDelivery).where(AlertDelivery.status == DeliveryStatus.PENDING,
                                              AlertDelivery.next_at <= utcnow())
                  .order_by(AlertDelivery.id).limit(ROUND_ROWS))
+        if ids is not None:
+            query = query.where(AlertDelivery.id.in_(list(ids)))
         if session.get_bind().dialect.name == "postgresql":
             query = query.with_for_update(skip_locked=True)
         rows = session.scalars(query).all()

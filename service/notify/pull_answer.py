@@ -204,14 +204,19 @@ def _cell(text: str) -> str:
 
 
 def _device_section(session: Session, job: Job, status: JobStatus, result: dict | None, error: str | None,
-                    regressions: dict[int, Regression], dashboard_url: str | None) -> list[str]:
+                    regressions: dict[int, Regression], dashboard_url: str | None,
+                    steps: list[str] | None = None) -> list[str]:
     lines = [f"#### {_cell(job.device)}", ""]
     if status in (JobStatus.QUEUED, JobStatus.RUNNING):
-        # what will run, said as the command is accepted; the comment is edited when the job ends
+        # what will run, said as the command is accepted; edited as the job builds and measures
+        # (``steps``: service.watch.pulls.PullProgress) and when it ends
         what = ", ".join(f"`{_cell(w)}`" for w in job.payload.get("workloads") or []) or "every workload"
         verify = "; a suspected regression is verified" if job.payload.get("verify") else ""
-        return lines + [f"{'Queued' if status == JobStatus.QUEUED else 'Running'} (job {job.id}): {what}{verify}. "
-                        "This comment is edited with the verdicts when the job ends.", ""]
+        said = [f"{'Queued' if status == JobStatus.QUEUED else 'Running'} (job {job.id}): {what}{verify}. "
+                "This comment is edited with the verdicts when the job ends.", ""]
+        if steps:
+            said += [f"- {_cell(step)}" for step in steps] + [""]
+        return lines + said
     if status == JobStatus.FAILED or not result or not result.get("run_id"):
         first = (error or "no result").splitlines()[0] if (error or "").strip() else "no result"
         return lines + [f"Job {job.id} failed: {_cell(first)}", ""]
@@ -248,10 +253,12 @@ def _device_section(session: Session, job: Job, status: JobStatus, result: dict 
 
 
 def render(session: Session, config: GithubConfig, number: int, dashboard_url: str | None = None,
-           ending: dict[int, tuple[JobStatus, dict | None, str | None]] | None = None) -> dict[str, Any]:
+           ending: dict[int, tuple[JobStatus, dict | None, str | None]] | None = None,
+           steps: dict[int, list[str]] | None = None) -> dict[str, Any]:
     """What pull request ``number`` should show now (the outbox row's payload). ``ending``: the
-    state of jobs that are ending in the caller's transaction (job id -> status, result, error)."""
-    ending = ending or {}
+    state of jobs that are ending in the caller's transaction (job id -> status, result, error);
+    ``steps``: what a running job did so far (job id -> lines: built, measuring, measured)."""
+    ending, steps = ending or {}, steps or {}
     shown = current_jobs(session, config, number)
     if not shown:
         raise ValueError(f"pull request #{number} of {config.repo} has no abwatch jobs")
@@ -269,7 +276,7 @@ def render(session: Session, config: GithubConfig, number: int, dashboard_url: s
     for job, status, result, error in finished:
         run_id = (result or {}).get("run_id")
         mine = {wid: r for (rid, wid), r in by_workload.items() if rid == run_id}
-        body += _device_section(session, job, status, result, error, mine, dashboard_url)
+        body += _device_section(session, job, status, result, error, mine, dashboard_url, steps.get(job.id))
     running = any(status in (JobStatus.QUEUED, JobStatus.RUNNING) for _, status, _, _ in finished)
     unjudged = any(status == JobStatus.FAILED or (result or {}).get("status") != "completed"
                    or "unknown" in (result or {}).get("verdicts", {}).values()
@@ -294,14 +301,29 @@ def render(session: Session, config: GithubConfig, number: int, dashboard_url: s
 
 
 def enqueue(session: Session, config: GithubConfig | None, number: int, dashboard_url: str | None = None,
-            ending: dict[int, tuple[JobStatus, dict | None, str | None]] | None = None) -> AlertDelivery | None:
+            ending: dict[int, tuple[JobStatus, dict | None, str | None]] | None = None,
+            steps: dict[int, list[str]] | None = None, *, replace: bool = False) -> AlertDelivery | None:
     """Record pull request ``number``'s state now as an outbox row in the caller's transaction,
-    giving up its older rows not sent yet; None without ``[github]``."""
+    giving up its older rows not sent yet; None without ``[github]``. ``replace`` (a running
+    job's progress): a row of the pull request still waiting for its first attempt, and not
+    claimed by a sender, takes the new state in place of a second row."""
     if config is None:
         return None
-    document = render(session, config, number, dashboard_url, ending)
+    document = render(session, config, number, dashboard_url, ending, steps)
     target = label(config)
     now = utcnow()
+    if replace:
+        query = (select(AlertDelivery).where(AlertDelivery.event == EVENT, AlertDelivery.webhook == target,
+                                             AlertDelivery.status == DeliveryStatus.PENDING,
+                                             AlertDelivery.attempts == 0, AlertDelivery.next_at <= now)
+                 .order_by(AlertDelivery.id.desc()))
+        if session.get_bind().dialect.name == "postgresql":
+            query = query.with_for_update(skip_locked=True)  # one a sender is claiming is left to it
+        waiting = next((r for r in session.scalars(query) if r.payload.get("pr") == number), None)
+        if waiting is not None:
+            waiting.payload, waiting.at = document, now
+            session.flush()
+            return waiting
     row = AlertDelivery(regression_id=None, event=EVENT, webhook=target, status=DeliveryStatus.PENDING,
                         attempts=0, payload=document, at=now, next_at=now)
     session.add(row)

@@ -34,6 +34,8 @@ def outcome_json(stored: StoredRun) -> dict:
         result.setdefault("correctness_regression_id", r.correctness_regression_id)
     for build, b in zip(data["builds"], stored.outcome.builds, strict=True):
         build["build_id"] = b.build_id
+        if b.reused:  # this place took another place's artifact: which build made it
+            build["reused"] = b.reused
         if b.build_id in stored.failed_logs:
             build["log_tail"] = log_tail(stored.failed_logs[b.build_id])
             build["failure"] = build_failure(stored.failed_logs[b.build_id])
@@ -86,6 +88,7 @@ def build_json(b: Build) -> dict:
     (``abwatch builds --json``, ``GET /api/builds/{id}``, the build page)."""
     return {"id": b.id, "sha": b.commit.sha, "builder": b.builder, "status": b.status.value,
             "cached": b.cached, "duration_s": b.duration_s, "artifact_key": b.artifact_key,
+            "place": b.place,
             "config_hash": b.config_hash, "created_at": b.created_at.isoformat() if b.created_at else None,
             "metrics": b.metrics or {}, "compiler_cache": compiler_cache_json(b.metrics)}
 

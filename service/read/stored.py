@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from abwatch.core.sides import Side
 from abwatch.core.redact import mask_secrets
 from abwatch.core.metric_names import SHOWN_APART
-from abwatch.service.compare.building import BuildOutcome
+from abwatch.service.compare.building import BuildOutcome, reuse, run_place
 from abwatch.service.compare.outcome import CompareOutcome, DriverError, MetricResult, WorkloadResult, build_result
 from abwatch.service.store.models import (
     Build, BuildMeasurement, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType, details_version,
@@ -72,7 +72,7 @@ def load_outcome(session: Session, run_id: int) -> StoredRun:
         if build is None:  # a foreign key: only a damaged database gets here
             raise DriverError(f"run {run_id}: its {side} build {build_id} does not exist")
         builds.append(BuildOutcome(side, ref, commit.sha, build.status.value,
-                                   _cached_for(session, run, side, build), build.id))
+                                   _cached_for(session, run, side, build), build.id, reused=reuse(build, run_place(run))))
         if build.status != BuildStatus.SUCCESS:
             logs[build.id] = mask_secrets(build.log or "")  # one stored before its secret was known
     speed, correctness = _regressions_by_workload(session, run)

@@ -83,12 +83,14 @@ class InvocationStatus(str, enum.Enum):
 class Build(Base):
     """One build of a commit with one builder configuration.
 
-    A successful build is stored once per artifact key: whoever finds the artifact in the
-    cache (another process, a later run) points at the same row.
+    A successful build is stored once per artifact key and place (``host:cache_dir``): whoever
+    finds the artifact in that place's cache (another process, a later run) points at the same
+    row; another place that builds it again gets a row of its own, and one that took it from the
+    artifact store points at the row of the build it reused (and the run says so).
     """
 
     __tablename__ = "builds"
-    __table_args__ = (Index("uq_builds_artifact_key_success", "artifact_key", unique=True,
+    __table_args__ = (Index("uq_builds_artifact_key_place_success", "artifact_key", "place", unique=True,
                             postgresql_where=text("status = 'success'"),
                             sqlite_where=text("status = 'success'")),)
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -97,7 +99,9 @@ class Build(Base):
     config_hash: Mapped[str] = mapped_column(String(64))
     status: Mapped[BuildStatus] = mapped_column(_enum(BuildStatus, "build_status"))
     artifact_key: Mapped[str | None] = mapped_column(String(128))
-    cached: Mapped[bool] = mapped_column(Boolean, default=False)
+    cached: Mapped[bool] = mapped_column(Boolean, default=False)  # this place's cache served it
+    # where it was built or found: ``host:cache_dir`` (NULL for rows from before places were kept)
+    place: Mapped[str | None] = mapped_column(String(400))
     # ``path@sha``: a submodule built at another commit than ``commit`` records (a bisection
     # into a bump); its artifact key differs from the plain build's
     submodule_pin: Mapped[str | None] = mapped_column(String(300))

@@ -182,17 +182,29 @@ def earlier_series(session: Session, workload: Workload) -> Workload | None:
 
 
 def get_success_build(session: Session, commit_id: int, builder_kind: str, config_hash: str, artifact,
-                      submodule_pin: str | None = None) -> Build:
-    """The one row of a successful build's artifact: the first process that stored it made it,
-    every later run (this process or another, built here or found in the cache) shares it.
-    ``submodule_pin``: ``path@sha`` of a submodule built at another commit than ``commit_id``'s."""
+                      submodule_pin: str | None, place: str) -> Build:
+    """The row of a successful build's artifact for a run in ``place`` (``host:cache_dir``).
+
+    Built here: this place's own row (the first process here that stored it made it; its time,
+    ``cached`` false), even when another place built the same artifact too. Served by this
+    place's cache: this place's row, or else the row of the build it reused (fetched from the
+    artifact store, or cached before rows said where; :func:`service.compare.building.reuse`
+    names it), never a row that claims it was built here. ``submodule_pin``: ``path@sha`` of a
+    submodule built at another commit than ``commit_id``'s."""
+    success = select(Build).where(Build.artifact_key == artifact.key, Build.status == BuildStatus.SUCCESS)
+    mine = session.scalars(success.where(Build.place == place).order_by(Build.id)).first()
+    if mine is not None:
+        return mine
+    if artifact.cached:
+        other = session.scalars(success.order_by(Build.id)).first()
+        if other is not None:
+            return other
     insert_ignoring_conflict(session, Build, {
         "commit_id": commit_id, "builder": builder_kind, "config_hash": config_hash, "submodule_pin": submodule_pin,
-        "status": BuildStatus.SUCCESS, "artifact_key": artifact.key, "cached": artifact.cached,
+        "status": BuildStatus.SUCCESS, "artifact_key": artifact.key, "cached": artifact.cached, "place": place,
         "log": artifact.log, "duration_s": artifact.duration_s, "metrics": artifact.metrics or None,
-        "created_at": utcnow()}, ["artifact_key"], where=text("status = 'success'"))
-    return session.scalars(select(Build).where(Build.artifact_key == artifact.key,
-                                               Build.status == BuildStatus.SUCCESS)).one()
+        "created_at": utcnow()}, ["artifact_key", "place"], where=text("status = 'success'"))
+    return session.scalars(success.where(Build.place == place)).one()
 
 
 def copy_rows(session: Session, table: str, columns: Sequence[str], rows: Iterable[Sequence]) -> int:

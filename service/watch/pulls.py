@@ -11,7 +11,10 @@ device (:func:`submit`): the pull request's head against its merge base, run lik
 try job (:func:`service.watch.tryjob.run_try`). With ``pr_runs = "auto"`` opening or pushing to a
 pull request does the same. When the job is queued and when it ends, :func:`run_pr` records the
 pull request's new state in the outbox (:mod:`service.notify.pull_answer`): the comment, the check run
-and the label.
+and the label. While the job runs, :class:`PullProgress` edits the same comment as it goes: after
+each side's build, when measuring starts and as each workload is measured, at most one edit per
+stage or per ``EDIT_EVERY_S`` seconds, each sent at once (between the job's steps, never while
+a process is timed), a state not yet sent replaced rather than queued twice.
 
 Nothing from a comment, a branch or a payload reaches a shell: a command is split on white
 space and each word is checked against the config's workloads or a fixed vocabulary; shas are
@@ -23,14 +26,18 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from abwatch.service.config import Config, GithubConfig
 from abwatch.service.compare import driver
-from abwatch.service.notify import pull_answer
+from abwatch.service.compare import progress as stages
+from abwatch.service.notify import alerts, pull_answer
+from abwatch.service.notify.channels import Destinations
 from abwatch.service.stats.verdict import TriageStatus
 from abwatch.service.store import db
 from abwatch.service.store.models import Job, JobStatus, Regression
@@ -46,6 +53,7 @@ SHA = re.compile(r"^[0-9a-f]{7,40}$")
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 LOGIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
 WORDS_MAX = 64  # words of one command
+EDIT_EVERY_S = 20.0  # a running job's comment is edited at most this often within one stage
 
 
 # the reads of GitHub's API the webhook needs (service.notify.pull_answer holds the API's client)
@@ -154,13 +162,98 @@ def announce(session: Session, config: Config, number: int) -> None:
     pull_answer.enqueue(session, config.github, number, config.alerts.dashboard_url)
 
 
+class PullProgress:
+    """A ``pr`` job's progress: every message and tick to ``inner`` (the worker's log), and the
+    job's stages (:class:`service.compare.progress.Stage`) said in the pull request's comment.
+
+    Each stage (a side built, measuring begun, a run begun) is sent when it happens; workloads
+    measured within one stage at most once per ``every_s`` (a later one sends what waited), the
+    last of them always.
+    A send commits an outbox row in a session of its own (the job's transaction is left alone)
+    and delivers that row at once; a failure to record or send is logged and never fails the job.
+    """
+
+    def __init__(self, engine: Engine, config: Config, job: Job, inner: driver.Progress, *,
+                 every_s: float = EDIT_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.engine, self.config, self.inner, self.every_s, self.clock = engine, config, inner, every_s, clock
+        self.job_id, self.number = job.id, job.payload["pr"]
+        self.steps: list[str] = []
+        self.measured: list[str] = []  # the workloads measured in this measuring, and what each said
+        self.measured_at: int | None = None  # their line in ``steps``
+        self.runs = 0
+        self.kind: tuple[str, str] | None = None
+        self.sent_at: float | None = None
+
+    def message(self, text: str) -> None:
+        """The worker's log."""
+        self.inner.message(text)
+
+    def invocation(self, workload: str, done: int, total: int) -> None:
+        """The worker's log."""
+        self.inner.invocation(workload, done, total)
+
+    def stage(self, event: stages.Stage) -> None:
+        """Note ``event`` in the comment's lines and send them when the stage is new or time is up."""
+        if event.kind == stages.RUN:
+            self.runs += 1
+            if self.runs > 1:  # the verification's run: its own lines under the first run's
+                self.steps.append(f"{event.what} run {event.run_id}")
+        elif event.kind == stages.BUILT:
+            self.steps.append(f"{event.side} {event.sha[:12]}: {event.what}")
+        elif event.kind == stages.MEASURING:
+            self.steps.append(f"measuring {event.total} workload(s)")
+            self.measured, self.measured_at = [], None
+        elif event.kind == stages.MEASURED:
+            self.measured.append(f"{event.workload} {event.what}")
+            line = f"{event.done} of {event.total} workload(s) measured: {', '.join(self.measured)}"
+            if event.done == event.total:
+                line += " (the verdicts, adjusted for their number, when the job ends)"
+            if self.measured_at is None:
+                self.measured_at = len(self.steps)
+                self.steps.append(line)
+            else:
+                self.steps[self.measured_at] = line
+        else:
+            return
+        kind = (event.kind, event.side)
+        last = event.kind == stages.MEASURED and event.done == event.total  # the stage's end: sent
+        if kind != self.kind or last or self.sent_at is None or self.clock() - self.sent_at >= self.every_s:
+            self.kind = kind
+            self.send()
+
+    def send(self) -> None:
+        """Record the comment's new state (replacing one not sent yet) and deliver it now."""
+        github = self.config.github
+        if github is None:
+            return
+        self.sent_at = self.clock()
+        try:
+            with Session(self.engine) as session:
+                row = pull_answer.enqueue(session, github, self.number, self.config.alerts.dashboard_url,
+                                          steps={self.job_id: list(self.steps)}, replace=True)
+                session.commit()
+                row_id = row.id if row is not None else None
+            if row_id is not None:
+                for sent in alerts.deliver_pending(self.engine, Destinations(self.config.alerts, github), ids=[row_id]):
+                    if not sent.ok:
+                        self.inner.message(f"pull request #{self.number}: the comment was not edited ({sent.error}); "
+                                           "it is sent again later")
+        except Exception as exc:  # the comment is a courtesy; the job goes on
+            if db.lost_connection(exc) is not None:
+                raise
+            self.inner.message(f"pull request #{self.number}: the comment's progress was not recorded "
+                               f"({type(exc).__name__}: {exc})")
+
+
 def run_pr(session: Session, config: Config, job: Job, progress: driver.Progress | None = None) -> dict:
     """The ``pr`` job: a try job's comparison (and verification), then the pull request's state
-    in the outbox, committed with the job's end (or on its own when the job failed)."""
+    in the outbox, committed with the job's end (or on its own when the job failed). While it
+    runs, :class:`PullProgress` edits the pull request's comment as it builds and measures."""
     number = job.payload["pr"]
     job_id = job.id
+    told = PullProgress(driver.engine_of(session), config, job, progress or driver.NullProgress())
     try:
-        result = tryjob.run_try(session, config, job, progress)
+        result = tryjob.run_try(session, config, job, told)
     except Exception as exc:
         if db.lost_connection(exc) is not None:
             raise  # nothing can be recorded now; the job is queued again once its lock is free
