@@ -81,7 +81,8 @@ def test_by_default_an_improvement_is_not_kept_nor_bisected(tmp_path, sqlite_url
 def test_a_fixed_regression_names_the_commit_that_fixed_it(tmp_path, sqlite_url, capsys):
     repo = tmp_path / "repo"
     make_demo_repo(repo, (step("base", "Baseline"),))
-    config = write_watch_config(tmp_path, repo, "step = 3", measure=COUNTED)
+    # improvements bisected too: the one that fixed the regression is that fix, not an improvement of its own
+    config = write_watch_config(tmp_path, repo, 'step = 3\nbisect = ["regression", "improvement"]', measure=COUNTED)
     assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0
     make_demo_repo(repo, (step("slow", "Do 10% more work", 1.1), step("s1", "README", 1.1, note="s1"),
                           step("s2", "README", 1.1, note="s2")))
@@ -94,3 +95,4 @@ def test_a_fixed_regression_names_the_commit_that_fixed_it(tmp_path, sqlite_url,
     assert found["state"] == "fixed" and found["culprit"]["sha"] == tags["slow"]
     assert found["fixed_by_commit"]["sha"] == tags["back"]
     assert f"fixed by {tags['back'][:12]} Back to the old work" in _listed(sqlite_url, capsys)
+    assert json.loads(_listed(sqlite_url, capsys, "--improvements", "--json")) == []

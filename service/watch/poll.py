@@ -213,19 +213,25 @@ def _fixes(session: Session, config: Config, outcome: outcome.CompareOutcome) ->
             for regression_id in rule.fixes(session, run, result, kind, metric)]
 
 
-def _open_improvements(session: Session, config: Config, outcome: outcome.CompareOutcome) -> list[int]:
+def _open_improvements(session: Session, config: Config, outcome: outcome.CompareOutcome,
+                       fixed: list[int]) -> list[int]:
     """With ``"improvement"`` in ``[watch] bisect``: a suspected improvement (a ``faster`` row,
     verified and bisected like a regression, so that its cause is named) for each workload whose
-    run verdict (its first metric's) is an improvement and that opened no regression. The ids."""
+    run verdict (its first metric's) is an improvement and that opened no regression. An
+    improvement that fixed a regression (``fixed``) is that fix, named as its fixing commit: not
+    opened. The ids."""
     if "improvement" not in config.watch.bisect:
         return []
     run = session.get_one(Run, outcome.run_id)
+    undone = {session.get_one(Regression, i).workload_id for i in fixed}
     first = {w.name: Metric(w.measure[0]) for w in config.workloads}
     opened = []
     for r in outcome.results:
         if r.failure or r.regression_id is not None or r.verdict.verdict != Outcome.IMPROVEMENT:
             continue
         comparison = session.get_one(Comparison, r.comparison_id)
+        if comparison.workload_id in undone:
+            continue
         if (seen := _open_faster(session, config, run, comparison)) is not None:
             lifecycle.note(session, seen, run, f"seen again by run {run.id} ({run.treatment_commit.sha[:12]} against "
                                                f"{run.control_commit.sha[:12]}): the same improvement, not opened again")
@@ -297,7 +303,7 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
                 if not hung:
                     row.last_tested_sha = sha
                 result["fixed"] = _fixes(session, config, outcome)
-                _open_improvements(session, config, outcome)
+                _open_improvements(session, config, outcome, fixed=result["fixed"])
                 alerts.enqueue(session, result["fixed"], "fixed", config.alerts)  # sent after the job
             session.commit()
         except Exception as exc:
