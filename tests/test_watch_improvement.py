@@ -95,4 +95,9 @@ def test_a_fixed_regression_names_the_commit_that_fixed_it(tmp_path, sqlite_url,
     assert found["state"] == "fixed" and found["culprit"]["sha"] == tags["slow"]
     assert found["fixed_by_commit"]["sha"] == tags["back"]
     assert f"fixed by {tags['back'][:12]} Back to the old work" in _listed(sqlite_url, capsys)
+    engine = db.make_engine(sqlite_url)
+    with Session(engine) as session:  # the `fixed` alert names it too
+        text = alerts.payload(session.get_one(Regression, found["id"]), "fixed")["text"]
+        assert text.endswith(f"no longer reproduces; fixed by {tags['back'][:12]} \"Back to the old work\"")
+    engine.dispose()
     assert json.loads(_listed(sqlite_url, capsys, "--improvements", "--json")) == []

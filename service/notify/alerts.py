@@ -116,7 +116,8 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
                 f"(regression #{regression.id}, bisected in {len(steps)} step(s))")
     else:
         text = (f"abwatch: {regression.workload.name} on {device} is fixed: regression #{regression.id} "
-                f"({regression.change_pct:+.2f}% at {bad.sha[:12]}) no longer reproduces")
+                f"({regression.change_pct:+.2f}% at {bad.sha[:12]}) no longer reproduces"
+                + (f"; fixed by {fixing.sha[:12]} \"{fixing.summary}\"" if (fixing := regression.fixed_by_commit) else ""))
     # a verdict taken under heavy contention says how it was judged (service.stats.contention)
     caveat = next((v.get("caveat") for v in (regression.verify_verdict, regression.benchmark_verdict)
                    if v and v.get("caveat")), None)

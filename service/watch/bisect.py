@@ -552,6 +552,7 @@ def find_fix(session: Session, config: Config, mirror: RepoMirror, regression: R
         return None
     commit, _ = commit_row(session, get_repository(session, config.repository.url), mirror, commits[index])
     regression.fixed_by_commit = commit
+    alerts.refresh_pending(session, [regression.id], "fixed", config.alerts)  # the `fixed` alert, if unsent, names it
     session.commit()
     progress.message(f"regression {regression.id}: fixed by {commit.sha[:12]} {commit.summary}")
     return commit.sha
