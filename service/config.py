@@ -251,6 +251,9 @@ def control_name(value: str) -> str:
     return value
 
 
+BisectedChange = Literal["regression", "improvement"]  # a confirmed change [watch] bisect may name
+
+
 class WatchConfig(StrictModel):
     """``abwatch watch``: which commits of the branch to test, against what, and how far to escalate.
 
@@ -268,7 +271,10 @@ class WatchConfig(StrictModel):
     schedule: str | None = None
     timezone: str = "UTC"
     verify: bool = True
-    bisect: bool = True
+    bisect: list[BisectedChange] = Field(
+        default_factory=lambda: list[BisectedChange](["regression"]),
+        description='which confirmed changes are bisected: "regression", "improvement"; true = ["regression"], '
+                    "false = none")
     max_builds_per_range: int = Field(default=16, ge=1)
     devices: list[str] = Field(default_factory=list, description="default: the runner's device")
     heartbeat_s: float = Field(default=60.0, gt=0, description="how often a worker beats its device's heartbeat")
@@ -291,6 +297,18 @@ class WatchConfig(StrictModel):
     @classmethod
     def _control(cls, value: str) -> str:
         return control_name(value)
+
+    @field_validator("bisect", mode="before")
+    @classmethod
+    def _bisect(cls, value: object) -> object:
+        """``true`` (the regressions, as before lists existed), ``false`` (nothing) or a list."""
+        if isinstance(value, bool):
+            return ["regression"] if value else []
+        if isinstance(value, list):
+            if len(set(map(str, value))) != len(value):
+                raise ValueError(f"{value!r} names a change twice")
+            return value
+        raise ValueError(f'{value!r}: expected true, false or a list of "regression", "improvement"')
 
     @field_validator("schedule")
     @classmethod

@@ -295,3 +295,24 @@ def test_a_watch_that_leaves_how_workers_start_at_its_default_is_the_same_watch(
     assert config_hash(forked) != config_hash(default)
     duet = default.model_copy(update={"run": default.run.model_copy(update={"schedule": "duet"})})
     assert config_hash(duet) != config_hash(default)
+
+
+@pytest.mark.parametrize(("value", "bisected"), [
+    (None, ["regression"]), ("true", ["regression"]), ("false", []),
+    ('["regression", "improvement"]', ["regression", "improvement"]), ('["improvement"]', ["improvement"]),
+])
+def test_watch_bisect_takes_a_bool_or_the_changes_to_bisect(tmp_path, value, bisected):
+    text = VALID + ("" if value is None else f"\n[watch]\nbisect = {value}\n")
+    assert load_config(write(tmp_path, text)).watch.bisect == bisected
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('["regresion"]', "watch.bisect[0]: input should be 'regression' or 'improvement'"),
+    ('"improvement"', 'watch.bisect: value error, \'improvement\': expected true, false or a list of "regression", '
+                      '"improvement"'),
+    ('["improvement", "improvement"]', "watch.bisect: value error, ['improvement', 'improvement'] names a change twice"),
+])
+def test_watch_bisect_errors_name_the_key(tmp_path, value, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, VALID + f"\n[watch]\nbisect = {value}\n"))
+    assert f"abwatch.toml: {message}" in str(info.value)

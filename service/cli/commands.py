@@ -32,7 +32,7 @@ from abwatch.service.config import Config, ConfigError, load_config
 from abwatch.service.exits import EXIT_BUILD_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
 from abwatch.service.compare.outcome import DriverError, NothingToVerify
 from abwatch.service.store.models import Regression, Run
-from abwatch.service.stats.verdict import RegressionState
+from abwatch.service.stats.verdict import Direction, RegressionState
 
 # Each command imports what it runs (driver, statistics, web, runners): `abwatch regressions` none of it.
 
@@ -159,15 +159,17 @@ def _runs_command(call: Call) -> int:
 
 
 def _regressions_command(call: Call) -> int:
-    query = select(Regression).order_by(Regression.id)
+    # a confirmed improvement ([watch] bisect) is no regression: listed only with --improvements
+    direction = Direction.FASTER if getattr(call.args, "improvements", False) else Direction.SLOWER
+    query = select(Regression).where(Regression.direction == direction).order_by(Regression.id)
     if call.args.state:
         query = query.where(Regression.state == RegressionState(call.args.state))
     regressions = list(call.session.scalars(query))
     if call.args.json:
         print(json.dumps([report.regression_json(call.session, r) for r in regressions]))
         return 0
-    report.print_regressions(call.out, regressions)
-    if not call.args.state:  # a build regression has no state of its own
+    report.print_regressions(call.out, regressions, "improvements" if direction is Direction.FASTER else "regressions")
+    if not call.args.state and direction is Direction.SLOWER:  # a build regression has no state of its own
         report.print_build_regressions(call.out, stored.build_regressions(call.session))
     return 0
 
@@ -273,7 +275,7 @@ def _verify_command(args: argparse.Namespace, session, err: Console, out: Consol
     else:
         report.print_outcome(out, shown, False, args.ops)
         report.print_regressions(out, regressions)
-    confirmed = any(r.state == RegressionState.REGRESS for r in regressions)
+    confirmed = any(r.state == RegressionState.REGRESS and r.direction is Direction.SLOWER for r in regressions)
     return EXIT_BUILD_FAILED if outcome.exit_code == 3 else int(confirmed)
 
 

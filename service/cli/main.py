@@ -100,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = with_db(sub.add_parser("regressions", help="list regressions and their state changes"))
     p.add_argument("--state", choices=[s.value for s in RegressionState], help="only regressions in this state")
+    p.add_argument("--improvements", action="store_true",
+                   help="the confirmed improvements instead ([watch] bisect = [..., \"improvement\"]), each with "
+                        "the commit that made it faster")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
 
     p = with_db(sub.add_parser("history", help="a workload's per-commit series and its step changes; "

@@ -283,10 +283,10 @@ def print_tvm_details(out: Console, r: WorkloadResult, ops: bool = False) -> Non
               "change stands alone", markup=False)
 
 
-def print_regressions(out: Console, rows: list[Regression]) -> None:
+def print_regressions(out: Console, rows: list[Regression], title: str = "regressions") -> None:
     """The regressions table, then each one's state history (a line per change, never squeezed
-    into a column)."""
-    table = Table(title="regressions", box=box.SIMPLE_HEAD)
+    into a column); ``title`` "improvements": confirmed improvements, each with its cause."""
+    table = Table(title=title, box=box.SIMPLE_HEAD)
     for column in ("id", "workload", "device", "kind", "state", "change"):
         table.add_column(column, overflow="fold", no_wrap=column in ("id", "kind", "state", "change"))
     for r in rows:
@@ -297,10 +297,13 @@ def print_regressions(out: Console, rows: list[Regression]) -> None:
     for r in rows:
         culprit = r.culprit_commit
         # the answer to "which commit did it?", once bisection found it
-        named = (f", culprit {short_sha(culprit.sha)} {culprit.summary or ''} ({culprit.author or 'unknown author'})"
+        word, cause = ("improvement", "caused by") if title == "improvements" else ("regression", "culprit")
+        named = (f", {cause} {short_sha(culprit.sha)} {culprit.summary or ''} ({culprit.author or 'unknown author'})"
                  if culprit is not None else "")
-        out.print(f"regression {r.id}: {short_sha(r.control_commit.sha)}..{short_sha(r.treatment_commit.sha)}{named}",
+        out.print(f"{word} {r.id}: {short_sha(r.control_commit.sha)}..{short_sha(r.treatment_commit.sha)}{named}",
                   markup=False)
+        if (fixing := r.fixed_by_commit) is not None:  # the watch named the commit that fixed it
+            out.print(f"  fixed by {short_sha(fixing.sha)} {fixing.summary or ''}", markup=False)
         if r.culprit_submodule_commit is not None:  # bisected on into the culprit's submodule bump
             out.print(f"  {r.culprit_line}", markup=False)
         for e in r.events:

@@ -13,7 +13,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from abwatch.service.store.models import (
     OPEN_REGRESSION_SQL, OPEN_REGRESSION_STATES, Comparison, Regression, RegressionEvent, Run, utcnow,
 )
-from abwatch.service.stats.verdict import Metric, RegressionState, RegressionKind
+from abwatch.service.stats.verdict import Direction, Metric, RegressionState, RegressionKind
 from abwatch.service.store.rows import insert_ignoring_conflict
 
 S = RegressionState
@@ -88,9 +88,11 @@ def transition(session: Session, regression: Regression, to_state: RegressionSta
 
 def open_regression(session: Session, run: Run, comparison: Comparison,
                     kind: RegressionKind = RegressionKind.RUNTIME,
-                    reason: str | None = None, metric: Metric = Metric.TIME) -> Regression:
+                    reason: str | None = None, metric: Metric = Metric.TIME,
+                    direction: Direction = Direction.SLOWER) -> Regression:
     """Store a suspected regression found by ``run`` (state ``benchmark``); ``kind`` is
-    ``runtime``, ``compile-time`` or ``correctness``, ``metric`` the one whose verdict found it.
+    ``runtime``, ``compile-time`` or ``correctness``, ``metric`` the one whose verdict found it;
+    ``direction`` ``faster``: a suspected improvement (verified and bisected like a regression).
 
     A pair, workload, device and kind has at most one open regression (a unique index over
     the open states): when one is open already (an earlier run of the same pair, or a
@@ -101,6 +103,7 @@ def open_regression(session: Session, run: Run, comparison: Comparison,
     now = utcnow()
     insert_ignoring_conflict(session, Regression, {
         **key, "run_id": run.id, "comparison_id": comparison.id, "state": S.BENCHMARK, "metric": metric,
+        "direction": direction,
         "change_pct": comparison.change_pct or 0.0, "created_at": now, "updated_at": now, "version": 1,
     }, list(key), where=text(OPEN_REGRESSION_SQL))
     regression = session.scalars(select(Regression).filter_by(**key).where(

@@ -25,7 +25,7 @@ from abwatch.service.compare.outcome import (
 from abwatch.service.compare.progress import NullProgress, Progress
 from abwatch.service.config import Config
 from abwatch.service.notify import alerts
-from abwatch.service.stats.verdict import RegressionState
+from abwatch.service.stats.verdict import Direction, RegressionState
 from abwatch.service.store.models import Regression, Run, RunType
 
 
@@ -71,7 +71,8 @@ def run_verify(session: Session, run_id: int, *, progress: Progress | None = Non
         _release(session, claimed)
         raise
     _settle(session, pending, outcome, run_id)
-    confirmed = [r.id for r in pending if r.state == RegressionState.REGRESS]
+    # a confirmed improvement is told when its cause is named (service.watch.bisect), not as a regression
+    confirmed = [r.id for r in pending if r.state == RegressionState.REGRESS and r.direction is Direction.SLOWER]
     # recorded with the transitions (the outbox); the caller sends them after its work
     if alerts.enqueue(session, confirmed, "regress", config.alerts):
         progress.message(f"{len(confirmed)} regression(s) to alert {len(config.alerts.webhooks)} webhook(s) of")
@@ -127,7 +128,9 @@ def _settle(session: Session, pending: list[Regression], outcome: CompareOutcome
         regression.verify_verdict = verdict_json(v, outcome.run_id)
         second = f"verify run {outcome.run_id}: {v.verdict.value} {v.change_pct:+.2f}%" if v.change_pct is not None \
             else f"verify run {outcome.run_id}: {v.verdict.value}"
-        state = RegressionState.REGRESS if v.verdict == stats.Outcome.REGRESSION else RegressionState.CLEARED
+        # a suspected improvement (direction faster) is confirmed by an improvement, as a regression by a regression
+        expected = stats.Outcome.IMPROVEMENT if regression.direction is Direction.FASTER else stats.Outcome.REGRESSION
+        state = RegressionState.REGRESS if v.verdict == expected else RegressionState.CLEARED
         word = "reproduced" if state is RegressionState.REGRESS else "not reproduced"
         lifecycle.transition(session, regression, state, verify_run,
                              f"{word}; {first}; {second}{_moved(regression, verify_run)}",

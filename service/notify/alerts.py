@@ -2,10 +2,11 @@
 
 Payload (JSON, ``Content-Type: application/json``)::
 
-    {"event": "regress" | "culprit" | "fixed",
+    {"event": "regress" | "culprit" | "fixed",  (a confirmed improvement, "direction": "faster",
+                                               is told only by its "culprit": the commit that made it faster)
      "text": "<a line a person reads (Slack's incoming webhooks show it as the message), then a
               few lines of what explains it: the functions that grew, or the operators>",
-     "regression": {"id", "workload", "device", "kind", "state", "change_pct", "good_sha",
+     "regression": {"id", "workload", "device", "kind", "direction", "state", "change_pct", "good_sha",
                     "bad_sha", "culprit_sha", "culprit_summary", "culprit_author", "steps",
                     "run_id", "url", "explanation"},
      "sent_at": "<ISO 8601 time>", "delivery": "<uuid, the same for every attempt>"}
@@ -62,7 +63,7 @@ from abwatch.service.notify import explained, github, pull_answer
 from abwatch.service.notify.channels import AlertChannel, Destinations, Sender, Sent
 from abwatch.service.store import explain
 from abwatch.service.store.models import AlertDelivery, BisectionStep, DeliveryStatus, Regression, utcnow
-from abwatch.service.stats.verdict import SILENCED_TRIAGE, RegressionKind
+from abwatch.service.stats.verdict import SILENCED_TRIAGE, Direction, RegressionKind
 
 SIGNATURE_HEADER = "X-Abwatch-Signature-256"
 EVENTS = ("regress", "culprit", "fixed")
@@ -94,7 +95,16 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
     session = object_session(regression)
     steps = [] if session is None else [step.to_dict() for step in session.scalars(
         select(BisectionStep).where(BisectionStep.regression_id == regression.id).order_by(BisectionStep.position))]
-    if event == "regress":
+    faster = regression.direction is Direction.FASTER  # a confirmed improvement, bisected to its cause
+    if faster and event == "culprit":
+        assert culprit is not None, "a culprit alert is recorded once bisection named it"
+        text = (f"abwatch: {regression.workload.name} on {device} is {-regression.change_pct:.2f}% faster "
+                f"({kind}) since {culprit.sha[:12]} \"{culprit.summary}\"{into} by {culprit.author}: the commit "
+                f"that made it faster (improvement #{regression.id}, bisected in {len(steps)} step(s))")
+    elif faster:
+        text = (f"abwatch: {regression.workload.name} on {device} is {-regression.change_pct:.2f}% faster "
+                f"({kind}) in {good.sha[:12]}..{bad.sha[:12]} (improvement #{regression.id}, {event})")
+    elif event == "regress":
         text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
                 f"({kind}) in {good.sha[:12]}..{bad.sha[:12]} \"{bad.summary}\" (regression #{regression.id}, "
                 + (f"confirmed; culprit {culprit.sha[:12]} \"{culprit.summary}\"{into})" if culprit
@@ -106,7 +116,8 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
                 f"(regression #{regression.id}, bisected in {len(steps)} step(s))")
     else:
         text = (f"abwatch: {regression.workload.name} on {device} is fixed: regression #{regression.id} "
-                f"({regression.change_pct:+.2f}% at {bad.sha[:12]}) no longer reproduces")
+                f"({regression.change_pct:+.2f}% at {bad.sha[:12]}) no longer reproduces"
+                + (f"; fixed by {fixing.sha[:12]} \"{fixing.summary}\"" if (fixing := regression.fixed_by_commit) else ""))
     # a verdict taken under heavy contention says how it was judged (service.stats.contention)
     caveat = next((v.get("caveat") for v in (regression.verify_verdict, regression.benchmark_verdict)
                    if v and v.get("caveat")), None)
@@ -123,6 +134,7 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
         "regression": {
             **regression.to_dict(),  # the shape the CLI, the API and the pages show
             "id": regression.id, "workload": regression.workload.name, "device": device, "kind": kind,
+            "direction": Direction(regression.direction or Direction.SLOWER).value,
             "state": regression.state.value, "change_pct": regression.change_pct,
             "good_sha": good.sha, "bad_sha": bad.sha, "culprit_sha": culprit.sha if culprit else None,
             "culprit_summary": culprit.summary if culprit else None,

@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 from abwatch.service.config import AlertsConfig, GithubConfig
 from abwatch.service.notify import explained
 from abwatch.service.notify.channels import AlertChannel, Destinations, Sender
-from abwatch.service.stats.verdict import Metric, RegressionKind, RegressionState, Verdict
+from abwatch.service.stats.verdict import Direction, Metric, RegressionKind, RegressionState, Verdict
 from abwatch.service.store import explain
 from abwatch.service.store.models import (
     AlertDelivery, Comparison, DeliveryStatus, Job, JobStatus, Regression, utcnow,
@@ -171,7 +171,8 @@ def pr_regressions(session: Session, runs: list[int]) -> list[Regression]:
     """The regressions the comparison runs ``runs`` (of a pull request's jobs) opened."""
     if not runs:
         return []
-    return list(session.scalars(select(Regression).where(Regression.run_id.in_(runs)).order_by(Regression.id)))
+    return list(session.scalars(select(Regression).where(Regression.run_id.in_(runs), Regression.direction == Direction.SLOWER)
+                               .order_by(Regression.id)))
 
 
 def _active(r: Regression) -> bool:

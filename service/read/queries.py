@@ -23,7 +23,7 @@ from abwatch.service.store.models import (
     AlertDelivery, Build, Commit, Comparison, Device, Job, Regression, Run, Sample, TriageEvent, WatchedCommit, WatchProgress,
     Workload,
 )
-from abwatch.service.stats.verdict import SILENCED_TRIAGE, Metric, RegressionKind, RegressionState
+from abwatch.service.stats.verdict import SILENCED_TRIAGE, Direction, Metric, RegressionKind, RegressionState
 
 OPEN_STATES = (RegressionState.BENCHMARK, RegressionState.VERIFY, RegressionState.REGRESS)
 
@@ -98,13 +98,15 @@ def run_report(session: Session, run_id: int) -> dict[str, Any]:
         commit = run.control_commit if build["side"] == Side.CONTROL else run.treatment_commit
         build.update(summary=commit.summary, duration_s=row.duration_s if row else None,
                      compiler_cache=serialize.compiler_cache_json(row.metrics) if row else None)
-    regressions = session.scalars(select(Regression).options(*REGRESSION_LOADS)
-                                  .where(Regression.run_id == run_id).order_by(Regression.id))
+    regressions = list(session.scalars(select(Regression).options(*REGRESSION_LOADS)
+                                       .where(Regression.run_id == run_id).order_by(Regression.id)))
     return {
         **run_summary(run), **data, "seed": run.seed,
         "process_medians_ms": process_medians(session, run_id),
         "samples_note": serialize.pruned_note(run.samples_pruned_at) if run.samples_pruned_at else None,
-        "regressions": [regression_summary(r) for r in regressions],
+        "regressions": [regression_summary(r) for r in regressions if r.direction is Direction.SLOWER],
+        # confirmed or suspected improvements ([watch] bisect = [..., "improvement"]), never listed as regressions
+        "improvements": [regression_summary(r) for r in regressions if r.direction is Direction.FASTER],
     }
 
 
@@ -119,6 +121,8 @@ def regression_summary(r: Regression) -> dict[str, Any]:
         "device": r.device.name if r.device else None, "device_id": r.device_id,
         "control_sha": r.control_commit.sha, "treatment_sha": r.treatment_commit.sha,
         "treatment_summary": r.treatment_commit.summary,
+        "direction": Direction(r.direction or Direction.SLOWER).value,
+        "fixed_by_commit": r.fixed_by_commit.sha if r.fixed_by_commit else None,
         "created_at": _iso(r.created_at), "updated_at": _iso(r.updated_at),
     }
 
@@ -127,7 +131,8 @@ def list_regressions(session: Session, *, state: str | None = None, workload: st
                      device: str | None = None, since: datetime | None = None,
                      limit: int = 200) -> list[dict[str, Any]]:
     """Regressions, newest first, filtered by state, workload name, device name, opened since."""
-    query = select(Regression).options(*REGRESSION_LOADS).order_by(Regression.id.desc()).limit(limit)
+    query = (select(Regression).options(*REGRESSION_LOADS).where(Regression.direction == Direction.SLOWER)
+             .order_by(Regression.id.desc()).limit(limit))
     if state is not None:
         query = query.where(Regression.state == RegressionState(state))
     if workload is not None:
@@ -251,7 +256,8 @@ def overview(session: Session) -> dict[str, Any]:
         "WHERE r.id IN (SELECT max(id) FROM runs WHERE status = 'completed' GROUP BY repository_id) "
         "ORDER BY rp.url")).mappings().all()
     open_rows = session.scalars(select(Regression).options(*REGRESSION_LOADS)
-                                .where(Regression.state.in_(OPEN_STATES)).order_by(Regression.created_at))
+                                .where(Regression.state.in_(OPEN_STATES), Regression.direction == Direction.SLOWER)
+                                .order_by(Regression.created_at))
     regressions = [regression_summary(r) for r in open_rows]
     latest = session.execute(text("SELECT * FROM latest_status ORDER BY workload, device")).mappings().all()
     return {
@@ -323,7 +329,8 @@ def watch_status(session: Session) -> dict:
     ]
     open_regressions = session.scalar(
         select(func.count()).select_from(Regression)
-        .where(Regression.state.in_([RegressionState.BENCHMARK, RegressionState.VERIFY, RegressionState.REGRESS])))
+        .where(Regression.state.in_([RegressionState.BENCHMARK, RegressionState.VERIFY, RegressionState.REGRESS]),
+               Regression.direction == Direction.SLOWER))
     tries = try_jobs(session)
     return {"watched": branches, "queue": queue_counts(session), "running": running,
             "open_regressions": open_regressions, "try_jobs": tries}

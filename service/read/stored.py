@@ -22,7 +22,7 @@ from abwatch.service.compare.outcome import CompareOutcome, DriverError, MetricR
 from abwatch.service.store.models import (
     Build, BuildMeasurement, BuildStatus, Comparison, Regression, RegressionEvent, Run, RunType, details_version,
 )
-from abwatch.service.stats.verdict import Outcome, Verdict, RegressionKind
+from abwatch.service.stats.verdict import Direction, Outcome, Verdict, RegressionKind
 
 if TYPE_CHECKING:  # a TypedDict: at run time it is a dict, and attribution imports NumPy
     from abwatch.service.compare.attribution import TvmDetails
@@ -183,7 +183,7 @@ def _regressions_by_workload(session: Session, run: Run) -> tuple[dict[int, int]
         query = select(Regression).where(Regression.run_id == run.id)
     speed: dict[int, int] = {}
     correctness: dict[int, int] = {}
-    for r in session.scalars(query.order_by(Regression.id)):
+    for r in session.scalars(query.where(Regression.direction == Direction.SLOWER).order_by(Regression.id)):
         (correctness if r.kind == RegressionKind.CORRECTNESS else speed)[r.workload_id] = r.id
     return speed, correctness
 

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from abwatch.service.stats.verdict import Metric, RegressionKind, RegressionState, TriageStatus
+from abwatch.service.stats.verdict import Direction, Metric, RegressionKind, RegressionState, TriageStatus
 from abwatch.service.store.base import aware
 from abwatch.service.store.models import Regression, RegressionEvent, TriageEvent
 
@@ -77,7 +77,7 @@ def build(session: Session, since: datetime, until: datetime | None = None,
     triaged_fixed = set(session.scalars(select(TriageEvent.regression_id).where(
         TriageEvent.status == TriageStatus.FIXED, TriageEvent.at >= since)))
     devices: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for r in session.scalars(select(Regression).order_by(Regression.id)):
+    for r in session.scalars(select(Regression).where(Regression.direction == Direction.SLOWER).order_by(Regression.id)):
         lists = []
         if aware(r.created_at) >= since and r.state != RegressionState.CLEARED:
             lists.append("new")

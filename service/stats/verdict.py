@@ -138,3 +138,12 @@ class RegressionKind(str, enum.Enum):
     COMPILE_TIME = "compile-time"  # the compile-time verdict (TVM workloads): slower to compile
     CORRECTNESS = "correctness"  # outputs differ from the control's beyond the workload's tolerance
 
+
+class Direction(str, enum.Enum):
+    """Which way a stored change goes: a regression is ``slower``; a confirmed ``faster`` change
+    (an improvement, kept only where ``[watch] bisect`` names "improvement") is verified and
+    bisected the same way, so that its cause is named too, and is never shown or counted as a regression."""
+
+    SLOWER = "slower"
+    FASTER = "faster"
+

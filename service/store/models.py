@@ -30,7 +30,7 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from abwatch.core.redact import mask_url
 from abwatch.core.sides import Side
-from abwatch.service.stats.verdict import Metric, Outcome, RegressionKind, RegressionState, TriageStatus
+from abwatch.service.stats.verdict import Direction, Metric, Outcome, RegressionKind, RegressionState, TriageStatus
 
 from abwatch.service.store.base import Base, _enum, utcnow  # noqa: F401 - utcnow: re-exported
 # The tables every other one points at, and the watch's tables: re-exported so that ``models``
@@ -334,6 +334,9 @@ class Regression(Base):
     # the metric whose verdict opened it (and verifies and bisects it): a name of the metric registry
     metric: Mapped[Metric] = mapped_column(_enum(Metric, "metric", 16, checked=False), default=Metric.TIME,
                                            server_default="time")
+    # slower (a regression) or faster (a confirmed improvement whose cause is bisected; [watch] bisect)
+    direction: Mapped[Direction] = mapped_column(_enum(Direction, "regression_direction", 8),
+                                                 default=Direction.SLOWER, server_default="slower")
     change_pct: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -346,6 +349,9 @@ class Regression(Base):
     # commit the bisection into the bump named (a row of the submodule's repository)
     culprit_submodule_path: Mapped[str | None] = mapped_column(String(256))
     culprit_submodule_commit_id: Mapped[int | None] = mapped_column(ForeignKey("commits.id"))
+    # the commit that fixed it, named by bisecting from where it was last seen to the commit the
+    # watch found it fixed at (the first commit back at the good commit's level); null until then
+    fixed_by_commit_id: Mapped[int | None] = mapped_column(ForeignKey("commits.id"))
     # Regressions with the same culprit on one device share a group: the lowest regression id.
     group_id: Mapped[int | None] = mapped_column(Integer, index=True)
     version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
@@ -355,6 +361,7 @@ class Regression(Base):
     treatment_commit: Mapped[Commit] = relationship(foreign_keys=[treatment_commit_id])
     culprit_commit: Mapped[Commit | None] = relationship(foreign_keys=[culprit_commit_id])
     culprit_submodule_commit: Mapped[Commit | None] = relationship(foreign_keys=[culprit_submodule_commit_id])
+    fixed_by_commit: Mapped[Commit | None] = relationship(foreign_keys=[fixed_by_commit_id])
     bisection: Mapped[list[BisectionStep]] = relationship(order_by="BisectionStep.position")
     events: Mapped[list[RegressionEvent]] = relationship(
         order_by="RegressionEvent.id", back_populates="regression"
@@ -384,7 +391,7 @@ class Regression(Base):
         culprit, sub = self.culprit_commit, self.culprit_submodule_commit
         if culprit is None:
             return None
-        line = f"culprit: {culprit.sha[:12]} {culprit.summary}"
+        line = ("cause" if self.direction is Direction.FASTER else "culprit") + f": {culprit.sha[:12]} {culprit.summary}"
         return line + (f" -> {self.culprit_submodule_path} {sub.sha[:12]} {sub.summary}" if sub else "")
 
     def to_dict(self) -> dict[str, Any]:
@@ -404,6 +411,9 @@ class Regression(Base):
             "culprit": {"sha": culprit.sha, "summary": culprit.summary, "author": culprit.author,
                         "submodule": self.culprit_submodule} if culprit else None,
             "culprit_line": self.culprit_line,
+            "direction": Direction(self.direction or Direction.SLOWER).value,
+            "fixed_by_commit": None if (fixing := self.fixed_by_commit) is None else {
+                "sha": fixing.sha, "summary": fixing.summary, "author": fixing.author},
             "bisection": [step.to_dict() for step in self.bisection],
             "group": self.group_id,
             "events": [{"from": e.from_state.value if e.from_state else None, "to": e.to_state.value,

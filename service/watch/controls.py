@@ -30,7 +30,7 @@ from abwatch.service.config import CONTROL_FORMS, Config
 from abwatch.service.store.models import Comparison, Regression, Run, RunType
 from abwatch.service.compare.driver import Attach
 from abwatch.service.compare.outcome import WorkloadResult
-from abwatch.service.stats.verdict import Metric, RegressionKind, RegressionState
+from abwatch.service.stats.verdict import Direction, Metric, RegressionKind, RegressionState
 
 
 
@@ -180,6 +180,7 @@ class PinnedBase(ControlRule):
                     select(Regression).where(
                         Regression.workload_id == comparison.workload_id, Regression.device_id == run.device_id,
                         Regression.kind == kind, Regression.control_commit_id == run.control_commit_id,
+                        Regression.direction == Direction.SLOWER,
                         Regression.treatment_commit_id != run.treatment_commit_id,
                         Regression.state == RegressionState.REGRESS).order_by(Regression.id)):
                 further = (1 + least_pct / 100) / (1 + regression.change_pct / 100)
@@ -216,11 +217,13 @@ class PinnedBase(ControlRule):
         it again)."""
         bad = regression.treatment_commit.sha
         newest: str | None = None
+        if regression.direction is Direction.FASTER:  # an improvement: from the base
+            return None
         for earlier in session.scalars(select(Regression).where(
                 Regression.id != regression.id, Regression.workload_id == regression.workload_id,
                 Regression.device_id == regression.device_id, Regression.kind == regression.kind,
                 Regression.control_commit_id == regression.control_commit_id,
-                Regression.state == RegressionState.REGRESS)):
+                Regression.direction == Direction.SLOWER, Regression.state == RegressionState.REGRESS)):
             seen = [earlier.treatment_commit.sha] + [
                 session.get_one(Run, e.run_id).treatment_commit.sha for e in earlier.events
                 if e.from_state == e.to_state == RegressionState.REGRESS and e.run_id is not None]
@@ -250,4 +253,5 @@ def _regressed(session: Session, run: Run, result: WorkloadResult, kind: Regress
     workload_id = session.get_one(Comparison, result.comparison_id).workload_id
     return list(session.scalars(select(Regression).where(
         Regression.state == RegressionState.REGRESS, Regression.kind == kind, Regression.metric == metric,
+        Regression.direction == Direction.SLOWER,
         Regression.device_id == run.device_id, Regression.workload_id == workload_id)))

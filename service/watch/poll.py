@@ -32,9 +32,9 @@ from abwatch.service.config import Config, RunnerConfig
 from abwatch.service.watch.controls import control_rule
 from abwatch.service.watch.device_config import device_names, for_device
 from abwatch.service.store.models import (
-    BuildStatus, Commit, CommitStatus, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
+    BuildStatus, Commit, CommitStatus, Comparison, Job, Regression, Repository, Run, RunStatus, WatchedCommit, WatchProgress, utcnow,
 )
-from abwatch.service.stats.verdict import RegressionState
+from abwatch.service.stats.verdict import Direction, Metric, Outcome, RegressionKind, RegressionState
 from abwatch.builders import BuildFailed, make_builder
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.service.store import build_jobs
@@ -213,6 +213,55 @@ def _fixes(session: Session, config: Config, outcome: outcome.CompareOutcome) ->
             for regression_id in rule.fixes(session, run, result, kind, metric)]
 
 
+def _open_improvements(session: Session, config: Config, outcome: outcome.CompareOutcome,
+                       fixed: list[int]) -> list[int]:
+    """With ``"improvement"`` in ``[watch] bisect``: a suspected improvement (a ``faster`` row,
+    verified and bisected like a regression, so that its cause is named) for each workload whose
+    run verdict (its first metric's) is an improvement and that opened no regression. An
+    improvement that fixed a regression (``fixed``) is that fix, named as its fixing commit: not
+    opened. The ids."""
+    if "improvement" not in config.watch.bisect:
+        return []
+    run = session.get_one(Run, outcome.run_id)
+    undone = {session.get_one(Regression, i).workload_id for i in fixed}
+    first = {w.name: Metric(w.measure[0]) for w in config.workloads}
+    opened = []
+    for r in outcome.results:
+        if r.failure or r.regression_id is not None or r.verdict.verdict != Outcome.IMPROVEMENT:
+            continue
+        comparison = session.get_one(Comparison, r.comparison_id)
+        if comparison.workload_id in undone:
+            continue
+        if (seen := _open_faster(session, config, run, comparison)) is not None:
+            lifecycle.note(session, seen, run, f"seen again by run {run.id} ({run.treatment_commit.sha[:12]} against "
+                                               f"{run.control_commit.sha[:12]}): the same improvement, not opened again")
+            continue
+        improvement = lifecycle.open_regression(session, run, comparison,
+                                                RegressionKind.RUNTIME, metric=first[r.workload],
+                                                direction=Direction.FASTER)
+        if improvement.run_id == run.id and improvement.direction is Direction.FASTER:
+            improvement.benchmark_verdict = {**_verdict_json(r, run.id), "metric": first[r.workload].value}
+            opened.append(improvement.id)
+    return opened
+
+
+def _open_faster(session: Session, config: Config, run: Run, comparison: Comparison) -> Regression | None:
+    """Against a pinned base (``fixed:<ref>``) every commit after an improvement is faster too: the
+    confirmed improvement of the same workload, device and base, an earlier commit's, is that one seen again."""
+    if not config.watch.control.startswith("fixed:"):
+        return None
+    return session.scalars(select(Regression).where(
+        Regression.workload_id == comparison.workload_id, Regression.device_id == run.device_id,
+        Regression.control_commit_id == run.control_commit_id, Regression.kind == RegressionKind.RUNTIME,
+        Regression.treatment_commit_id != run.treatment_commit_id, Regression.direction == Direction.FASTER,
+        Regression.state == RegressionState.REGRESS).order_by(Regression.id)).first()
+
+
+def _verdict_json(result: outcome.WorkloadResult, run_id: int) -> dict:
+    """The stored form of ``result``'s run verdict (as ``regressions.benchmark_verdict`` keeps it)."""
+    return outcome.verdict_json(result.verdict, run_id)
+
+
 def test_commit(session: Session, config: Config, job: Job, progress: driver.Progress | None = None) -> dict:
     """The ``test`` job: compare one commit with its control and escalate what it finds.
 
@@ -254,6 +303,7 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
                 if not hung:
                     row.last_tested_sha = sha
                 result["fixed"] = _fixes(session, config, outcome)
+                _open_improvements(session, config, outcome, fixed=result["fixed"])
                 alerts.enqueue(session, result["fixed"], "fixed", config.alerts)  # sent after the job
             session.commit()
         except Exception as exc:
@@ -272,6 +322,8 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
     result.update(control=watched.control_sha, run_id=watched.run_id, status=watched.status)
     if watched.status in (OK, FAILED) and watched.run_id is not None:
         result["confirmed"] = _escalate(session, config, mirror, watched.run_id, progress)
+    if result["fixed"] and "regression" in config.watch.bisect:
+        _name_fixes(session, config, mirror, session.get_one(Run, watched.run_id), result["fixed"], progress)
     _commit_status(session, config, job.device, sha, watched, result)
     return result
 
@@ -304,23 +356,39 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
     confirmed: list[int] = []
     if config.watch.verify and lifecycle.pending_for_run(session, run_id):
         _, checked = verify.run_verify(session, run_id, progress=progress)
-        confirmed = [r.id for r in checked if r.state == RegressionState.REGRESS]
-    if config.watch.bisect:
+        # a confirmed improvement is no regression: it fails no status and sets no exit status
+        confirmed = [r.id for r in checked if r.state == RegressionState.REGRESS and r.direction is Direction.SLOWER]
+    if directions := bisect.directions(config):
         unbisected = list(session.scalars(
             select(Regression).where(Regression.run_id == run_id, Regression.state == RegressionState.REGRESS,
+                                     Regression.direction.in_(directions),
                                      Regression.kind.in_(bisect.BISECTED_KINDS), Regression.culprit_commit_id.is_(None))
             .order_by(Regression.id)))
-        by_verify: dict[tuple[int, str, str, str | None], list[Regression]] = {}
-        for regression in unbisected:  # one bisection per verify run (its config and budget), kind, metric, start
+        by_verify: dict[tuple[int, str, str, str, str | None], list[Regression]] = {}
+        for regression in unbisected:  # one bisection per verify run (its config and budget), kind, metric,
+            # direction, start
             verify_run = max(e.run_id for e in regression.events  # the confirming run, not a later note
                              if e.to_state == RegressionState.REGRESS and e.from_state != e.to_state
                              and e.run_id is not None)
             start = control_rule(config).bisect_from(session, mirror, regression)
-            by_verify.setdefault((verify_run, regression.kind, regression.metric, start), []).append(regression)
-        for (verify_run, _, _, start), regressions in by_verify.items():
+            key = (verify_run, regression.kind, regression.metric, regression.direction, start)
+            by_verify.setdefault(key, []).append(regression)
+        for (verify_run, _, _, _, start), regressions in by_verify.items():
             bisect.find_culprit(session, config, mirror, regressions, verify_run, progress, good=start)
     session.commit()
     return confirmed
+
+
+def _name_fixes(session: Session, config: Config, mirror: RepoMirror, run: Run, fixed: list[int],
+                progress: driver.Progress) -> None:
+    """Name the commit that fixed each regression of ``fixed`` (:func:`bisect.find_fix`), found
+    fixed by ``run``: from the newest commit known to show it to the run's commit."""
+    fixing = run.treatment_commit.sha
+    for regression_id in fixed:
+        regression = session.get_one(Regression, regression_id)
+        start = bisect.fix_from(session, mirror, regression, fixing, run.control_commit.sha)
+        if start is not None:
+            bisect.find_fix(session, config, mirror, regression, fixing, run.id, progress, start=start)
 
 
 def _baseline(session: Session, config: Config, sha: str, progress: driver.Progress) -> CommitStatus:

@@ -44,8 +44,9 @@ def unfinished(session: Session, config: Config, row: WatchProgress) -> list[str
     wanted = []
     if config.watch.verify:  # (correctness regressions are never verified: they stay `benchmark`)
         wanted.append(Regression.state == RegressionState.BENCHMARK)
-    if config.watch.bisect:
-        wanted.append((Regression.state == RegressionState.REGRESS) & Regression.culprit_commit_id.is_(None))
+    if directions := bisect.directions(config):
+        wanted.append((Regression.state == RegressionState.REGRESS) & Regression.culprit_commit_id.is_(None)
+                      & Regression.direction.in_(directions))
     if not wanted:
         return []
     return list(session.scalars(
