@@ -5,8 +5,8 @@ marked fixed names the commit that fixed it (``regressions.fixed_by_commit_id``)
 about regressions: ``regression_history`` lists the ``slower`` rows only and
 ``latest_status.open_regressions`` counts them only (0019's and 0026's views, with that condition).
 
-Revision ID: 0034
-Revises: 0033
+Revision ID: 0035
+Revises: 0034
 Create Date: 2026-11-27 21:00:00
 """
 import importlib
@@ -15,8 +15,8 @@ from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0034'
-down_revision = '0033'
+revision = '0035'
+down_revision = '0034'
 branch_labels = None
 depends_on = None
 
