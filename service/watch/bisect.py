@@ -435,7 +435,7 @@ def _into_submodule(session: Session, config: Config, mirror: RepoMirror, tester
         except (RepoError, git.GitCommandError) as exc:
             progress.message(f"  {bump.path} of {sha[:12]}: not bisected ({exc})")
             continue
-        if not moved or moved[-1] != bump.new:  # moved back, or to a side line: no range to search
+        if not bisect_search.into_bump(bump.new, moved):  # moved back, or to a side line: no range to search
             progress.message(f"  {bump.path} of {sha[:12]}: {bump.new[:12]} is not after {bump.old[:12]} "
                              "on its first-parent line; not bisected")
             continue

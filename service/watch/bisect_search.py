@@ -13,7 +13,7 @@ to :func:`judged`, which splits the part by them. One culprit costs at most
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 # What a tested commit is for a workload (the values of service.store.models.StepSide): like the
@@ -141,6 +141,13 @@ class BumpRange:
         old pin at the bump (the bump's own files changed what was measured)."""
         sha = self.commits[index]
         return None if not self.pure and index == 0 else sha
+
+
+def into_bump(new: str, moved: Sequence[str]) -> bool:
+    """Whether a bisection goes on into a submodule bump to ``new`` whose submodule's first-parent
+    commits after the old pin are ``moved``: only when they lead to the new pin (a pin moved back,
+    or to a side line, leaves no range to search)."""
+    return bool(moved) and moved[-1] == new
 
 
 def bump_range(path: str, old: str, moved: Iterable[str], pure: bool) -> BumpRange:
