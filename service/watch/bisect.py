@@ -15,7 +15,7 @@ the middle is tried; a hung commit is never named culprit for hanging.
 Several workloads confirmed by one verify run are bisected together while they agree; when
 a step finds some of them slower and others not, they have different culprits, and each
 part goes on in its own half of the range. One culprit costs at most ceil(log2 N) + 1 builds
-(plus one per broken commit); each further culprit in the range only the builds its own
+(plus one per broken commit, and one more once there is one); each further culprit in the range only the builds its own
 half still needs. Every step is a :class:`~service.store.models.BisectionStep` of each regression
 it judged; the culprit and the group (regressions with the same culprit on one device) are
 stored on each regression.

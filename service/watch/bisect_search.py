@@ -8,7 +8,8 @@ pushed last taken first. :func:`next_step` takes parts off the stack until one h
 left to test, naming the culprits of those that have none; the caller tests that commit
 (:func:`service.watch.bisect.find_culprit` builds and compares it) and hands the sides it found
 to :func:`judged`, which splits the part by them. One culprit costs at most
-:func:`max_builds` builds, plus one per commit that could not be judged.
+:func:`max_builds` builds, plus one per commit that could not be judged and, once one could
+not, one more (the search goes on beside the middle: ``tests/test_decisions.py``).
 """
 
 from __future__ import annotations
