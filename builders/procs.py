@@ -285,25 +285,7 @@ def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], ti
                for name, stream in streams.items()]
     for reader in readers:
         reader.start()
-    timed_out = overflowed = False
-    try:
-        while True:  # until it ends, its time is up, or a stream passed its limit
-            left = start + timeout_s - time.monotonic()
-            try:
-                waiter.wait(max(0.0, min(left, POLL_S)))
-                break
-            except subprocess.TimeoutExpired:
-                if not overflow.is_set() and left > POLL_S:
-                    continue
-                overflowed = overflow.is_set()
-                timed_out = not overflowed
-                kill_tree(proc.pid, tag)
-                waiter.wait(None)
-                break
-    except BaseException:  # interrupted: the child must not outlive the run that started it
-        kill_tree(proc.pid, tag)
-        waiter.wait(None)
-        raise
+    timed_out, overflowed = _wait(proc, waiter, tag, start + timeout_s, overflow)
     # The child has ended; a descendant may still hold the pipes. Wait for the readers only
     # as long as the limit allows, then leave them (they are daemons) and close our ends.
     deadline = start + timeout_s + GRACE_S
@@ -327,6 +309,29 @@ def _run(argv: Sequence[str], cwd: Path | str | None, env: Mapping[str, str], ti
                          tails["stdout"].cut, cpu_s=None if usage is None else usage.ru_utime + usage.ru_stime,
                          involuntary_switches=None if usage is None else usage.ru_nivcsw,
                          max_rss_kb=None if usage is None else usage.ru_maxrss)
+
+
+def _wait(proc: subprocess.Popen, waiter: _Reaper, tag: str, deadline: float,
+          overflow: threading.Event) -> tuple[bool, bool]:
+    """Wait until the child ends, its time is up (``deadline``, monotonic), or a stream passed its
+    limit (``overflow``); a child stopped is killed with its tree. Returns (timed out, overflowed)."""
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                waiter.wait(max(0.0, min(left, POLL_S)))
+                return False, False
+            except subprocess.TimeoutExpired:
+                if not overflow.is_set() and left > POLL_S:
+                    continue
+                overflowed = overflow.is_set()
+                kill_tree(proc.pid, tag)
+                waiter.wait(None)
+                return not overflowed, overflowed
+    except BaseException:  # interrupted: the child must not outlive the run that started it
+        kill_tree(proc.pid, tag)
+        waiter.wait(None)
+        raise
 
 
 class _Reaper:

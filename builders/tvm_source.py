@@ -205,39 +205,8 @@ class TvmSourceBuilder(Builder):
     def _checkout_and_build(self, sha: str, log: list[str]) -> dict:
         src, build = self.workspace / "src", self.workspace / "build"
         deadline = time.monotonic() + self.config.timeout_s
-        git = self._git()
-        mirror = self.repo.repo.git_dir  # clones the mirror on first use
-        if not (src / ".git").exists():
-            self._run(git + ["clone", "--no-checkout", str(mirror), str(src)], log, "clone", deadline=deadline)
-        # the workspace is shared by every repository built with this configuration (a fork, a
-        # moved mirror): fetch from this builder's mirror, not the first one that cloned it
-        self._run(git + ["-C", str(src), "remote", "set-url", "origin", str(mirror)], log, "remote set-url",
-                  deadline=deadline)
-        self._run(git + ["-C", str(src), "fetch", "--quiet", "origin"], log, "fetch", deadline=deadline)
-        # git keeps the mtimes of files a checkout does not change: Ninja rebuilds only the rest
-        self._run(git + ["-C", str(src), "checkout", "--force", "--detach", sha], log, f"checkout of {sha[:12]}",
-                  deadline=deadline)
-        self._run(git + ["-C", str(src), "submodule", "sync", "--recursive"], log, "submodule sync", deadline=deadline)
-        # all submodules, or the listed ones (a CPU build of TVM needs just 3rdparty/tvm-ffi), with
-        # their parents and their own submodules; a pin missing from a mirror takes its fallback
-        update_submodules(self._step(log, deadline), git, src, only=self.config.submodules,
-                          fallbacks=self.config.submodule_fallbacks, log=log)
-        pin = self._pins.get(sha)
-        if pin is not None:
-            self._move_submodule(src, pin, git, log, deadline)
-        lines = [f"set({name} {_cmake_value(value)})\n" for name, value in sorted(self.config.cmake.items())]
-        config_cmake = "".join(lines) + "set(CMAKE_BUILD_TYPE Release)\n"
-        # the workspace is the build user's: abwatch reads and writes there without following links
-        mine = self.cache_dir.resolve()
-        relative = str(build.resolve().relative_to(mine)) if build.resolve().is_relative_to(mine) else None
-        if relative is None:
-            raise BuildFailed(f"the build directory {build} is not inside cache_dir {self.cache_dir} (a link?)", "", 0.0)
-        self._run(["mkdir", "-p", str(build)], log, "build directory")
-        try:
-            if read_inside(mine, f"{relative}/config.cmake") != config_cmake:
-                write_inside(mine, f"{relative}/config.cmake", config_cmake)  # only on change: no needless reconfigure
-        except OSError as exc:
-            raise BuildFailed(f"{build}/config.cmake: {exc.strerror} (the build directory holds a link?)", "", 0.0) from None
+        self._checkout(sha, src, log, deadline)
+        mine, relative = self._write_config(build, log)
         if self._tools is None:
             self._tools = check_build_tools()
         cmake, ninja, ccache = self._tools.cmake, self._tools.ninja, self._tools.ccache
@@ -283,6 +252,48 @@ class TvmSourceBuilder(Builder):
             else:
                 metrics.update(self.compiler_cache.metrics(parse_stats(counted), log))
         return metrics
+
+    def _checkout(self, sha: str, src: Path, log: list[str], deadline: float) -> None:
+        """Check ``sha`` out in the workspace's source tree, fetched from this builder's mirror,
+        with its submodules (and the submodule a bisection step moves, where it moves one)."""
+        git = self._git()
+        mirror = self.repo.repo.git_dir  # clones the mirror on first use
+        if not (src / ".git").exists():
+            self._run(git + ["clone", "--no-checkout", str(mirror), str(src)], log, "clone", deadline=deadline)
+        # the workspace is shared by every repository built with this configuration (a fork, a
+        # moved mirror): fetch from this builder's mirror, not the first one that cloned it
+        self._run(git + ["-C", str(src), "remote", "set-url", "origin", str(mirror)], log, "remote set-url",
+                  deadline=deadline)
+        self._run(git + ["-C", str(src), "fetch", "--quiet", "origin"], log, "fetch", deadline=deadline)
+        # git keeps the mtimes of files a checkout does not change: Ninja rebuilds only the rest
+        self._run(git + ["-C", str(src), "checkout", "--force", "--detach", sha], log, f"checkout of {sha[:12]}",
+                  deadline=deadline)
+        self._run(git + ["-C", str(src), "submodule", "sync", "--recursive"], log, "submodule sync", deadline=deadline)
+        # all submodules, or the listed ones (a CPU build of TVM needs just 3rdparty/tvm-ffi), with
+        # their parents and their own submodules; a pin missing from a mirror takes its fallback
+        update_submodules(self._step(log, deadline), git, src, only=self.config.submodules,
+                          fallbacks=self.config.submodule_fallbacks, log=log)
+        pin = self._pins.get(sha)
+        if pin is not None:
+            self._move_submodule(src, pin, git, log, deadline)
+
+    def _write_config(self, build: Path, log: list[str]) -> tuple[Path, str]:
+        """Write the build directory's ``config.cmake`` (only on change: no needless reconfigure).
+        Returns the cache directory, resolved, and the build directory relative to it."""
+        lines = [f"set({name} {_cmake_value(value)})\n" for name, value in sorted(self.config.cmake.items())]
+        config_cmake = "".join(lines) + "set(CMAKE_BUILD_TYPE Release)\n"
+        # the workspace is the build user's: abwatch reads and writes there without following links
+        mine = self.cache_dir.resolve()
+        relative = str(build.resolve().relative_to(mine)) if build.resolve().is_relative_to(mine) else None
+        if relative is None:
+            raise BuildFailed(f"the build directory {build} is not inside cache_dir {self.cache_dir} (a link?)", "", 0.0)
+        self._run(["mkdir", "-p", str(build)], log, "build directory")
+        try:
+            if read_inside(mine, f"{relative}/config.cmake") != config_cmake:
+                write_inside(mine, f"{relative}/config.cmake", config_cmake)  # only on change: no needless reconfigure
+        except OSError as exc:
+            raise BuildFailed(f"{build}/config.cmake: {exc.strerror} (the build directory holds a link?)", "", 0.0) from None
+        return mine, relative
 
     def _move_submodule(self, src: Path, pin: SubmodulePin, git: list[str], log: list[str], deadline: float) -> None:
         """Check the submodule ``pin.path`` of the checkout out at ``pin.sha`` (from its mirror,

@@ -1,6 +1,7 @@
 """The decisions apart from their persistence, without a database: which regressions a judged
-workload opens (service.compare.decide) and which commit a bisection tests next or names
-(service.watch.bisect_search)."""
+workload opens (service.compare.decide), which commit a bisection tests next or names
+(service.watch.bisect_search), which side of the culprit a step's comparisons put a commit
+on (service.watch.bisect._judge), and a watched commit's status (service.watch.poll.status_of)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import pytest
 
 from abwatch.service import stats
 from abwatch.service.compare import decide
+from abwatch.service.compare.outcome import CompareOutcome, WorkloadResult
 from abwatch.service.stats.verdict import Metric, Outcome, RegressionKind
 from abwatch.service.store.models import StepSide
-from abwatch.service.watch import bisect_search
+from abwatch.service.watch import bisect as watch_bisect, bisect_search, poll
 from abwatch.service.watch.bisect_search import BAD, GOOD, SKIP
+from abwatch.service.watch.poll import BUILD_FAILED, FAILED, OK
 
 # --- the compare decision ---------------------------------------------------------------
 
@@ -203,3 +206,101 @@ def test_the_bad_workloads_are_searched_first_then_the_good_then_the_skipped():
         ({"a"}, -1, 7, {3}), ({"b"}, 3, 7, set()), ({"c"}, -1, 3, set())]
     following = bisect_search.next_step(after, 1, 10)
     assert following.probe is not None and following.probe.part.names == {"c"}
+
+
+def test_the_build_bound_is_ceil_log2_n_plus_one():
+    assert [bisect_search.max_builds(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [1, 2, 3, 3, 4, 4, 5, 5, 6]
+    for n in range(2, 130):
+        assert bisect_search.max_builds(n) == math.ceil(math.log2(n)) + 1
+
+
+def test_broken_commits_cost_one_build_each_and_one_off_the_middle():
+    # Each commit that could not be judged costs its build, and the search goes on off the
+    # middle of its range: at most one build more in all (range -1..7, culprit 6, 3 broken:
+    # 3 skipped, then 2, 4, 5 and 6 from the side of the middle).
+    assert bisect(8, first_bad(6, broken=frozenset({3})))[1] == [3, 2, 4, 5, 6]
+    for n in range(2, 13):
+        for culprit in range(n):
+            for broken in [frozenset(), *(frozenset({i}) for i in range(n)),
+                           *(frozenset({i, j}) for i in range(n) for j in range(i + 1, n))]:
+                culprits, probes, _ = bisect(n, first_bad(culprit, broken))
+                skipped = len(broken & set(probes))
+                assert len(probes) <= bisect_search.max_builds(n) - 1 + skipped + (skipped > 0), (n, culprit, broken)
+                assert len(set(probes)) == len(probes)
+                if culprit not in broken:
+                    assert culprits == {"w": culprit}
+
+
+def test_a_bump_is_searched_into_only_when_its_commits_lead_to_the_new_pin():
+    assert bisect_search.into_bump("c", ["a", "b", "c"])
+    assert not bisect_search.into_bump("c", [])  # moved back: no commit after the old pin
+    assert not bisect_search.into_bump("c", ["a", "b"])  # to a side line: the first parents miss it
+
+
+# --- one bisection step: the verdicts of its comparisons -> each workload's side --------------
+
+
+def step_result(name: str, outcome: Outcome, failure: str | None = None) -> WorkloadResult:
+    return WorkloadResult(name, verdict(outcome), 0, None, failure)
+
+
+def compared(run_id: int, *results: WorkloadResult, status: str = "completed") -> CompareOutcome:
+    return CompareOutcome(run_id, "bisect", status, [], list(results))
+
+
+def by_verdict(result: WorkloadResult):
+    return result.verdict, result.failure
+
+
+def judge_step(against_good: CompareOutcome, against_bad: CompareOutcome | None, names=("a", "b")):
+    """``bisect._judge`` of commit "x" in good..bad, the comparisons given; returns its sides,
+    deciding runs, and the comparisons it asked for."""
+    asked = []
+
+    def compare(which, control, treatment):
+        asked.append((sorted(which), control, treatment))
+        return against_good if (control, treatment) == ("good", "x") else against_bad
+
+    found, deciding, _ = watch_bisect._judge(frozenset(names), "x", "good", "bad", compare, by_verdict)
+    return {n: side for n, (side, *_) in found.items()}, deciding, asked
+
+
+def test_a_step_decided_against_the_good_end_asks_nothing_more():
+    sides, deciding, asked = judge_step(compared(1, step_result("a", Outcome.REGRESSION),
+                                                 step_result("b", Outcome.SAME)), None)
+    assert sides == {"a": BAD, "b": GOOD} and deciding == {"a": 1, "b": 1}
+    assert asked == [(["a", "b"], "good", "x")]
+
+
+def test_an_undecided_step_is_compared_with_the_bad_end_for_the_undecided_only():
+    sides, deciding, asked = judge_step(
+        compared(1, step_result("a", Outcome.UNKNOWN), step_result("b", Outcome.REGRESSION)),
+        compared(2, step_result("a", Outcome.REGRESSION)))  # the bad end slower than x: x is good
+    assert asked == [(["a", "b"], "good", "x"), (["a"], "x", "bad")]
+    assert sides == {"a": GOOD, "b": BAD} and deciding == {"a": 2, "b": 1}
+
+
+def test_a_step_neither_end_decides_keeps_the_earlier_commit_as_the_suspect():
+    sides, _, _ = judge_step(compared(1, step_result("a", Outcome.UNKNOWN), step_result("b", Outcome.UNKNOWN)),
+                             compared(2, step_result("a", Outcome.UNKNOWN)))  # b not even measured there
+    assert sides == {"a": BAD, "b": BAD}
+    sides, deciding, _ = judge_step(compared(1, step_result("a", Outcome.UNKNOWN)), None, names=("a",))
+    assert sides == {"a": BAD} and deciding == {"a": 1}  # no build to compare with the bad end
+
+
+def test_a_broken_build_or_a_failed_workload_skips_the_step():
+    sides, _, asked = judge_step(compared(1, status="build_failed"), None)
+    assert sides == {"a": SKIP, "b": SKIP} and len(asked) == 1
+    sides, _, _ = judge_step(compared(1, step_result("a", Outcome.SAME, failure="hung"),
+                                      step_result("b", Outcome.SAME)), None)
+    assert sides == {"a": SKIP, "b": GOOD}
+
+
+# --- a watched commit's status from its comparison ----------------------------------------
+
+
+def test_a_compared_commit_is_ok_failed_or_build_failed():
+    assert poll.status_of(compared(1, step_result("a", Outcome.REGRESSION))) == (OK, [])
+    assert poll.status_of(compared(1, step_result("a", Outcome.SAME, failure="hung"),
+                                   step_result("b", Outcome.SAME))) == (FAILED, ["a"])
+    assert poll.status_of(compared(1, status="build_failed")) == (BUILD_FAILED, [])

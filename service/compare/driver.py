@@ -45,7 +45,7 @@ from abwatch.service.compare.outcome import (
 )
 from abwatch.service.config import Config, WorkloadSpec
 from abwatch.service.store.models import (
-    Build, BuildMeasurement, Comparison, Invocation, InvocationStatus, Run, RunStatus, RunType, utcnow,
+    Build, BuildMeasurement, Comparison, Invocation, InvocationStatus, Run, RunStatus, RunType, Workload, utcnow,
 )
 from abwatch.service.stats.verdict import Metric
 from abwatch.service.compare.progress import MEASURED, MEASURING, RUN, NullProgress, Progress, Stage, stage
@@ -97,37 +97,16 @@ def run_compare(
     the open regression a slowdown is the same as (then it is noted there, not opened again).
     """
     progress = progress or NullProgress()
-    # Everything that can fail on bad input happens before the first row is written.
-    for ref in (control_ref, treatment_ref):
-        if len(ref) > MAX_REF_LENGTH:
-            raise DriverError(f"ref {ref[:40]!r}... is {len(ref)} characters long; at most {MAX_REF_LENGTH}")
-    if config.run.schedule == "duet":
-        host_cores()  # a host with too few CPUs for a duet is refused before anything is built
+    _refuse_bad_input(config, control_ref, treatment_ref)
     builder = builder if builder is not None else make_builder(config)
     control, treatment = builder.resolve(control_ref), builder.resolve(treatment_ref)
     owned = runner is None
     runner = runner if runner is not None else make_runner(config)
     try:
         device_info = runner.prepare()
-        seed = config.run.seed if config.run.seed is not None else random.SystemRandom().randrange(2**31)
-        repository = get_repository(session, builder.repository_url)
-        commits = get_commits(session, repository, [control, treatment])
-        device, before = seen_device(session, device_info)
-        changed = device_note(session, device, before)  # another fingerprint: never compared silently
-        run = Run(
-            run_type=run_type, status=RunStatus.RUNNING, repository_id=repository.id,
-            control_ref=control_ref, treatment_ref=treatment_ref,
-            control_commit_id=commits[control.sha].id, treatment_commit_id=commits[treatment.sha].id,
-            device_id=device.id, parent_run_id=parent_run_id,
-            seed=seed, config=masked_config(config),
-        )
-        liveness.claim(run)
-        session.add(run)
-        session.commit()
-        progress.message(f"run {run.id} ({run_type.value}): {control_ref} -> {treatment_ref}")
-        stage(progress, Stage(RUN, run_type.value, run_id=run.id))
-        if changed:
-            progress.message(f"  {changed}")
+        run = _start_run(session, config, builder.repository_url, device_info,
+                         {Side.CONTROL: (control_ref, control), Side.TREATMENT: (treatment_ref, treatment)},
+                         run_type, parent_run_id, progress)
         try:
             if on_started is not None:
                 on_started(run)
@@ -143,20 +122,61 @@ def run_compare(
                 return CompareOutcome(run.id, run_type.value, run.status.value, pair.builds, results,
                                       tuple(build_result(row) for row in judged))
         except BaseException as exc:
-            # Whatever stopped the run (Ctrl-C, SIGTERM, a bug), it must not stay 'running'
-            # forever; every invocation that finished is committed already and stays.
-            session.rollback()
-            if isinstance(exc, KeyboardInterrupt):
-                run.status, run.error = RunStatus.INTERRUPTED, f"interrupted ({exc or 'SIGINT'})"
-            else:
-                run.status, run.error = RunStatus.FAILED, f"{type(exc).__name__}: {exc}"
-            run.finished_at = utcnow()
-            session.commit()
-            progress.message(f"run {run.id} {run.status.value}; the invocations it finished are kept")
+            _end_stopped(session, run, exc, progress)
             raise
     finally:
         if owned:
             runner.teardown()
+
+
+def _refuse_bad_input(config: Config, control_ref: str, treatment_ref: str) -> None:
+    """Everything that can fail on bad input, refused before the first row is written."""
+    for ref in (control_ref, treatment_ref):
+        if len(ref) > MAX_REF_LENGTH:
+            raise DriverError(f"ref {ref[:40]!r}... is {len(ref)} characters long; at most {MAX_REF_LENGTH}")
+    if config.run.schedule == "duet":
+        host_cores()  # a host with too few CPUs for a duet is refused before anything is built
+
+
+def _start_run(session: Session, config: Config, repository_url: str, device_info: DeviceInfo,
+               refs: Mapping[Side, tuple], run_type: RunType, parent_run_id: int | None,
+               progress: Progress) -> Run:
+    """Store the run (``refs``: each side's ref as given and as resolved), its commits and its
+    device, claimed by this process and committed, and say so."""
+    (control_ref, control), (treatment_ref, treatment) = refs[Side.CONTROL], refs[Side.TREATMENT]
+    seed = config.run.seed if config.run.seed is not None else random.SystemRandom().randrange(2**31)
+    repository = get_repository(session, repository_url)
+    commits = get_commits(session, repository, [control, treatment])
+    device, before = seen_device(session, device_info)
+    changed = device_note(session, device, before)  # another fingerprint: never compared silently
+    run = Run(
+        run_type=run_type, status=RunStatus.RUNNING, repository_id=repository.id,
+        control_ref=control_ref, treatment_ref=treatment_ref,
+        control_commit_id=commits[control.sha].id, treatment_commit_id=commits[treatment.sha].id,
+        device_id=device.id, parent_run_id=parent_run_id,
+        seed=seed, config=masked_config(config),
+    )
+    liveness.claim(run)
+    session.add(run)
+    session.commit()
+    progress.message(f"run {run.id} ({run_type.value}): {control_ref} -> {treatment_ref}")
+    stage(progress, Stage(RUN, run_type.value, run_id=run.id))
+    if changed:
+        progress.message(f"  {changed}")
+    return run
+
+
+def _end_stopped(session: Session, run: Run, exc: BaseException, progress: Progress) -> None:
+    """Whatever stopped the run (Ctrl-C, SIGTERM, a bug), it must not stay 'running' forever;
+    every invocation that finished is committed already and stays."""
+    session.rollback()
+    if isinstance(exc, KeyboardInterrupt):
+        run.status, run.error = RunStatus.INTERRUPTED, f"interrupted ({exc or 'SIGINT'})"
+    else:
+        run.status, run.error = RunStatus.FAILED, f"{type(exc).__name__}: {exc}"
+    run.finished_at = utcnow()
+    session.commit()
+    progress.message(f"run {run.id} {run.status.value}; the invocations it finished are kept")
 
 
 def measure_pair(session: Session, config: Config, runner: Runner, run: Run, device_info: DeviceInfo,
@@ -186,23 +206,8 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
         measured = []
         stage(progress, Stage(MEASURING, total=len(config.workloads)))
         for done, workload in enumerate(config.workloads, 1):
-            timeout = workload.timeout_s or config.run.timeout_s
-            if Metric.TIME.value in workload.measure:
-                m, verdict = _measure_workload(session, config, run, runner, workload, artifacts, rng, progress,
-                                               cores)
-            else:  # counted only: no timed invocations
-                m, verdict = Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []},
-                                         {CONTROL: [], TREATMENT: []}), None
-            # what each metric measures in processes of its own (the compiles, the counted processes)
-            own = {} if m.failure else metrics.measure_own(
-                metrics.Job(runner, workload, artifacts, config, run.seed, rng, progress, timeout))
-            failures = [f for f in (m.failure, *(x.failure for x in own.values() if x)) if f]
-            if failures:  # a full disk fails a workload's processes too; that is no verdict on the commit
-                infra.check_measuring(workload.name, failures[0], config.cache_dir, config.cache)
-            # the metrics of the timed processes themselves (CPU time, peak memory): no process more
-            beside = [] if m.failure else metrics.measure(metrics.Context(
-                workload, config, m, own.get((Metric.TIME, metrics.COMPILE)), run.seed))
-            measured.append((workload, m, verdict, own, beside))
+            measured.append(_measure_metrics(session, config, run, runner, workload, artifacts, rng, progress, cores))
+            _, m, verdict, own, _ = measured[-1]
             stage(progress, Stage(MEASURED, _said(m, verdict, own, workload), workload=workload.name, done=done,
                                   total=len(config.workloads)))
     # each metric is a family of its own for Benjamini-Hochberg
@@ -220,13 +225,43 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
         assert verdict is not None
         results.append(store_result(session, config, run, workload, m, verdict, device_info, progress, own,
                                     attach, tuple(beside)))
+    _finish(session, run, results)
+    return results
+
+
+def _measure_metrics(session: Session, config: Config, run: Run, runner: Runner, workload: WorkloadSpec,
+                     artifacts: Mapping[Side, Path], rng: random.Random, progress: Progress,
+                     cores: Cores | None) -> tuple:
+    """Measure one workload's every metric on the pair: its timed invocations, what each metric
+    measures in processes of its own, and what the timed processes report beside their time.
+    Returns ``(workload, measurement, time verdict or None, own, beside)``, judged alone yet
+    (:func:`measure_pair` adjusts each metric's family across the workloads)."""
+    timeout = workload.timeout_s or config.run.timeout_s
+    if Metric.TIME.value in workload.measure:
+        m, verdict = _measure_workload(session, config, run, runner, workload, artifacts, rng, progress, cores)
+    else:  # counted only: no timed invocations
+        m, verdict = Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []},
+                                 {CONTROL: [], TREATMENT: []}), None
+    # what each metric measures in processes of its own (the compiles, the counted processes)
+    own = {} if m.failure else metrics.measure_own(
+        metrics.Job(runner, workload, artifacts, config, run.seed, rng, progress, timeout))
+    failures = [f for f in (m.failure, *(x.failure for x in own.values() if x)) if f]
+    if failures:  # a full disk fails a workload's processes too; that is no verdict on the commit
+        infra.check_measuring(workload.name, failures[0], config.cache_dir, config.cache)
+    # the metrics of the timed processes themselves (CPU time, peak memory): no process more
+    beside = [] if m.failure else metrics.measure(metrics.Context(
+        workload, config, m, own.get((Metric.TIME, metrics.COMPILE)), run.seed))
+    return workload, m, verdict, own, beside
+
+
+def _finish(session: Session, run: Run, results: list[WorkloadResult]) -> None:
+    """End ``run``: ``completed``, or ``incomplete`` naming the workloads that could not be judged (committed)."""
     unjudged = [r.workload for r in results if r.failure]
     run.status = RunStatus.INCOMPLETE if unjudged else RunStatus.COMPLETED
     if unjudged:
         run.error = f"not judged (no valid samples): {', '.join(unjudged)}"
     run.finished_at = utcnow()
     session.commit()
-    return results
 
 
 def _said(m: Measurement, verdict: stats.Verdict | None, own: dict, workload: WorkloadSpec) -> str:
@@ -278,36 +313,12 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
     (:mod:`service.compare.schedule` says which workloads stay interleaved); the verdict's
     ``stop_reason`` then says the schedule it ran on.
     """
-    row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
-    earlier = earlier_series(session, row)
-    if earlier is not None and not session.scalar(select(Comparison.id).where(Comparison.workload_id == row.id).limit(1)):
-        progress.message(f"  {workload.name}: its spec changed (workload {earlier.id} -> {row.id}, spec "
-                         f"{earlier.spec_hash[:12]} -> {row.spec_hash[:12]}); a new series starts")
+    row = _series_of(session, run, workload, progress)
     timeout = workload.timeout_s or config.run.timeout_s
     budget = stats.Budget(max_seconds=config.run.max_seconds, max_pairs=config.run.max_repetitions,
                           batch=config.run.step)
-    order, done = iter(range(10**9)), iter(range(1, 10**9))
     planned = [0]  # invocations announced to the progress bar so far
-
-    def store(slot, result) -> None:
-        side = Side(slot.side)
-        invocation = Invocation(
-            run_id=run.id, workload_id=row.id, side=side, position=slot.position, warmup=slot.warmup,
-            status=InvocationStatus(result.status), wall_s=result.wall_s, message=result.message,
-            cpu_s=result.cpu_s, involuntary_switches=result.involuntary_switches,
-            usage_wall_s=None if result.cpu_s is None else result.usage_span_s,
-            max_rss_kb=result.max_rss_kb, server=result.server,
-        )
-        session.add(invocation)
-        session.flush()
-        # raw samples go through the bulk path (COPY on PostgreSQL): they are most of the data
-        write_samples(session, [(invocation.id, run.id, row.id, side.value, next(order), value, slot.warmup)
-                                for value in result.samples])
-        # One short transaction per invocation: a kill loses at most the one running now,
-        # and no transaction stays open while the next process runs.
-        session.commit()
-        progress.invocation(workload.name, next(done), planned[0])
-
+    store = _invocation_writer(session, run, row.id, workload.name, progress, planned)
     paths = {side.value: path for side, path in artifacts.items()}
     started = time.monotonic()
     floor = config.run.repetitions if run.run_type == RunType.VERIFY else None
@@ -346,3 +357,41 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
             return measurement, noted(step.verdict)
         progress.message(f"  {workload.name}: look {look}: {step.verdict.reason}; adding {step.next_pairs} pairs")
         schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
+
+
+def _series_of(session: Session, run: Run, workload: WorkloadSpec, progress: Progress) -> Workload:
+    """The workload's row (its series), saying so when its spec changed and a new series starts."""
+    row = get_workload(session, run.repository_id, workload.name, workload.kind, workload.model_dump(mode="json"))
+    earlier = earlier_series(session, row)
+    if earlier is not None and not session.scalar(select(Comparison.id).where(Comparison.workload_id == row.id).limit(1)):
+        progress.message(f"  {workload.name}: its spec changed (workload {earlier.id} -> {row.id}, spec "
+                         f"{earlier.spec_hash[:12]} -> {row.spec_hash[:12]}); a new series starts")
+    return row
+
+
+def _invocation_writer(session: Session, run: Run, workload_id: int, name: str, progress: Progress,
+                       planned: list[int]) -> Callable:
+    """What the harness calls with each finished invocation: it stores the invocation and its raw
+    samples and commits them, then moves the progress bar (``planned[0]``: invocations announced)."""
+    order, done = iter(range(10**9)), iter(range(1, 10**9))
+
+    def store(slot, result) -> None:
+        side = Side(slot.side)
+        invocation = Invocation(
+            run_id=run.id, workload_id=workload_id, side=side, position=slot.position, warmup=slot.warmup,
+            status=InvocationStatus(result.status), wall_s=result.wall_s, message=result.message,
+            cpu_s=result.cpu_s, involuntary_switches=result.involuntary_switches,
+            usage_wall_s=None if result.cpu_s is None else result.usage_span_s,
+            max_rss_kb=result.max_rss_kb, server=result.server,
+        )
+        session.add(invocation)
+        session.flush()
+        # raw samples go through the bulk path (COPY on PostgreSQL): they are most of the data
+        write_samples(session, [(invocation.id, run.id, workload_id, side.value, next(order), value, slot.warmup)
+                                for value in result.samples])
+        # One short transaction per invocation: a kill loses at most the one running now,
+        # and no transaction stays open while the next process runs.
+        session.commit()
+        progress.invocation(name, next(done), planned[0])
+
+    return store

@@ -42,16 +42,7 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
                 extra.setdefault(key, {}).update(value)
     worker = tvm["workers"][side] if tvm else None
     args, meta, runtime_extra = WORKLOAD_KINDS[workload.kind].record_fields(workload, worker)
-    # runtime_ms_fastest: each process's fastest sample, their median (the scale the verdict judges)
-    fastest: dict = {}
-    for sample in raw:
-        fastest[sample["invocation"]] = min(sample["runtime_ms"], fastest.get(sample["invocation"], float("inf")))
-    metrics = {**extra.get("metrics", {}), "runtime_ms_median": statistics.median(samples),
-               "runtime_ms_fastest": statistics.median(fastest.values()) if fastest else None, "n": len(samples)}
-    if counted and counted.get(f"{side}_counts"):  # the side's counted processes: their median and counter
-        metrics.update(instructions_median=statistics.median(counted[f"{side}_counts"]),
-                       instructions_source=counted["source"])
-    metrics.update(record_fields(side, measured))  # e.g. max_rss_kib_median, compilation_max_rss_kib_median
+    metrics = _side_metrics(side, samples, raw, extra.get("metrics", {}), counted, measured)
     runtime_config = {**extra.get("runtime_config", {}), **device_info.runtime_config}
     engine_config = {**extra.get("engine_config", {}), "builder": build.builder, "build_config_hash": build.config_hash}
     runtime_config.update(runtime_extra)
@@ -94,6 +85,23 @@ def run_record(config: Config, run: Run, build: Build, side: str, workload, samp
         metrics=metrics,
         runtime_raw=raw,
     )
+
+
+def _side_metrics(side: str, samples: list[float], raw: list[dict], given: dict, counted: dict | None,
+                  measured: Sequence[MetricResult]) -> dict:
+    """A side's record metrics (over the metrics the workload printed, ``given``): its samples'
+    median and fastest, its counted instructions, what its timed processes reported."""
+    # runtime_ms_fastest: each process's fastest sample, their median (the scale the verdict judges)
+    fastest: dict = {}
+    for sample in raw:
+        fastest[sample["invocation"]] = min(sample["runtime_ms"], fastest.get(sample["invocation"], float("inf")))
+    metrics = {**given, "runtime_ms_median": statistics.median(samples),
+               "runtime_ms_fastest": statistics.median(fastest.values()) if fastest else None, "n": len(samples)}
+    if counted and counted.get(f"{side}_counts"):  # the side's counted processes: their median and counter
+        metrics.update(instructions_median=statistics.median(counted[f"{side}_counts"]),
+                       instructions_source=counted["source"])
+    metrics.update(record_fields(side, measured))  # e.g. max_rss_kib_median, compilation_max_rss_kib_median
+    return metrics
 
 
 def write_records(session, config: Config, run: Run, workload, m, device_info: DeviceInfo, tvm: TvmDetails | None,

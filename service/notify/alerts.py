@@ -81,6 +81,38 @@ def verify_signature(secret: str, body: bytes, header: str) -> bool:
     return hmac.compare_digest(sign(secret, body), header or "")
 
 
+def headline(regression: Regression, event: str, device: str, steps: int) -> str:
+    """The alert's sentence for ``regression`` reaching ``event``: what changed, where, and the
+    commit that did it (or fixed it) once known."""
+    bad, good = regression.treatment_commit, regression.control_commit
+    kind = RegressionKind(regression.kind).value
+    culprit = regression.culprit_commit  # None until bisection names it
+    sub = regression.culprit_submodule_commit  # bisected on into the culprit's submodule bump
+    into = f" -> {regression.culprit_submodule_path} {sub.sha[:12]} \"{sub.summary}\"" if sub else ""
+    faster = regression.direction is Direction.FASTER  # a confirmed improvement, bisected to its cause
+    if faster and event == "culprit":
+        assert culprit is not None, "a culprit alert is recorded once bisection named it"
+        return (f"abwatch: {regression.workload.name} on {device} is {-regression.change_pct:.2f}% faster "
+                f"({kind}) since {culprit.sha[:12]} \"{culprit.summary}\"{into} by {culprit.author}: the commit "
+                f"that made it faster (improvement #{regression.id}, bisected in {steps} step(s))")
+    if faster:
+        return (f"abwatch: {regression.workload.name} on {device} is {-regression.change_pct:.2f}% faster "
+                f"({kind}) in {good.sha[:12]}..{bad.sha[:12]} (improvement #{regression.id}, {event})")
+    if event == "regress":
+        return (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
+                f"({kind}) in {good.sha[:12]}..{bad.sha[:12]} \"{bad.summary}\" (regression #{regression.id}, "
+                + (f"confirmed; culprit {culprit.sha[:12]} \"{culprit.summary}\"{into})" if culprit
+                   else "confirmed; culprit not named yet)"))
+    if event == "culprit":
+        assert culprit is not None, "a culprit alert is recorded once bisection named it"
+        return (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
+                f"({kind}) since {culprit.sha[:12]} \"{culprit.summary}\"{into} by {culprit.author} "
+                f"(regression #{regression.id}, bisected in {steps} step(s))")
+    return (f"abwatch: {regression.workload.name} on {device} is fixed: regression #{regression.id} "
+            f"({regression.change_pct:+.2f}% at {bad.sha[:12]}) no longer reproduces"
+            + (f"; fixed by {fixing.sha[:12]} \"{fixing.summary}\"" if (fixing := regression.fixed_by_commit) else ""))
+
+
 def payload(regression: Regression, event: str, dashboard_url: str | None = None) -> dict:
     """The JSON document sent for ``regression`` reaching state ``event``."""
     if event not in EVENTS:
@@ -90,34 +122,10 @@ def payload(regression: Regression, event: str, dashboard_url: str | None = None
     url = f"{dashboard_url.rstrip('/')}/regressions/{regression.id}" if dashboard_url else None
     kind = RegressionKind(regression.kind).value
     culprit = regression.culprit_commit  # None until bisection names it
-    sub = regression.culprit_submodule_commit  # bisected on into the culprit's submodule bump
-    into = f" -> {regression.culprit_submodule_path} {sub.sha[:12]} \"{sub.summary}\"" if sub else ""
     session = object_session(regression)
     steps = [] if session is None else [step.to_dict() for step in session.scalars(
         select(BisectionStep).where(BisectionStep.regression_id == regression.id).order_by(BisectionStep.position))]
-    faster = regression.direction is Direction.FASTER  # a confirmed improvement, bisected to its cause
-    if faster and event == "culprit":
-        assert culprit is not None, "a culprit alert is recorded once bisection named it"
-        text = (f"abwatch: {regression.workload.name} on {device} is {-regression.change_pct:.2f}% faster "
-                f"({kind}) since {culprit.sha[:12]} \"{culprit.summary}\"{into} by {culprit.author}: the commit "
-                f"that made it faster (improvement #{regression.id}, bisected in {len(steps)} step(s))")
-    elif faster:
-        text = (f"abwatch: {regression.workload.name} on {device} is {-regression.change_pct:.2f}% faster "
-                f"({kind}) in {good.sha[:12]}..{bad.sha[:12]} (improvement #{regression.id}, {event})")
-    elif event == "regress":
-        text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
-                f"({kind}) in {good.sha[:12]}..{bad.sha[:12]} \"{bad.summary}\" (regression #{regression.id}, "
-                + (f"confirmed; culprit {culprit.sha[:12]} \"{culprit.summary}\"{into})" if culprit
-                   else "confirmed; culprit not named yet)"))
-    elif event == "culprit":
-        assert culprit is not None, "a culprit alert is recorded once bisection named it"
-        text = (f"abwatch: {regression.workload.name} on {device} is {regression.change_pct:+.2f}% slower "
-                f"({kind}) since {culprit.sha[:12]} \"{culprit.summary}\"{into} by {culprit.author} "
-                f"(regression #{regression.id}, bisected in {len(steps)} step(s))")
-    else:
-        text = (f"abwatch: {regression.workload.name} on {device} is fixed: regression #{regression.id} "
-                f"({regression.change_pct:+.2f}% at {bad.sha[:12]}) no longer reproduces"
-                + (f"; fixed by {fixing.sha[:12]} \"{fixing.summary}\"" if (fixing := regression.fixed_by_commit) else ""))
+    text = headline(regression, event, device, len(steps))
     # a verdict taken under heavy contention says how it was judged (service.stats.contention)
     caveat = next((v.get("caveat") for v in (regression.verify_verdict, regression.benchmark_verdict)
                    if v and v.get("caveat")), None)

@@ -190,21 +190,31 @@ def compare(
                        reason="control median is 0 ms; a relative change is undefined", **base)
 
     # the path follows the samples' shape; the order of the tests is the order of preference
-    change = (med_b / med_a - 1.0) * 100.0
-    pooled = ca.shape[1] == 1 and cb.shape[1] == 1  # one sample per unit
-    if np.ptp(a) == 0 and np.ptp(b) == 0:
-        found = estimates.identical(change, med_a, med_b)
-    elif paired and control_groups is not None and treatment_groups is not None and _positive(ca, cb):
+    identical = bool(np.ptp(a) == 0 and np.ptp(b) == 0)
+    if not identical and paired and control_groups is not None and treatment_groups is not None and _positive(ca, cb):
         return _paired_verdict(ca, cb, base, confidence, plan_pairs, equivalence_alpha, min_pairs, higher_is_better)
-    elif pooled and bool((a > 0).all() and (b > 0).all()):
-        found = (estimates.quantile(a, b, confidence, higher_is_better)
-                 if min(len(a), len(b)) >= QUANTILE_MIN_SAMPLES else estimates.small_pooled(a, b, confidence, seed))
-    elif pooled:  # zeros among the samples: no log scale
-        found = estimates.sample_bootstrap(a, b, change, resamples, confidence, seed)
-    else:
-        found = estimates.process_bootstrap(ca, cb, change, resamples, confidence, seed)
+    found = _estimate(a, b, ca, cb, identical, confidence, resamples, seed, higher_is_better)
     judged = _decide(found.change, found.ci, found.p_value, base)
     return _figures(replace(judged, method=found.method), med_a, MEDIAN_ESTIMATOR)
+
+
+def _estimate(a: np.ndarray, b: np.ndarray, ca: np.ndarray, cb: np.ndarray, identical: bool, confidence: float,
+              resamples: int, seed: int, higher_is_better: bool) -> estimates.Estimate:
+    """The change's estimate on the path the samples' shape calls for (the pairs' path aside):
+    none to make between identical samples; on the log scale over single samples a unit, by
+    quantiles or, with few, a small pooled test; a bootstrap of the samples where zeros forbid
+    the log scale; else a bootstrap of the processes."""
+    med_a, med_b = float(np.median(a)), float(np.median(b))
+    change = (med_b / med_a - 1.0) * 100.0
+    pooled = ca.shape[1] == 1 and cb.shape[1] == 1  # one sample per unit
+    if identical:
+        return estimates.identical(change, med_a, med_b)
+    if pooled and bool((a > 0).all() and (b > 0).all()):
+        return (estimates.quantile(a, b, confidence, higher_is_better)
+                if min(len(a), len(b)) >= QUANTILE_MIN_SAMPLES else estimates.small_pooled(a, b, confidence, seed))
+    if pooled:  # zeros among the samples: no log scale
+        return estimates.sample_bootstrap(a, b, change, resamples, confidence, seed)
+    return estimates.process_bootstrap(ca, cb, change, resamples, confidence, seed)
 
 
 def _check_levels(threshold_pct: float, alpha: float, confidence: float, equivalence_alpha: float) -> None:

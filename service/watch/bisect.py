@@ -15,7 +15,7 @@ the middle is tried; a hung commit is never named culprit for hanging.
 Several workloads confirmed by one verify run are bisected together while they agree; when
 a step finds some of them slower and others not, they have different culprits, and each
 part goes on in its own half of the range. One culprit costs at most ceil(log2 N) + 1 builds
-(plus one per broken commit); each further culprit in the range only the builds its own
+(plus one per broken commit, and one more once there is one); each further culprit in the range only the builds its own
 half still needs. Every step is a :class:`~service.store.models.BisectionStep` of each regression
 it judged; the culprit and the group (regressions with the same culprit on one device) are
 stored on each regression.
@@ -458,7 +458,7 @@ def _into_submodule(session: Session, config: Config, mirror: RepoMirror, tester
         except (RepoError, git.GitCommandError) as exc:
             progress.message(f"  {bump.path} of {sha[:12]}: not bisected ({exc})")
             continue
-        if not moved or moved[-1] != bump.new:  # moved back, or to a side line: no range to search
+        if not bisect_search.into_bump(bump.new, moved):  # moved back, or to a side line: no range to search
             progress.message(f"  {bump.path} of {sha[:12]}: {bump.new[:12]} is not after {bump.old[:12]} "
                              "on its first-parent line; not bisected")
             continue

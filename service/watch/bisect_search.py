@@ -8,12 +8,13 @@ pushed last taken first. :func:`next_step` takes parts off the stack until one h
 left to test, naming the culprits of those that have none; the caller tests that commit
 (:func:`service.watch.bisect.find_culprit` builds and compares it) and hands the sides it found
 to :func:`judged`, which splits the part by them. One culprit costs at most
-:func:`max_builds` builds, plus one per commit that could not be judged.
+:func:`max_builds` builds, plus one per commit that could not be judged and, once one could
+not, one more (the search goes on beside the middle: ``tests/test_decisions.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 # What a tested commit is for a workload (the values of service.store.models.StepSide): like the
@@ -141,6 +142,13 @@ class BumpRange:
         old pin at the bump (the bump's own files changed what was measured)."""
         sha = self.commits[index]
         return None if not self.pure and index == 0 else sha
+
+
+def into_bump(new: str, moved: Sequence[str]) -> bool:
+    """Whether a bisection goes on into a submodule bump to ``new`` whose submodule's first-parent
+    commits after the old pin are ``moved``: only when they lead to the new pin (a pin moved back,
+    or to a side line, leaves no range to search)."""
+    return bool(moved) and moved[-1] == new
 
 
 def bump_range(path: str, old: str, moved: Iterable[str], pure: bool) -> BumpRange:

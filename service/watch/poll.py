@@ -280,32 +280,9 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
     result: dict = {"sha": sha, "confirmed": [], "fixed": []}
     if watched.status == QUEUED:
         try:
-            control = pick_control(session, config, mirror, row, info)
-            watched.control_sha, watched.tested_at = control, utcnow()
-            if control is None:  # the first commit of a watch: built so later ones can be compared with it
-                watched.status = _baseline(session, config, sha, progress)
-                if watched.status == BASELINE:
-                    row.last_tested_sha = sha
-                session.commit()
+            if not _compare_queued(session, config, mirror, row, watched, (sha, info), progress, result):
                 _commit_status(session, config, job.device, sha, watched, result)
                 return {**result, "status": watched.status}
-            outcome = driver.run_compare(session, config, control, sha, progress=progress,
-                                         attach=control_rule(config).attach(mirror))
-            # the run, the commit's status and the fixes are committed together: a retry trusts them
-            watched.run_id = outcome.run_id
-            if outcome.status == RunStatus.BUILD_FAILED.value:
-                # recorded, never a regression; the next commit is compared with the last good one
-                watched.status = BUILD_FAILED
-            else:
-                hung = [r.workload for r in outcome.results if r.failure]
-                watched.status = FAILED if hung else OK
-                result["hung"] = hung
-                if not hung:
-                    row.last_tested_sha = sha
-                result["fixed"] = _fixes(session, config, outcome)
-                _open_improvements(session, config, outcome, fixed=result["fixed"])
-                alerts.enqueue(session, result["fixed"], "fixed", config.alerts)  # sent after the job
-            session.commit()
         except Exception as exc:
             # an error, not a verdict (the job is marked failed with it): the commit is not
             # left `queued`, and the next one is compared with the last good commit; but a full
@@ -326,6 +303,48 @@ def test_commit(session: Session, config: Config, job: Job, progress: driver.Pro
         _name_fixes(session, config, mirror, session.get_one(Run, watched.run_id), result["fixed"], progress)
     _commit_status(session, config, job.device, sha, watched, result)
     return result
+
+
+def _compare_queued(session: Session, config: Config, mirror: RepoMirror, row: WatchProgress,
+                    watched: WatchedCommit, commit: tuple[str, CommitInfo], progress: driver.Progress,
+                    result: dict) -> bool:
+    """Compare a queued commit with its control and store its status (committed), with the fixes
+    its run makes into ``result``; the first commit of a watch has no control: it is built as the
+    baseline later ones are compared with. ``commit``: the job's sha and what it resolved to.
+    Returns False for a baseline (nothing was compared)."""
+    sha, info = commit
+    control = pick_control(session, config, mirror, row, info)
+    watched.control_sha, watched.tested_at = control, utcnow()
+    if control is None:  # the first commit of a watch: built so later ones can be compared with it
+        watched.status = _baseline(session, config, sha, progress)
+        if watched.status == BASELINE:
+            row.last_tested_sha = sha
+        session.commit()
+        return False
+    compared = driver.run_compare(session, config, control, sha, progress=progress,
+                                  attach=control_rule(config).attach(mirror))
+    # the run, the commit's status and the fixes are committed together: a retry trusts them
+    watched.run_id = compared.run_id
+    watched.status, hung = status_of(compared)
+    if watched.status != BUILD_FAILED:
+        result["hung"] = hung
+        if not hung:
+            row.last_tested_sha = sha
+        result["fixed"] = _fixes(session, config, compared)
+        _open_improvements(session, config, compared, fixed=result["fixed"])
+        alerts.enqueue(session, result["fixed"], "fixed", config.alerts)  # sent after the job
+    session.commit()
+    return True
+
+
+def status_of(compared: outcome.CompareOutcome) -> tuple[CommitStatus, list[str]]:
+    """A compared commit's status, and the workloads that hung or crashed: ``build_failed`` is
+    recorded, never a regression (the next commit is compared with the last good one); ``failed``
+    when a workload could not be judged; else ``ok``."""
+    if compared.status == RunStatus.BUILD_FAILED.value:
+        return BUILD_FAILED, []
+    hung = [r.workload for r in compared.results if r.failure]
+    return (FAILED if hung else OK), hung
 
 
 def _commit_status(session: Session, config: Config, device: str, sha: str, watched: WatchedCommit,

@@ -210,6 +210,35 @@ SessionDep = Annotated[Session, Depends(_session, scope="function")]
 
 def _read_routes(app: FastAPI) -> None:
     """The open, read-only routes: runs, regressions, series, records, the watch."""
+    _run_routes(app)
+    _regression_routes(app)
+
+    @app.get("/api/workloads", tags=["series"])
+    def workload_list(session: SessionDep) -> list[dict[str, Any]]:
+        """Every workload and the devices it has a series on."""
+        return queries.workloads(session)
+
+    @app.get("/api/workloads/{workload}/series", tags=["series"], responses=ERRORS)
+    def workload_series(workload: Name, session: SessionDep, device: OptName = None) -> dict[str, Any]:
+        """A workload's per-commit medians on each device, its change points and regressions."""
+        return queries.series(session, workload, device)
+
+    @app.get("/api/records", tags=["records"])
+    def records(session: SessionDep, run: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
+                workload: OptName = None, limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+                offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> list[dict[str, Any]]:
+        """Stored records in TVM's benchmark record schema v0.1."""
+        query = select(Record).order_by(Record.id).limit(limit).offset(offset)
+        if run is not None:
+            query = query.where(Record.run_id == run)
+        if workload is not None:
+            query = query.where(Record.workload == workload)
+        return [to_dict(row) for row in session.scalars(query)]
+
+
+def _run_routes(app: FastAPI) -> None:
+    """The open, read-only routes of runs and builds (a build's sizes before one build: the path
+    ``/api/builds/series`` is matched before ``/api/builds/{build_id}``)."""
 
     @app.get("/api/runs", tags=["runs"])
     def runs(session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -235,6 +264,10 @@ def _read_routes(app: FastAPI) -> None:
         compiler-cache hits (local and remote) and misses, the end of its log, the runs that used it."""
         return queries.build_detail(session, build_id)
 
+
+def _regression_routes(app: FastAPI) -> None:
+    """The open, read-only routes of regressions: the list with its filters, and one regression."""
+
     @app.get("/api/regressions", tags=["regressions"])
     def regressions(session: SessionDep, state: State | None = None, workload: OptName = None,
                     device: OptName = None, since: datetime | None = None,
@@ -256,28 +289,6 @@ def _read_routes(app: FastAPI) -> None:
     def regression(regression_id: Id, session: SessionDep) -> dict[str, Any]:
         """One regression: state timeline, triage decisions, verdicts, culprit, alerts sent."""
         return queries.regression_detail(session, regression_id)
-
-    @app.get("/api/workloads", tags=["series"])
-    def workload_list(session: SessionDep) -> list[dict[str, Any]]:
-        """Every workload and the devices it has a series on."""
-        return queries.workloads(session)
-
-    @app.get("/api/workloads/{workload}/series", tags=["series"], responses=ERRORS)
-    def workload_series(workload: Name, session: SessionDep, device: OptName = None) -> dict[str, Any]:
-        """A workload's per-commit medians on each device, its change points and regressions."""
-        return queries.series(session, workload, device)
-
-    @app.get("/api/records", tags=["records"])
-    def records(session: SessionDep, run: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
-                workload: OptName = None, limit: Annotated[int, Query(ge=1, le=5000)] = 500,
-                offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> list[dict[str, Any]]:
-        """Stored records in TVM's benchmark record schema v0.1."""
-        query = select(Record).order_by(Record.id).limit(limit).offset(offset)
-        if run is not None:
-            query = query.where(Record.run_id == run)
-        if workload is not None:
-            query = query.where(Record.workload == workload)
-        return [to_dict(row) for row in session.scalars(query)]
 
 
 def _watch_routes(app: FastAPI) -> None:
