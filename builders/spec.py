@@ -18,9 +18,9 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import Field, PlainValidator, SerializeAsAny, field_validator, model_validator
 
-from abwatch.core.config_base import ENV_NAME, StrictModel, spec_hash
+from abwatch.core.config_base import ENV_NAME, StrictModel, kind_validator, spec_hash
 from abwatch.core.errors import UsageError
-from abwatch.core.plugins import Registry, kind_validator
+from abwatch.core.plugins import Registry
 
 
 # The file a TVM build writes into its artifact: which Python runs the worker, and its environment.

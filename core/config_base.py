@@ -16,6 +16,9 @@ from typing import Any
 from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
+from pydantic_core import PydanticCustomError
+
+from abwatch.core.plugins import Registry
 
 
 def spec_hash(payload: Mapping[str, Any]) -> str:
@@ -50,7 +53,7 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
     """The models an annotation names: itself, a union's members, a list's or dict's items,
-    and those a validator by kind may pick (:func:`abwatch.core.plugins.kind_validator`)."""
+    and those a validator by kind may pick (:func:`abwatch.core.config_base.kind_validator`)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     if callable(models := getattr(getattr(annotation, "func", None), "models", None)):
@@ -72,3 +75,47 @@ def unknown_key_hint(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
     known = sorted({name for model in models for name in model.model_fields})
     close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6) if loc else []
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_name(registry: Registry[Any], name: object) -> str:
+    """``name`` if ``registry`` has it, else a pydantic error (``unknown kind; expected one of
+    ...``) that keeps the place of the value it checks."""
+    if not isinstance(name, str) or name not in registry:
+        raise PydanticCustomError("unknown_kind", "unknown kind; expected one of {expected}{hint}",
+                                  {"expected": registry.expected(), "hint": registry.hint(name)})
+    return name
+
+
+class KindValidator:
+    """Validates a config section (a table with a ``kind``, ``default`` where it has none) by
+    the config model of the entry its kind names in ``registry``, read when it is validated,
+    so a plug-in registered later counts (see :func:`kind_validator`)."""
+
+    def __init__(self, registry: Registry[Any], default: str, section: str) -> None:
+        self.registry, self.default, self.section = registry, default, section
+
+    def models(self) -> list[type[BaseModel]]:
+        """The models a section may be validated by (an unknown key's hint looks in them)."""
+        return list(dict.fromkeys(self.registry.config_of(name) for name in self.registry))
+
+    def __call__(self, value: Any) -> BaseModel:
+        if isinstance(value, BaseModel):
+            kind = getattr(value, "kind", self.default)
+        elif isinstance(value, dict):
+            kind = value.get("kind", self.default)
+        else:
+            raise PydanticCustomError("dict_type", "input should be a table of the {section}'s keys",
+                                      {"section": self.section})
+        model = self.registry.config_of(_check_name(self.registry, kind))
+        if isinstance(value, model):
+            return value
+        return model.model_validate(value.model_dump() if isinstance(value, BaseModel) else value)
+
+
+def kind_validator(registry: Registry[Any], default: str, section: str = "section") -> KindValidator:
+    """The validator (for ``PlainValidator``) of a config section by the config model of the
+    entry its ``kind`` names in ``registry`` (``default`` where it names none). An instance of
+    that model is taken as it is; one of another model is validated again by its kind's. An
+    unknown kind is an error at the section's key (``build: unknown kind; expected one of
+    ...``); the model's errors keep their place (``build.command: field required``)."""
+    return KindValidator(registry, default, section)

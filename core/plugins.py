@@ -4,7 +4,7 @@ workload kinds, device APIs, control rules), and the config validation that read
 A registry maps a name (what the config writes: ``kind = "tvm-source"``) to its entry (a
 class, an object, a config model). Asking for a name it lacks raises :class:`UnknownName`,
 whose message lists the known names and the nearest one. An entry may bring its own config
-model (``config=`` says how to find it): :func:`kind_validator` then validates a config section by
+model (``config=`` says how to find it): :func:`abwatch.core.config_base.kind_validator` then validates a config section by
 the model of the ``kind`` it names, so the config keeps no second list of names.
 
 Where a plug-in's implementation cannot be imported by what validates its name (a builder
@@ -19,10 +19,10 @@ import difflib
 import enum
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
-from pydantic import BaseModel
-from pydantic_core import PydanticCustomError
+if TYPE_CHECKING:  # the registry itself needs no pydantic: `abwatch --version` loads it
+    from pydantic import BaseModel
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -154,51 +154,8 @@ class Registry(Generic[T]):
         """``unknown <what> 'x'; expected one of ...`` with the hint."""
         return f"unknown {what or self.what} {name!r}; expected one of {self.expected()}{self.hint(name)}"
 
-    def check_name(self, name: object) -> str:
-        """``name`` if registered, else a pydantic error (``unknown kind; expected one of ...``)
-        that keeps the place of the value it checks."""
-        if not isinstance(name, str) or name not in self._entries:
-            raise PydanticCustomError("unknown_kind", "unknown kind; expected one of {expected}{hint}",
-                                      {"expected": self.expected(), "hint": self.hint(name)})
-        return name
-
 
 def _written(name: object) -> str:
     """``name`` quoted as the config writes it: a registry keyed by a ``str`` enum's members (the
     metrics, by ``Metric``) shows ``'time'``, not the member's repr."""
     return repr(name.value if isinstance(name, enum.Enum) else name)
-
-
-class KindValidator:
-    """Validates a config section (a table with a ``kind``, ``default`` where it has none) by
-    the config model of the entry its kind names in ``registry``, read when it is validated,
-    so a plug-in registered later counts (see :func:`kind_validator`)."""
-
-    def __init__(self, registry: Registry[Any], default: str, section: str) -> None:
-        self.registry, self.default, self.section = registry, default, section
-
-    def models(self) -> list[type[BaseModel]]:
-        """The models a section may be validated by (an unknown key's hint looks in them)."""
-        return list(dict.fromkeys(self.registry.config_of(name) for name in self.registry))
-
-    def __call__(self, value: Any) -> BaseModel:
-        if isinstance(value, BaseModel):
-            kind = getattr(value, "kind", self.default)
-        elif isinstance(value, dict):
-            kind = value.get("kind", self.default)
-        else:
-            raise PydanticCustomError("dict_type", "input should be a table of the {section}'s keys",
-                                      {"section": self.section})
-        model = self.registry.config_of(self.registry.check_name(kind))
-        if isinstance(value, model):
-            return value
-        return model.model_validate(value.model_dump() if isinstance(value, BaseModel) else value)
-
-
-def kind_validator(registry: Registry[Any], default: str, section: str = "section") -> KindValidator:
-    """The validator (for ``PlainValidator``) of a config section by the config model of the
-    entry its ``kind`` names in ``registry`` (``default`` where it names none). An instance of
-    that model is taken as it is; one of another model is validated again by its kind's. An
-    unknown kind is an error at the section's key (``build: unknown kind; expected one of
-    ...``); the model's errors keep their place (``build.command: field required``)."""
-    return KindValidator(registry, default, section)

@@ -6,7 +6,8 @@ from typing import Annotated
 from pydantic import PlainValidator, SerializeAsAny
 
 from abwatch.builders.spec import RunnerConfig, RunnerSettings
-from abwatch.core.plugins import Registry, kind_validator
+from abwatch.core.config_base import kind_validator
+from abwatch.core.plugins import Registry
 from abwatch.runners.runner import Runner, RunnerUnavailable
 from abwatch.runners.cpu import CpuRunner
 from abwatch.runners.gpu import GpuRunner

@@ -15,7 +15,8 @@ from typing import Annotated
 from pydantic import PlainValidator, SerializeAsAny
 
 from abwatch.builders.workload_spec import WorkloadSpec
-from abwatch.core.plugins import Registry, kind_validator
+from abwatch.core.config_base import kind_validator
+from abwatch.core.plugins import Registry
 from abwatch.runners.command_workload import CommandKind
 from abwatch.runners.tvm_workload import TvmKind
 from abwatch.runners.workload_kind import WorkloadKind

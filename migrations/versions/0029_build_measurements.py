@@ -2,7 +2,7 @@
 the builds (``binary_size``: the size of the build's libraries, each build's own figures kept in
 ``builds.metrics["binary_size"]``), judged once per run between its control's and treatment's
 build. Not a ``measurements`` row (those are of a comparison: one workload) and not a regression
-(those are of one workload too; docs/architecture.md, "Metrics of the build").
+(those are of one workload too; docs/internals.md, "Metrics of the build").
 
 From this revision on, ``comparisons.details`` no longer repeats the compile-time and instruction
 verdicts that the comparison's ``measurements`` rows hold: it keeps what those rows do not (the

@@ -1,6 +1,6 @@
 """The job queue: a ``jobs`` table in the same database, claimed with ``FOR UPDATE SKIP LOCKED``.
 
-Why not procrastinate or pgqueuer (see docs/architecture.md): both need psycopg 3 or asyncpg
+Why not procrastinate or pgqueuer (see docs/internals.md): both need psycopg 3 or asyncpg
 next to the psycopg2 abwatch ships, and neither runs on SQLite, where ``abwatch watch`` must
 run the very same jobs in-process. A table with a unique ``dedupe_key`` and PostgreSQL's
 row and advisory locks give what the watch needs and nothing more:
