@@ -468,7 +468,8 @@ def _into_submodule(session: Session, config: Config, mirror: RepoMirror, tester
         progress.message(f"bisecting into {bump.path} of {sha[:12]}: {len(moved)} commit(s) {bump.old[:12]}.."
                          f"{bump.new[:12]}, TVM at {sha[:12]} "
                          f"({'a pure bump' if bump.pure else 'the bump changes TVM files too: the old pin first'}); "
-                         f"at most {bisect_search.max_builds(n)} builds, one more per commit that does not build")
+                         f"at most {bisect_search.max_builds(n)} builds, one more per commit that does not build "
+                         "and one more once one does not")
         sub_repository = get_repository(session, bump.url)
         search, builds = bisect_search.start(names, n), 0
         limit = config.watch.max_builds_per_range
