@@ -24,7 +24,8 @@ from abwatch.builders.spec import ARTIFACT_INFO
 from abwatch.service.config import CommandWorkloadConfig, Config, RepoConfig, TvmSourceBuildConfig
 from abwatch.service.cli.main import main
 from abwatch.service.store import db
-from abwatch.service.store.models import AlertDelivery, BisectionStep, Build, BuildStatus
+from abwatch.service.stats.verdict import Direction, RegressionState
+from abwatch.service.store.models import AlertDelivery, BisectionStep, Build, BuildStatus, Regression
 from abwatch.service.watch import bisect, bisect_search
 from conftest import live_server
 from test_sql import sql_blocks
@@ -58,15 +59,16 @@ def _commit(repo: git.Repo, message: str, *paths: str) -> str:
     return repo.head.commit.hexsha
 
 
-def _ffi_history(root: Path) -> tuple[git.Repo, list[str]]:
+def _ffi_history(root: Path, after: int = 110) -> tuple[git.Repo, list[str]]:
     """tvm-ffi: its first commit, then 8 more; the 4th does not compile, the 5th (which fixes it)
-    does 10 % more work per call."""
+    does 10 % more work per call (``after`` = 110; 90: 10 % less)."""
     ffi = git.Repo.init(root / "mirrors" / "tvm-ffi", initial_branch="main")
     header = Path(ffi.working_dir) / "include" / "ffi_work.h"
     header.parent.mkdir()
+    change = f"Do {abs(after - 100)}% {'more' if after > 100 else 'less'} work per call"
     plan = [("first", 100, ""), ("Tidy 1", 100, ""), ("Tidy 2", 100, ""), ("Tidy 3", 100, ""),
-            ("Break the header", 100, "this is not C;\n"), ("Do 10% more work per call", 110, ""),
-            ("Tidy 6", 110, ""), ("Tidy 7", 110, ""), ("Tidy 8", 110, "")]
+            ("Break the header", 100, "this is not C;\n"), (change, after, ""),
+            ("Tidy 6", after, ""), ("Tidy 7", after, ""), ("Tidy 8", after, "")]
     shas = []
     for note, work, broken in plan:
         header.write_text(HEADER.format(note=note, work=work, broken=broken))
@@ -236,6 +238,35 @@ def test_watch_names_the_bump_and_the_submodule_commit(tmp_path, fresh_pg_url, c
         assert api["culprit"]["submodule"]["sha"] == ffi[5]
         page = requests.get(f"{base}/regressions/{found['id']}", timeout=30).text
         assert f'<code id="culprit-submodule">{ffi[5][:12]}</code>' in page and "Do 10% more work per call" in page
+
+
+@pytest.mark.slow
+def test_an_improvement_inside_a_bump_is_bisected_to_its_submodule_commit(tmp_path, sqlite_url, capsys):
+    # [watch] bisect = [..., "improvement"]: a confirmed speed-up from a bump is bisected on into
+    # the submodule like a slowdown, and named as its cause; nothing calls it a regression
+    root = tmp_path / "src"
+    _, ffi = _ffi_history(root, after=90)
+    repo = _project(root, ffi[0])
+    config = _config(tmp_path, root, repo, watch='bisect = ["regression", "improvement"]')
+    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0  # the baseline
+    bump = _bump(repo, ffi[8], also_tvm=False)
+    assert main(["watch", "--config", config, "--once", "--db", sqlite_url]) == 0  # an improvement: no failure
+    assert _regressions(sqlite_url, capsys) == []
+    engine = db.make_engine(sqlite_url)
+    with Session(engine) as session:
+        [found] = session.scalars(select(Regression)).all()
+        assert found.direction is Direction.FASTER and found.state == RegressionState.REGRESS
+        assert found.culprit_commit.sha == bump
+        assert (found.culprit_submodule_path, found.culprit_submodule_commit.sha) == (FFI, ffi[5])
+        assert found.culprit_submodule_commit.summary == "Do 10% less work per call"
+        pinned = session.scalars(select(Build).where(Build.submodule_pin.is_not(None))).all()
+        assert len(pinned) <= 4  # ceil(log2 8) + 1, the broken commit among them
+        [alert] = session.scalars(select(AlertDelivery).where(AlertDelivery.event == "culprit")).all()
+        assert "faster" in alert.payload["text"] and ffi[5][:12] in alert.payload["text"]
+    engine.dispose()
+    capsys.readouterr()
+    assert main(["regressions", "--improvements", "--db", sqlite_url]) == 0
+    assert f"{FFI} {ffi[5][:12]}" in capsys.readouterr().out
 
 
 @pytest.mark.slow
