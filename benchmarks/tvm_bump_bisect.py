@@ -2,7 +2,7 @@
 
     python -m benchmarks.tvm_bump_bisect --tvm /srv/mirrors/apache/tvm --ffi /srv/mirrors/apache/tvm-ffi \\
         --bump 5b2693d96e --inject 5 --work /srv/tvm-bump.git --ffi-work /srv/mirrors-bump/apache/tvm-ffi \\
-        --config bump.toml --db postgresql://127.0.0.1/abwatch_bump
+        --config benchmarks/tvm_bump/bump.toml --db postgresql+psycopg2://127.0.0.1/abwatch_bump
 
 A pure bump of apache/tvm (a commit that moves ``3rdparty/tvm-ffi`` and nothing else) is
 replayed with a slowdown made in one tvm-ffi commit of its range:
