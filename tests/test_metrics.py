@@ -70,7 +70,7 @@ def _history(path: Path, steps: list[tuple[str, int, int]]) -> dict[str, str]:
     return {t.name: t.commit.hexsha for t in repo.tags}
 
 
-def _config(tmp_path: Path, repo: Path, measure: list[str], extra: str = "") -> str:
+def _config(tmp_path: Path, repo: Path, measure: list[str], extra: str = "", max_repetitions: int = 12) -> str:
     path = tmp_path / "metrics.toml"
     path.write_text(f"""
 cache_dir = {json.dumps(str(tmp_path / 'cache'))}
@@ -85,7 +85,7 @@ command = ["./mem"]
 measure = {json.dumps(measure)}
 [run]
 repetitions = 10
-max_repetitions = 12
+max_repetitions = {max_repetitions}
 timeout_s = 30
 noise_aware = false
 [stats]
@@ -164,7 +164,9 @@ def test_allocating_ten_percent_more_is_a_max_rss_regression_not_a_run_time_one(
 @pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
 def test_cpu_time_counts_the_whole_process_where_wall_time_counts_the_timed_region(tmp_path, sqlite_url, capsys):
     tags = _history(tmp_path / "repo", [("base", 1, 20_000_000), ("busier", 1, 30_000_000)])
-    config = _config(tmp_path, tmp_path / "repo", ["time", "cpu_time"])
+    # up to 40 pairs: a process's CPU time varies by several percent on some hosts, where 12
+    # pairs left +14 % undecided
+    config = _config(tmp_path, tmp_path / "repo", ["time", "cpu_time"], max_repetitions=40)
     code, out = _compare(config, sqlite_url, tags["base"], tags["busier"], capsys)
     (result,) = out["results"]
     cpu = _metric(result, "cpu_time")
