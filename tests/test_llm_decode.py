@@ -110,13 +110,15 @@ def test_one_more_layer_is_a_decode_latency_and_a_tokens_per_s_regression(capsys
     so decode latency rises and tokens/s drops, both judged regressions (the drop is the
     regression of a metric that is better higher)."""
     workload = LLM + "treatment_options = {options = {layers = 3}}\n"
-    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, workload, run=RUN), sqlite_url, NEW, NEW)
+    # up to 24 pairs: on a loaded host 8 left the decode latency's interval wide (-3..+83 %)
+    run = "repetitions = 8\nmax_repetitions = 24\nwarmup = 0"
+    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, workload, run=run), sqlite_url, NEW, NEW)
     assert payload is not None, err
     (result,) = payload["results"]
     found = _metrics(result)
     latency, rate = found["decode_latency"], found["tokens_per_s"]
-    assert latency["verdict"] == "regression" and latency["change_pct"] > 10, latency
-    assert rate["verdict"] == "regression" and rate["change_pct"] < -10, rate
+    assert latency["verdict"] == "regression" and latency["change_pct"] > 10, latency["reason"]
+    assert rate["verdict"] == "regression" and rate["change_pct"] < -10, rate["reason"]
     assert "lower by" in rate["reason"] and "slower by" in latency["reason"]
     assert rate["treatment"] < rate["control"] and latency["treatment"] > latency["control"]
     assert code == 1 and result["regression_id"] is not None  # opened (by the first metric that regressed)
