@@ -1,23 +1,22 @@
 """The builders by kind (:data:`BUILDERS`), as the config's ``[build] kind`` names them.
 
 A kind's name and config model are registered in :data:`abwatch.builders.spec.BUILD_KINDS`
-(what the config validates by, without loading the builders); its builder here, under the
-same name (a name BUILD_KINDS lacks is refused).
+(what the config validates by, without loading the builders); the model names its builder
+class (``builder``, "module:Class"), loaded here under the same name: a new builder is its
+module and its model's line in BUILD_KINDS.
 """
 
 from __future__ import annotations
 
+import pkgutil
+
 from abwatch.builders.artifact_store import ArtifactStore
 from abwatch.builders.builder import Builder
-from abwatch.builders.command import CommandBuilder
 from abwatch.builders.spec import BUILD_KINDS, BuildSettings
 from abwatch.core.plugins import Registry
-from abwatch.builders.tvm_source import TvmSourceBuilder
-from abwatch.builders.tvm_wheel import TvmWheelBuilder
 
 BUILDERS: Registry[type[Builder]] = Registry(
-    "builder", ((builder.kind, builder) for builder in (CommandBuilder, TvmWheelBuilder, TvmSourceBuilder)),
-    of=BUILD_KINDS)
+    "builder", ((name, pkgutil.resolve_name(model.builder)) for name, model in BUILD_KINDS.items()), of=BUILD_KINDS)
 
 
 def make_builder(config: BuildSettings) -> Builder:

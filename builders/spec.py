@@ -51,10 +51,13 @@ class CacheConfig(StrictModel):
 class BuildSpec(StrictModel):
     """Base of the build sections: one cache-key hash, over what each kind says matters, and
     what the rest of abwatch asks of a build without asking which kind it is. Each kind's
-    model narrows ``kind`` to its own name (``Literal["command"]``) and is registered in
-    :data:`BUILD_KINDS`."""
+    model narrows ``kind`` to its own name (``Literal["command"]``), names its builder class
+    (``builder``, imported only when a build is made) and is registered in :data:`BUILD_KINDS`."""
 
     kind: str
+    # the builder of this kind, as "module:Class" (pkgutil.resolve_name): builders/registry.py
+    # loads it, so the config parser never imports GitPython or the build tools
+    builder: ClassVar[str]
     # whether a build of this kind checks out the commit (the config then needs [repo])
     needs_repo: ClassVar[bool] = True
     # whether its artifacts hold TVM (the records then describe a TVM build)
@@ -93,6 +96,7 @@ class CommandBuildConfig(BuildSpec):
     """Build by running a command in a clean checkout of the commit."""
 
     kind: Literal["command"] = "command"
+    builder: ClassVar[str] = "abwatch.builders.command:CommandBuilder"
     command: list[str] = Field(min_length=1)
     artifacts: str = "."
     timeout_s: float = Field(default=1800.0, gt=0)
@@ -134,6 +138,7 @@ class TvmWheelBuildConfig(BuildSpec):
     """Install a released apache-tvm wheel (refs are versions, e.g. ``0.27.0.post1``) into a venv."""
 
     kind: Literal["tvm-wheel"] = "tvm-wheel"
+    builder: ClassVar[str] = "abwatch.builders.tvm_wheel:TvmWheelBuilder"
     needs_repo: ClassVar[bool] = False  # a released version, no checkout
     builds_tvm: ClassVar[bool] = True
     packages: list[str] = Field(default_factory=list, description="more pip requirements, e.g. onnx")
@@ -193,6 +198,7 @@ class TvmSourceBuildConfig(BuildSpec):
     """
 
     kind: Literal["tvm-source"] = "tvm-source"
+    builder: ClassVar[str] = "abwatch.builders.tvm_source:TvmSourceBuilder"
     builds_tvm: ClassVar[bool] = True
     cmake: dict[str, str] = Field(default_factory=lambda: {"USE_LLVM": "ON"})
     runtime_only: bool = False
@@ -337,9 +343,8 @@ def _kind_name(model: type[BuildSpec]) -> str:
     return model.model_fields["kind"].default
 
 
-# The kinds of build by name (``[build] kind``), each with its config model. The builders are
-# registered by the same names in builders/registry.py's BUILDERS (which needs GitPython and
-# the build tools, and the config parser must not load them).
+# The kinds of build by name (``[build] kind``), each with its config model: the one list of
+# them. builders/registry.py's BUILDERS loads each model's ``builder`` under the same name.
 BUILD_KINDS: Registry[type[BuildSpec]] = Registry(
     "build kind", ((_kind_name(model), model) for model in (CommandBuildConfig, TvmWheelBuildConfig, TvmSourceBuildConfig)),
     config=lambda model: model)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -152,6 +153,18 @@ def test_a_toy_builder(plug, tmp_path):
         "(did you mean 'toy'?)")
     with pytest.raises(ValueError, match="unknown build kind 'oven'"):  # a builder's name is a build kind's
         BUILDERS.register("oven", ToyBuilder)  # type: ignore[arg-type]
+
+
+def test_each_build_kind_names_a_builder_of_its_own_kind():
+    """BUILDERS is loaded from the models' ``builder`` paths: each names a class that says the
+    same kind, and loading the config's models imports no builder."""
+    for name, model in BUILD_KINDS.items():
+        assert BUILDERS[name].kind == name and model.builder.startswith("abwatch.builders."), name
+    probe = ("import sys\nfrom abwatch.service.config import load_config\n"
+             "print(sorted(m for m in sys.modules if m in ('git', 'abwatch.builders.registry', "
+             "'abwatch.builders.command')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 class ToyRunner(CpuRunner):
