@@ -27,7 +27,7 @@ from abwatch.core.commit_info import CommitInfo, storable
 from abwatch.core.config_base import spec_hash
 from abwatch.service.compare import building, driver, lifecycle, outcome, verify
 from abwatch.service.notify import alerts, github
-from abwatch.service.watch import bisect, queue, retry, upkeep
+from abwatch.service.watch import bisect, fix_search, queue, retry, upkeep
 from abwatch.service.config import Config, RunnerConfig
 from abwatch.service.watch.controls import control_rule
 from abwatch.service.watch.device_config import device_names, for_device
@@ -400,14 +400,14 @@ def _escalate(session: Session, config: Config, mirror: RepoMirror, run_id: int,
 
 def _name_fixes(session: Session, config: Config, mirror: RepoMirror, run: Run, fixed: list[int],
                 progress: driver.Progress) -> None:
-    """Name the commit that fixed each regression of ``fixed`` (:func:`bisect.find_fix`), found
+    """Name the commit that fixed each regression of ``fixed`` (:func:`fix_search.find_fix`), found
     fixed by ``run``: from the newest commit known to show it to the run's commit."""
     fixing = run.treatment_commit.sha
     for regression_id in fixed:
         regression = session.get_one(Regression, regression_id)
-        start = bisect.fix_from(session, mirror, regression, fixing, run.control_commit.sha)
+        start = fix_search.fix_from(session, mirror, regression, fixing, run.control_commit.sha)
         if start is not None:
-            bisect.find_fix(session, config, mirror, regression, fixing, run.id, progress, start=start)
+            fix_search.find_fix(session, config, mirror, regression, fixing, run.id, progress, start=start)
 
 
 def _baseline(session: Session, config: Config, sha: str, progress: driver.Progress) -> CommitStatus:
