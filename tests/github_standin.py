@@ -1,5 +1,6 @@
 """A local stand-in for the parts of GitHub's REST API abwatch uses with pull requests
-(collaborator permission, pull requests, compare, issue comments, check runs, labels), and
+(collaborator permission, pull requests, compare, issue comments, check runs, labels, the pull
+requests of a commit), and
 webhook deliveries signed the way GitHub signs them. Every request is recorded."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class GitHub(ThreadingHTTPServer):
         self.comments: dict[int, dict] = {}  # id -> {"issue", "body", "user"}
         self.checks: dict[int, dict] = {}
         self.labels: dict[int, set[str]] = {}
+        self.commit_pulls: dict[str, list[dict]] = {}  # sha -> the pull requests GitHub says have it
         self.lock = threading.Lock()
         server = self
 
@@ -91,6 +93,8 @@ class GitHub(ThreadingHTTPServer):
         if m := re.fullmatch(r"/compare/([0-9a-f]{40})\.\.\.([0-9a-f]{40})", path):
             base = self.git.merge_base(m[1], m[2])[0].hexsha
             return 200, {"merge_base_commit": {"sha": base}}
+        if (m := re.fullmatch(r"/commits/([0-9a-f]{40})/pulls", path)) and method == "GET":
+            return 200, self.commit_pulls.get(m[1], [])
         if path.startswith("/issues/"):
             return self._issues(method, path, body)
         return self._checks(method, path, query, body)

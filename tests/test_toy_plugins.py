@@ -460,7 +460,7 @@ def test_the_registries_are_as_they_were():
     assert RUNNERS.names() == ("cpu", "gpu", "rpc") and WORKLOAD_KINDS.names() == ("command", "tvm")
     assert CONTROL_RULES.names() == CONTROL_FORMS.names() == ("previous", "parent", "week-start", "fixed")
     assert DEVICE_APIS.names() == DEVICE_BACKENDS.names()
-    assert alerts.CHANNELS.names() == ("github-pr", "github", "webhook")
+    assert alerts.CHANNELS.names() == ("github-culprit", "github-pr", "github", "webhook")
     assert COMMANDS.names() == ("try", "triage")
     assert METRICS.names() == METRIC_NAMES.names() == tuple(m.value for m in Metric)
     assert COUNTERS.names() == ("perf", "valgrind")

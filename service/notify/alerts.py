@@ -59,7 +59,7 @@ from sqlalchemy.orm import Session, object_session, sessionmaker
 from abwatch.core.redact import redact_endpoint
 from abwatch.core.plugins import Registry
 from abwatch.service.config import AlertsConfig
-from abwatch.service.notify import explained, github, pull_answer
+from abwatch.service.notify import culprit_comment, explained, github, pull_answer
 from abwatch.service.notify.channels import AlertChannel, Destinations, Sender, Sent
 from abwatch.service.store import explain
 from abwatch.service.store.models import AlertDelivery, BisectionStep, DeliveryStatus, Regression, utcnow
@@ -254,6 +254,7 @@ class WebhookChannel(AlertChannel):
 
 # every kind of alert destination, by name; a row goes to the channel whose prefix its label has
 CHANNELS: Registry[AlertChannel] = Registry("alert channel", [
+    ("github-culprit", culprit_comment.CulpritCommentChannel()),
     ("github-pr", pull_answer.PullRequestChannel()),
     ("github", github.StatusChannel()),
     ("webhook", WebhookChannel()),

@@ -2,7 +2,7 @@
 
 A row names its target in its ``webhook`` column by a label whose prefix says the channel
 (``github:owner/name`` a commit status, ``github-pr:owner/name`` a pull request's comment,
-anything else a webhook). Each channel is a small :class:`AlertChannel`: the prefix it
+``github-culprit:owner/name`` a comment on a culprit's pull request, anything else a webhook). Each channel is a small :class:`AlertChannel`: the prefix it
 claims and the :class:`Sender` that delivers a row, or None when this process cannot (its
 config does not name the target, or a token's variable is unset). The channels are
 registered by name in :data:`abwatch.service.notify.alerts.CHANNELS`; a new kind of

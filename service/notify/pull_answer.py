@@ -341,8 +341,8 @@ def enqueue(session: Session, config: GithubConfig | None, number: int, dashboar
 
 # --- sending (the outbox's sender calls this) --------------------------------------------------
 
-class _Calls:
-    """The requests of one sync, each within what is left of the round's deadline."""
+class Calls:
+    """The requests of one delivery (a sync, a culprit's comment), each within what is left of the round's deadline."""
 
     def __init__(self, config: GithubConfig, deadline: float, timeout_s: float) -> None:
         self.base, self.deadline, self.timeout_s = _repo_url(config), deadline, timeout_s
@@ -364,16 +364,16 @@ def _failed(response: requests.Response, *ok: int) -> int | None:
     return None if 200 <= response.status_code < 300 or response.status_code in ok else response.status_code
 
 
-def sync(config: GithubConfig, payload: dict, deadline: float, timeout_s: float) -> int:
-    """Make pull request ``payload['pr']`` show ``payload``: the comment, the check run and the
-    label. Returns the HTTP status of the first step GitHub refused, else 200."""
-    call, number = _Calls(config, deadline, timeout_s), payload["pr"]
+def write_comment(call: Calls, number: int, marker: str, body: str) -> int | None:
+    """Edit the comment of issue (or pull request) ``number`` whose body starts with ``marker``,
+    or create it if there is none: a retried delivery never comments twice. Returns the HTTP
+    status of the request GitHub refused, else None."""
     comment_id, url = None, None
     for _ in range(PAGES_MAX):
         response = call("GET", f"/issues/{number}/comments?per_page=100", url=url)
         if (status := _failed(response)) is not None:
             return status
-        found = [c for c in response.json() if isinstance(c, dict) and str(c.get("body", "")).startswith(MARKER)]
+        found = [c for c in response.json() if isinstance(c, dict) and str(c.get("body", "")).startswith(marker)]
         if found:
             comment_id = found[0]["id"]
             break
@@ -381,10 +381,17 @@ def sync(config: GithubConfig, payload: dict, deadline: float, timeout_s: float)
         if not url:
             break
     if comment_id is None:
-        response = call("POST", f"/issues/{number}/comments", {"body": payload["comment"]})
+        response = call("POST", f"/issues/{number}/comments", {"body": body})
     else:
-        response = call("PATCH", f"/issues/comments/{comment_id}", {"body": payload["comment"]})
-    if (status := _failed(response)) is not None:
+        response = call("PATCH", f"/issues/comments/{comment_id}", {"body": body})
+    return _failed(response)
+
+
+def sync(config: GithubConfig, payload: dict, deadline: float, timeout_s: float) -> int:
+    """Make pull request ``payload['pr']`` show ``payload``: the comment, the check run and the
+    label. Returns the HTTP status of the first step GitHub refused, else 200."""
+    call, number = Calls(config, deadline, timeout_s), payload["pr"]
+    if (status := write_comment(call, number, MARKER, payload["comment"])) is not None:
         return status
     check = payload["check"]
     response = call("GET", f"/commits/{payload['head_sha']}/check-runs?check_name={quote(check['name'])}")

@@ -55,7 +55,7 @@ from abwatch.builders.builder import SubmodulePin
 from abwatch.builders.repo import RepoError, RepoMirror
 from abwatch.service import stats
 from abwatch.service.compare import driver, lifecycle, metrics, outcome
-from abwatch.service.notify import alerts, github
+from abwatch.service.notify import alerts, culprit_comment, github
 from abwatch.service.config import Config
 from abwatch.service.stats.verdict import Direction, Metric, RegressionKind
 from abwatch.service.store.models import (
@@ -272,11 +272,14 @@ def _say(progress: driver.Progress, label: str, names: frozenset[str], found: di
 
 def _announce(session: Session, config: Config, mirror: RepoMirror, by_name: dict[str, Regression],
               culprits: dict[str, str], parent_run_id: int, one_commit: bool) -> None:
-    """Store each culprit on its regressions and tell of it: an alert, and a failed commit status."""
+    """Store each culprit on its regressions and tell of it: an alert, a comment on the pull request
+    that merged it, and a failed commit status."""
     for sha in sorted(set(culprits.values())):
         named = [by_name[n] for n, c in culprits.items() if c == sha]
         name_culprit(session, named, mirror, sha)
         ids = [r.id for r in named]
+        # the pull request that merged the culprit is told, with the alert (the same transaction)
+        culprit_comment.enqueue(session, named, config.github, config.alerts.dashboard_url)
         if named[0].direction is Direction.FASTER:  # an improvement: its cause told, no failed status
             alerts.enqueue(session, ids, "culprit", config.alerts)
             continue
