@@ -51,8 +51,8 @@ def pull_number(summary: str) -> int | None:
 
 
 def _plain(text: str) -> str:
-    """Text from the database in a comment: one line, no mentions, no code span broken."""
-    return text.replace("\n", " ").replace("@", "@\u200b").replace("`", "'")[:200]
+    """Text from the database in a comment: as :func:`pull_answer.quiet`, no code span broken."""
+    return pull_answer.quiet(text.replace("`", "'"))
 
 
 def comment(session: Session, regression: Regression, dashboard_url: str | None = None) -> str:

@@ -199,9 +199,14 @@ def _verdict(c: Comparison) -> Verdict | None:
     return Verdict.from_dict(stored) if isinstance(stored, dict) else None
 
 
+def quiet(text: str) -> str:
+    """Text from the database in a GitHub comment: one line, no mentions, at most 200 characters."""
+    return text.replace("\n", " ").replace("@", "@\u200b")[:200]
+
+
 def _cell(text: str) -> str:
     """Text from the database in a Markdown table cell: no pipes, no line breaks, no mentions."""
-    return text.replace("|", "\\|").replace("\n", " ").replace("@", "@\u200b")[:200]
+    return quiet(text.replace("|", "\\|"))
 
 
 def _device_section(session: Session, job: Job, status: JobStatus, result: dict | None, error: str | None,
