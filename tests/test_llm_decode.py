@@ -2,7 +2,7 @@
 apache-tvm wheel on this machine's CPU: a prefill and decode steps over an explicit KV cache,
 what mlc-llm's benchmark reports of it (time to first token, decode latency per token, tokens
 per second) judged as metrics of the registry, an A/A that is no regression, and a made
-regression (one more layer on the treatment side) found on decode latency and, as a drop, on
+regression (more layers on the treatment side) found on decode latency and, as a drop, on
 tokens per second."""
 
 from __future__ import annotations
@@ -105,20 +105,21 @@ def test_the_generation_metrics_of_an_aa_run_on_the_cpu(capsys, tmp_path, tvm_ca
     assert no_workers_left(tvm_cache)
 
 
-def test_one_more_layer_is_a_decode_latency_and_a_tokens_per_s_regression(capsys, tmp_path, tvm_cache, sqlite_url):
-    """The treatment's model has a third layer: each decode step does half as much work again,
-    so decode latency rises and tokens/s drops, both judged regressions (the drop is the
-    regression of a metric that is better higher)."""
-    workload = LLM + "treatment_options = {options = {layers = 3}}\n"
-    # up to 24 pairs: on a loaded host 8 left the decode latency's interval wide (-3..+83 %)
+def test_more_layers_are_a_decode_latency_and_a_tokens_per_s_regression(capsys, tmp_path, tvm_cache, sqlite_url):
+    """The treatment's model has six layers to the control's two: each decode step does about
+    three times the work, so decode latency rises and tokens/s drops, both judged regressions
+    (the drop is the regression of a metric that is better higher)."""
+    # Six, not three: one more layer (+40 % here) left a loaded CI host's interval at -6..+83 %
+    # after 24 pairs; the test is about the metrics' verdicts, not about finding a small change.
+    workload = LLM + "treatment_options = {options = {layers = 6}}\n"
     run = "repetitions = 8\nmax_repetitions = 24\nwarmup = 0"
     code, payload, err = compare(capsys, write(tmp_path, tvm_cache, workload, run=run), sqlite_url, NEW, NEW)
     assert payload is not None, err
     (result,) = payload["results"]
     found = _metrics(result)
     latency, rate = found["decode_latency"], found["tokens_per_s"]
-    assert latency["verdict"] == "regression" and latency["change_pct"] > 10, latency["reason"]
-    assert rate["verdict"] == "regression" and rate["change_pct"] < -10, rate["reason"]
+    assert latency["verdict"] == "regression" and latency["change_pct"] > 50, latency["reason"]
+    assert rate["verdict"] == "regression" and rate["change_pct"] < -30, rate["reason"]
     assert "lower by" in rate["reason"] and "slower by" in latency["reason"]
     assert rate["treatment"] < rate["control"] and latency["treatment"] > latency["control"]
     assert code == 1 and result["regression_id"] is not None  # opened (by the first metric that regressed)
