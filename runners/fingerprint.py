@@ -38,6 +38,13 @@ def _gib(value: float | None) -> int | None:
     return None if value is None else int(round(value))
 
 
+def _on_the_host(device: dict[str, Any]) -> bool:
+    """A device API's device that is this host's CPU (pocl's ``CL_DEVICE_TYPE_CPU``, lavapipe's
+    ``PHYSICAL_DEVICE_TYPE_CPU``): its memory is the host's (already in the fingerprint), and pocl
+    sizes it from the memory free at the moment, so it would start a new series with the load."""
+    return "CPU" in str(device.get("type") or "").upper()
+
+
 def host_fingerprint(hardware: dict[str, Any], software: dict[str, Any], target: dict[str, Any] | str | None) -> dict[str, Any]:
     """The fingerprint of this machine, from a runner's ``hardware_config`` (:func:`.sysinfo.hardware_config`,
     with the gpu runner's ``device_api`` and ``gpus``) and ``software_config``, its CPU flags
@@ -50,7 +57,8 @@ def host_fingerprint(hardware: dict[str, Any], software: dict[str, Any], target:
     }
     if hardware.get("gpus") is not None:
         found["gpus"] = [{"name": g.get("name"), "driver": g.get("driver"),
-                          "memory_gib": _gib(g["memory_bytes"] / 2**30) if g.get("memory_bytes") else None}
+                          "memory_gib": _gib(g["memory_bytes"] / 2**30) if g.get("memory_bytes")
+                          and not _on_the_host(g) else None}
                          for g in hardware["gpus"]]
     return {k: v for k, v in found.items() if v not in (None, "", [])}
 

@@ -53,7 +53,7 @@ if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
 fi
 pg_isready -h 127.0.0.1 -p 5432
 
-if [ ! -x .venv/bin/pytest ]; then
+if ! .venv/bin/python -c "import pytest, xdist" 2>/dev/null; then
   python3 -m venv .venv
   .venv/bin/pip install --quiet --upgrade pip
   .venv/bin/pip install --quiet -e '.[test,source]'
@@ -63,8 +63,15 @@ fi
 # code under test runs as its own unprivileged user (tests/test_hostile_fork.py): made here when root
 bash scripts/sandbox-user.sh .venv/bin/python
 
+# One pytest worker a CPU (pytest-xdist; at most 4): a test spends about half its time waiting
+# on processes, servers and the database, so two workers on two cores halve the suite's time.
+# Every test already holds beside busy loops, and each one's databases, ports, network
+# namespaces and temporary files are its own. ABWATCH_TEST_WORKERS=0 runs them in this process.
+workers=${ABWATCH_TEST_WORKERS:-$(nproc)}
+[ "$workers" -le 4 ] || workers=4
+
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest -n "$workers" "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then
