@@ -94,10 +94,14 @@ def test_deterministic_for_a_seed():
     assert compare(a, b, seed=3) == compare(a, b, seed=3)
 
 
-@settings(max_examples=25, deadline=None)
+# The same 25 draws every run (derandomize): a false call of an A/A is allowed 1 % of the time,
+# so 25 fresh random draws a run would flag one in some runs (CI met one: -1.07 % at 3 % noise);
+# the rate itself is the next test's.
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1), cv=st.sampled_from([0.005, 0.01, 0.03]))
-def test_aa_on_iid_noise_is_never_called_a_regression(seed, cv):
-    """Property: identical distributions are not flagged (the per-comparison bound is 1 %)."""
+def test_aa_on_iid_noise_is_not_called_a_regression(seed, cv):
+    """Identical distributions are not flagged, on a fixed set of draws (the per-comparison
+    bound is 1 %: measured over 300 pairs below)."""
     rng = np.random.default_rng(seed)
     v = compare(noisy(rng, 50, 10.0, cv), noisy(rng, 50, 10.0, cv))
     assert v.verdict not in (Outcome.REGRESSION, Outcome.IMPROVEMENT)
