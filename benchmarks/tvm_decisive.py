@@ -1,0 +1,200 @@
+"""How decisive abwatch is on TVM run time, per workload and mode, quiet and beside busy loops.
+
+    python -m benchmarks.tvm_decisive --cache .abwatch/cache [--runs 20] [--busy 0,6]
+        [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,duet]
+        [--max-seconds 300] [--out rows.jsonl]
+
+Each run is one ``abwatch compare`` of one workload of one TVM release against itself (a
+subprocess, its own SQLite database, one thread a measured process): ``aa`` the same workload
+on both sides, ``plus3`` the treatment's workload about 3 % larger through
+``treatment_options`` (the work of each model below; none yet for the LLM). The modes, run
+side by side (their order rotated every run): ``fresh`` (today's default: a fresh TVM worker a
+process, the two sides one after the other), ``forked`` (``[runner] processes = "forked"``: children of a fork server) and
+``duet`` (``[run] schedule = "duet"``: the two sides at once, each pinned to its own CPU; a
+duet's TVM workers start fresh, so "forked and duet" is the duet). Every look's interval is read
+from the report as it is printed, timed from the start of the command, so one run with a
+``--max-seconds`` budget gives the interval's width at 60, 120 and 300 s (a run decided sooner
+keeps its final width). Busy loops (``python3 -c "while 1: pass"``) are started for a load
+level and stopped after it. Prints one Markdown row per (load, workload, truth, mode): the
+verdicts, the median seconds to the verdict, the median width at each mark, the median pairs a
+minute. Nothing here runs in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+VERSION = "0.27.0.post1"
+MARKS = (60, 120, 300)
+# A small single-head attention whose sequence length is an option (config/workloads' script
+# has fixed shapes): 130 tokens to 128 is (130/128)^2 = +3.2 % of the score and output matmuls.
+ATTENTION = '''
+from tvm import relax
+from tvm.relax.frontend import nn
+
+
+def workload(tokens=128, dim=64):
+    class Attention(nn.Module):
+        def forward(self, q, k, v):
+            scores = nn.op.matmul(q, nn.op.permute_dims(k, [1, 0])) * (dim ** -0.5)
+            return nn.op.matmul(nn.op.softmax(scores, axis=-1), v)
+
+    spec = {"forward": {name: nn.spec.Tensor((tokens, dim), "float32") for name in "qkv"}}
+    mod, _ = Attention().export_tvm(spec)
+    return mod
+'''
+# (model lines, the treatment's options for about +3 % of the work)
+WORKLOADS = {
+    # fc 256->512->512->10: hidden 521 is +3.0 % of the multiply-adds
+    "mlp": ('model = "builtin:mlp"\ninput_shape = [1, 256]\n', {"hidden": 521}),
+    # the CNN's 2.80 M multiply-adds are its convolutions, fixed by the input; its one option is
+    # the classes of its last layer (64 inputs): 1324 classes to 10 add 84 k, +3.0 %
+    "cnn": ('model = "builtin:cnn"\ninput_shape = [1, 3, 32, 32]\n', {"classes": 1324}),
+    # 128x128x128 against n = 132: +3.1 %
+    "matmul": ('model = "te:matmul"\noptions = {m = 128, k = 128, n = 128}\n', {"n": 132}),
+    "attention": ('model = "script:{script}"\n', {"tokens": 130}),
+    # no +3 % yet: hidden 130 in two heads (+3.1 % of the layers' multiply-adds) measured 32 %
+    # faster than 128 (TVM schedules a head of 65 differently), so the A/A only
+    "llm": ('model = "builtin:llm-decode"\nmeasure = ["time"]\noptions = {heads = 2}\n', None),
+}
+MODES = {
+    "fresh": "",
+    "forked": 'processes = "forked"\n',
+    "duet": "",
+}
+CONFIG = """cache_dir = {cache}
+[build]
+kind = "tvm-wheel"
+[runner]
+kind = "cpu"
+threads = 1
+{runner}[run]
+max_seconds = {max_seconds}
+compile_repetitions = 0
+{run}[[workloads]]
+name = "w"
+kind = "tvm"
+{model}{treatment}"""
+LOOK = re.compile(r"look \d+: .*?\(CI (-?[\d.]+)\.\.(-?[\d.]+)%")
+
+
+def config_text(args, workload: str, truth: str, mode: str, script: Path) -> str:
+    """The config of one run."""
+    model, plus3 = WORKLOADS[workload]
+    treatment = ""
+    if truth == "plus3":
+        assert plus3 is not None, workload
+        treatment = "treatment_options = {options = {" + ", ".join(f"{k} = {v}" for k, v in plus3.items()) + "}}\n"
+    return CONFIG.format(cache=json.dumps(str(args.cache.resolve())), runner=MODES[mode],
+                         run='schedule = "duet"\n' if mode == "duet" else "", max_seconds=args.max_seconds,
+                         model=model.replace("{script}", str(script)), treatment=treatment)
+
+
+def one(args, workload: str, truth: str, mode: str, work: Path) -> dict:
+    """One ``abwatch compare`` and its figures."""
+    config = work / f"{workload}-{truth}-{mode}.toml"
+    config.write_text(config_text(args, workload, truth, mode, work / "attention.py"))
+    database = work / f"{workload}-{truth}-{mode}.db"
+    database.unlink(missing_ok=True)
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "compare", "--config", str(config),
+                             "--control", VERSION, "--treatment", VERSION, "--json", "--db", f"sqlite:///{database}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    looks: list[tuple[float, float]] = []  # (seconds since the command started, interval width in points)
+    assert proc.stderr is not None and proc.stdout is not None
+    for line in proc.stderr:  # the looks, timed as they are printed
+        if m := LOOK.search(line):
+            looks.append((time.monotonic() - started, float(m.group(2)) - float(m.group(1))))
+    out = proc.stdout.read()
+    proc.wait()
+    (result,) = json.loads(out)["results"]
+    low, high = result["ci_pct"] or (None, None)
+    if low is not None:  # the verdict's interval, from the moment the command ended
+        looks.append((time.monotonic() - started, high - low))
+    # the width at each mark: the last look's before it (none yet: no interval to show)
+    # (a mark past the budget has none: the run could not go on to it)
+    widths = {mark: next((w for t, w in reversed(looks) if t <= mark), None) if mark <= args.max_seconds else None
+              for mark in MARKS}
+    counted = re.search(r"(\d+) pairs", result.get("stop_reason") or "")
+    pairs = int(counted.group(1)) if counted else 0
+    return {"workload": workload, "truth": truth, "mode": mode, "verdict": result["verdict"],
+            "change_pct": result["change_pct"], "ci_pct": result["ci_pct"], "seconds": result["elapsed_s"],
+            "pairs": pairs, "pairs_per_min": 60 * pairs / result["elapsed_s"] if result["elapsed_s"] else None,
+            "widths": widths, "unit": result.get("unit"), "failure": result.get("failure"),
+            "load": os.getloadavg()[0]}
+
+
+def row(found: list[dict]) -> str:
+    """A table row's figures."""
+    def median(values):
+        values = [v for v in values if v is not None]
+        return f"{statistics.median(values):.1f}" if values else "-"
+    counts = Counter(r["verdict"] for r in found)
+    return (f"{', '.join(f'{k} {n}' for k, n in sorted(counts.items()))} | {median(r['seconds'] for r in found)} | "
+            + " | ".join(median(r["widths"][m] for r in found) for m in MARKS)
+            + f" | {median(r['pairs_per_min'] for r in found)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache", type=Path, default=Path(".abwatch/cache"),
+                        help="cache_dir holding (or receiving) the TVM wheel venvs (default: the quickstart's)")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--busy", default="0,6", help="the load levels: busy loops beside the runs, comma-separated")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--truths", default="aa,plus3")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--max-seconds", type=float, default=300.0)
+    parser.add_argument("--out", type=Path, help="JSON lines, one a comparison")
+    args = parser.parse_args()
+    workloads, truths, modes = (args.workloads.split(","), args.truths.split(","), args.modes.split(","))
+    for name, known in ((workloads, WORKLOADS), (modes, MODES), (truths, ("aa", "plus3"))):
+        if unknown := set(name) - set(known):
+            raise SystemExit(f"unknown {sorted(unknown)}; known: {', '.join(known)}")
+    rows: dict[tuple, list[dict]] = defaultdict(list)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        work.chmod(0o755)  # measured processes run sandboxed as an unprivileged user, who reads the config here
+        (work / "attention.py").write_text(ATTENTION)
+        for busy in (int(b) for b in args.busy.split(",")):
+            loops = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(busy)]
+            try:
+                for run in range(args.runs):
+                    for workload in workloads:
+                        for truth in truths:
+                            if truth == "plus3" and WORKLOADS[workload][1] is None:
+                                continue  # no made +3 % for this one (see WORKLOADS)
+                            for k in range(len(modes)):  # the modes side by side, their order rotated
+                                mode = modes[(run + k) % len(modes)]
+                                found = one(args, workload, truth, mode, work)
+                                found.update(busy=busy, run=run)
+                                rows[(busy, workload, truth, mode)].append(found)
+                                print(json.dumps(found), file=sys.stderr, flush=True)
+                                if args.out:
+                                    with args.out.open("a") as out:
+                                        out.write(json.dumps(found) + "\n")
+            finally:
+                for loop in loops:
+                    loop.kill()
+                    loop.wait()
+    print(f"\nTVM {VERSION} against itself, one thread a process, run.max_seconds = {args.max_seconds:g}, "
+          f"{args.runs} runs a row")
+    print("| busy loops | workload | truth | mode | verdicts | median s to verdict | "
+          + " | ".join(f"width at {m} s (pp)" for m in MARKS) + " | pairs/min |")
+    print("|---:|---|---|---|---|---:|" + "---:|" * len(MARKS) + "---:|")
+    for (busy, workload, truth, mode), measured in rows.items():
+        print(f"| {busy} | {workload} | {truth} | {mode} | {row(measured)} |")
+
+
+if __name__ == "__main__":
+    main()
