@@ -40,6 +40,7 @@ from abwatch.runners.harness import interleaved_schedule, measure
 from abwatch.service import stats
 from abwatch.service.compare import contended
 from abwatch.builders import TvmWheelBuilder
+from benchmarks.load import busy_loops
 from abwatch.service.config import (
     CommandWorkloadConfig, Config, RunnerConfig, TvmWheelBuildConfig, TvmWorkloadConfig, load_config,
 )
@@ -175,16 +176,11 @@ def tvm_trials(runner, cores: Cores, args) -> None:
         # the first compile of each side, outside the trials' times
         runner.run(artifact, workload, COMPILE_S, CONTROL)
         runner.run(artifact, workload, COMPILE_S, TREATMENT)
-        loops = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(args.busy)]
-        try:
+        with busy_loops(args.busy):
             for t in range(args.trials):
                 for mode in (("interleaved", "duet") if t % 2 == 0 else ("duet", "interleaved")):
                     rows[mode].append(trial(runner, workload, dirs, config, cores if mode == "duet" else None, t))
                     print(f"  tvm {mode} {t}: {rows[mode][-1]}", file=sys.stderr, flush=True)
-        finally:
-            for loop in loops:
-                loop.kill()
-                loop.wait()
     print(f"\nte:matmul 96x96x96, treatment n = 99 (+3.1 %), one thread, TVM 0.27.0.post1, {args.busy} busy loops, "
           f"{args.trials} trials a mode")
     print("| mode | verdicts | median s to verdict | median CI width (pp) | median change | pairs/min | judged on CPU time |")
@@ -228,8 +224,7 @@ def main() -> None:
                   "pairs/min | judged on CPU time |")
             print("|---|---|---|---:|---:|---:|---:|---:|")
         for busy in ((0, args.busy) if args.busy else (0,)) if args.trials else ():
-            loops = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(busy)]
-            try:
+            with busy_loops(busy):
                 rows: dict[str, list[dict]] = {"interleaved": [], "duet": []}
                 for t in range(args.trials):
                     order = ("interleaved", "duet") if t % 2 == 0 else ("duet", "interleaved")
@@ -240,10 +235,6 @@ def main() -> None:
                 for mode, found in rows.items():
                     host = f"{busy} busy loops" if busy else "no busy loops"
                     print(f"| {host} | {mode} | {summary(found)} |", flush=True)
-            finally:
-                for loop in loops:
-                    loop.kill()
-                    loop.wait()
         if args.memory_pairs:
             stream = CommandWorkloadConfig(name="stream", command=["./bench"])
             print(f"\nmemory-bound pairs (+10 % made, {args.memory_pairs} pairs x {args.memory_trials} trials, "

@@ -23,6 +23,7 @@ minute. Nothing here runs in CI.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -33,6 +34,8 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+
+from benchmarks.load import busy_loops
 
 VERSION = "0.27.0.post1"
 MARKS = (60, 120, 300)
@@ -106,18 +109,20 @@ def one(args, workload: str, truth: str, mode: str, work: Path) -> dict:
     config.write_text(config_text(args, workload, truth, mode, work / "attention.py"))
     database = work / f"{workload}-{truth}-{mode}.db"
     database.unlink(missing_ok=True)
-    started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "compare", "--config", str(config),
-                             "--control", VERSION, "--treatment", VERSION, "--json", "--db", f"sqlite:///{database}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    report = work / f"{workload}-{truth}-{mode}.json"
     looks: list[tuple[float, float]] = []  # (seconds since the command started, interval width in points)
-    assert proc.stderr is not None and proc.stdout is not None
-    for line in proc.stderr:  # the looks, timed as they are printed
-        if m := LOOK.search(line):
-            looks.append((time.monotonic() - started, float(m.group(2)) - float(m.group(1))))
-    out = proc.stdout.read()
-    proc.wait()
-    (result,) = json.loads(out)["results"]
+    started = time.monotonic()
+    # the report to a file: a long one cannot then fill a pipe while the looks are read from stderr
+    with report.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "compare", "--config",
+                                 str(config), "--control", VERSION, "--treatment", VERSION, "--json",
+                                 "--db", f"sqlite:///{database}"], stdout=out, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the looks, timed as they are printed
+            if m := LOOK.search(line):
+                looks.append((time.monotonic() - started, float(m.group(2)) - float(m.group(1))))
+        proc.wait()
+    (result,) = json.loads(report.read_text())["results"]
     low, high = result["ci_pct"] or (None, None)
     if low is not None:  # the verdict's interval, from the moment the command ended
         looks.append((time.monotonic() - started, high - low))
@@ -167,26 +172,19 @@ def main() -> None:
         work.chmod(0o755)  # measured processes run sandboxed as an unprivileged user, who reads the config here
         (work / "attention.py").write_text(ATTENTION)
         for busy in (int(b) for b in args.busy.split(",")):
-            loops = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(busy)]
-            try:
-                for run in range(args.runs):
-                    for workload in workloads:
-                        for truth in truths:
-                            if truth == "plus3" and WORKLOADS[workload][1] is None:
-                                continue  # no made +3 % for this one (see WORKLOADS)
-                            for k in range(len(modes)):  # the modes side by side, their order rotated
-                                mode = modes[(run + k) % len(modes)]
-                                found = one(args, workload, truth, mode, work)
-                                found.update(busy=busy, run=run)
-                                rows[(busy, workload, truth, mode)].append(found)
-                                print(json.dumps(found), file=sys.stderr, flush=True)
-                                if args.out:
-                                    with args.out.open("a") as out:
-                                        out.write(json.dumps(found) + "\n")
-            finally:
-                for loop in loops:
-                    loop.kill()
-                    loop.wait()
+            with busy_loops(busy):
+                # the modes side by side, their order rotated every run
+                for run, workload, truth, k in itertools.product(range(args.runs), workloads, truths,
+                                                                  range(len(modes))):
+                    if truth == "plus3" and WORKLOADS[workload][1] is None:
+                        continue  # no made +3 % for this one (see WORKLOADS)
+                    mode = modes[(run + k) % len(modes)]
+                    found = {**one(args, workload, truth, mode, work), "busy": busy, "run": run}
+                    rows[(busy, workload, truth, mode)].append(found)
+                    print(json.dumps(found), file=sys.stderr, flush=True)
+                    if args.out:
+                        with args.out.open("a") as out:
+                            out.write(json.dumps(found) + "\n")
     print(f"\nTVM {VERSION} against itself, one thread a process, run.max_seconds = {args.max_seconds:g}, "
           f"{args.runs} runs a row")
     print("| busy loops | workload | truth | mode | verdicts | median s to verdict | "
