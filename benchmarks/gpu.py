@@ -128,7 +128,8 @@ def main() -> None:
     parser.add_argument("--config", type=Path, help="a config whose [build] and [repo] to use (default: the wheels)")
     parser.add_argument("--wheelhouse", type=Path, help="install the wheels from this directory only (no index)")
     parser.add_argument("--aa", default="0.27.0.post1", help="the ref of the A/A comparison")
-    parser.add_argument("--ab", default="0.26.0:0.27.0.post1", metavar="CONTROL:TREATMENT")
+    parser.add_argument("--ab", default="0.26.0:0.27.0.post1", metavar="CONTROL:TREATMENT",
+                        help="the release pair ('' for the A/A alone)")
     parser.add_argument("--workloads", nargs="*", help="names of the workloads to run (default: all)")
     parser.add_argument("--max-seconds", type=float, default=120)
     parser.add_argument("--samples", type=int, default=100, help="timed calls per process (fewer on slow devices)")
@@ -138,10 +139,13 @@ def main() -> None:
     args.cache = args.cache.resolve()
     config = _config(args)
     db = args.db or f"sqlite:///{args.cache / 'gpu-check.db'}"
-    control, treatment = args.ab.split(":", 1)
+    comparisons = [(f"A/A {args.aa}", (args.aa, args.aa))]
+    if args.ab:
+        control, treatment = args.ab.split(":", 1)
+        comparisons.append((f"{control} -> {treatment}", (control, treatment)))
     lines = ["| comparison | workload | metric | verdict | change | 95 % interval | control | treatment | ops | "
              "operators that changed most (control -> treatment) |", "|" + " --- |" * 10]
-    for label, (a, b) in ((f"A/A {args.aa}", (args.aa, args.aa)), (f"{control} -> {treatment}", (control, treatment))):
+    for label, (a, b) in comparisons:
         payload = _compare(config, a, b, db)
         print(json.dumps({"comparison": label, "run_id": payload["run_id"], "status": payload["status"],
                           "results": [{k: r.get(k) for k in ("workload", "verdict", "change_pct", "ci_pct")}

@@ -158,7 +158,7 @@ MODEL_SOURCES: Registry[ModelSource] = Registry("model source", [
 GENERATIVE_MODELS = ("builtin:llm-decode",)
 SCRIPT_REPO = "script:repo:"  # a script read from the build's own source tree (tvm-source ``keep``)
 # What ``treatment_options`` may override for the treatment side.
-TREATMENT_OVERRIDES = ("options", "dtype")
+TREATMENT_OVERRIDES = ("options", "dtype", "input_shape")
 
 
 class TvmWorkloadConfig(WorkloadSpec):
@@ -170,8 +170,8 @@ class TvmWorkloadConfig(WorkloadSpec):
     (``script:repo:<path>`` reads it from the build's source tree; see docs/workloads.md).
     A ``script:<path>``'s SHA-256 (``script_sha256``, filled in when the config is read) is
     part of the workload's identity: a changed script starts a new series. ``treatment_options``
-    apply to the treatment side only (``{dtype = "float16"}``, ``{options = {hidden = 640}}``), to study or provoke a difference
-    on purpose; only the keys in :data:`TREATMENT_OVERRIDES` and each model's options
+    apply to the treatment side only (``{dtype = "float16"}``, ``{options = {hidden = 640}}``,
+    ``{input_shape = [33, 256]}``), to study or provoke a difference on purpose; only the keys in :data:`TREATMENT_OVERRIDES` and each model's options
     (:data:`MODEL_SOURCES`) are accepted.
     """
 
@@ -208,6 +208,9 @@ class TvmWorkloadConfig(WorkloadSpec):
             raise ValueError("options: expected a table of model options")
         if not isinstance(value.get("dtype", ""), str):
             raise ValueError("dtype: expected a string such as \"float16\"")
+        shape = value.get("input_shape", [1])
+        if not isinstance(shape, list) or not shape or not all(type(n) is int and n > 0 for n in shape):
+            raise ValueError(f"input_shape: expected a list of positive integers such as [33, 256], not {shape!r}")
         return value
 
     @model_validator(mode="before")
@@ -234,7 +237,7 @@ class TvmWorkloadConfig(WorkloadSpec):
             raise ValueError(f"{'an' if prefix[0] in 'aeiou' else 'a'} {prefix}: model needs its md5")
         if source is not None and source.models is None and source.options is None:  # the user's own options
             return self
-        if self.model in GENERATIVE_MODELS and self.input_shape is not None:
+        if self.model in GENERATIVE_MODELS and (self.input_shape or self.treatment_options.get("input_shape")):
             raise ValueError(f"input_shape: {self.model} takes its shapes from its options "
                              "(prompt_tokens, hidden, ...), not from input_shape")
         known = (None if source is None else source.options if source.models is None

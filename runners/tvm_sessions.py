@@ -97,7 +97,8 @@ class TvmSessions:
         overrides = dict(side_options)
         options = {**workload.options, **overrides.pop("options", {})}
         return {
-            "model": workload.model, "md5": workload.md5, "script_sha256": workload.script_sha256, "input_shape": workload.input_shape,
+            "model": workload.model, "md5": workload.md5, "script_sha256": workload.script_sha256,
+            "input_shape": overrides.pop("input_shape", workload.input_shape),
             "dtype": overrides.pop("dtype", workload.dtype), "options": options, "target": self.target,
             "device": self.device, "number": workload.number, "repeat": workload.samples, "seed": 0,
             "rpc": self.rpc,

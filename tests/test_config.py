@@ -137,8 +137,11 @@ model = "builtin:mlp"
     [
         ("treatment_options = {hidden = 640}",
          "workloads[0].treatment_options: value error, unknown key 'hidden' (the treatment may override: options, dtype"),
-        ("treatment_options = {input_shape = [8, 256]}",
-         "workloads[0].treatment_options: value error, unknown key 'input_shape'"),
+        ("treatment_options = {samples = 10}",
+         "workloads[0].treatment_options: value error, unknown key 'samples' (the treatment may override: "
+         "options, dtype, input_shape"),
+        ("treatment_options = {input_shape = [0, 256]}",
+         "input_shape: expected a list of positive integers such as [33, 256], not [0, 256]"),
         ("treatment_options = {options = {hiden = 640}}",
          "treatment_options.options: unknown key 'hiden' for builtin:mlp (known: hidden, classes, weight_scale)"),
         ("options = {heads = 2}", "options: unknown key 'heads' for builtin:mlp"),
@@ -168,8 +171,9 @@ def test_supported_treatment_overrides_reach_the_treatment_worker_only(tmp_path)
     changes the outputs)."""
     from abwatch.runners.tvm_sessions import TvmSessions
 
-    config = load_config(write(tmp_path, TVM + 'options = {hidden = 64}\n'
-                               'treatment_options = {options = {hidden = 640}, dtype = "float16"}\n'))
+    config = load_config(write(tmp_path, TVM + 'input_shape = [32, 256]\noptions = {hidden = 64}\n'
+                               'treatment_options = {options = {hidden = 640}, dtype = "float16", '
+                               'input_shape = [33, 256]}\n'))
     workload = config.workloads[0]
     sessions = TvmSessions(config.runner, {"kind": "llvm"}, "cpu")
     try:
@@ -178,7 +182,9 @@ def test_supported_treatment_overrides_reach_the_treatment_worker_only(tmp_path)
     finally:
         sessions.close()
     assert control["options"] == {"hidden": 64} and control["dtype"] == "float32"
+    assert control["input_shape"] == [32, 256]
     assert treatment["options"] == {"hidden": 640} and treatment["dtype"] == "float16"
+    assert treatment["input_shape"] == [33, 256]
 
 
 SCRIPT_CONFIG = """

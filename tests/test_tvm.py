@@ -226,6 +226,18 @@ def test_changed_outputs_are_a_correctness_regression(capsys, tmp_path, tvm_cach
         assert "outputs differ: max abs error" in reason and "{" not in reason  # words, not a dict
 
 
+def test_a_treatment_input_shape_is_what_its_treatment_worker_runs(capsys, tmp_path, tvm_cache, sqlite_url):
+    """``treatment_options = {input_shape = ...}`` (a larger batch: only the outer dimension
+    grows, the kernels' inner loops stay as they are) reaches the treatment's worker alone."""
+    workload = MLP + "treatment_options = {input_shape = [64, 64]}\n"
+    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, workload), sqlite_url, NEW, NEW)
+    result = payload["results"][0]
+    assert result["failure"] is None, err
+    assert result["error"]["reason"] == "output shape [64, 10] != [1, 10]", result["error"]
+    # 64 rows, not 1 (four pairs are too few for a verdict; the medians say it)
+    assert result["treatment"]["median_ms"] > 5 * result["control"]["median_ms"], result
+
+
 def test_unknown_release_is_a_clear_error(capsys, tmp_path, tvm_cache, sqlite_url):
     code, _, err = compare(capsys, write(tmp_path, tvm_cache, MLP), sqlite_url, "0.9.9", NEW)
     assert code == 2 and "unknown apache-tvm version '0.9.9'" in err
