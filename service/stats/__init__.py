@@ -10,6 +10,7 @@ The package's public API is re-exported here, so callers write ``stats.compare(.
   taken under heavy contention judged on CPU time (:func:`on_cpu_time`) or refused (:func:`refused`);
 - :mod:`.pooled`: estimators for samples without process groups;
 - :mod:`.exact`: a deterministic quantity (a size) judged from one value a side (:func:`compare_exact`);
+- :mod:`.repetitions`: the samples a process that reach an interval fastest (:func:`choose_samples`);
 - :mod:`.verdict`: the result types (:class:`Verdict`, :class:`Outcome`, regression states).
 """
 
@@ -25,6 +26,7 @@ _EXPORTS = {
     "changepoints": ("OTAVA_MISSING", "StepChange", "change_points"),
     "contention": ("CPU_UNIT", "Contention", "assess", "on_cpu_time", "refused"),
     "exact": ("compare_exact",),
+    "repetitions": ("SamplesChoice", "choose_samples"),
     "core": ("DEFAULT_ALPHA", "DEFAULT_CONFIDENCE", "DEFAULT_PLAN_PAIRS", "DEFAULT_RESAMPLES",
              "DEFAULT_THRESHOLD_PCT", "MIN_PAIRS", "MIN_SAMPLES", "TRIM", "_decide", "_small_sample", "adjust_fdr",
              "compare", "fastest_median", "cs_multiplier", "cs_p_value", "planned_repetitions", "process_cv", "trimmed_mean_se"),
@@ -47,6 +49,7 @@ __all__ = [
     "MIN_SAMPLES",
     "OTAVA_MISSING",
     "Outcome",
+    "SamplesChoice",
     "StepChange",
     "TRIM",
     "Verdict",
@@ -55,6 +58,7 @@ __all__ = [
     "adjust_fdr",
     "assess",
     "change_points",
+    "choose_samples",
     "compare",
     "compare_exact",
     "fastest_median",
@@ -72,6 +76,7 @@ if TYPE_CHECKING:
     from abwatch.service.stats.changepoints import OTAVA_MISSING, StepChange, change_points
     from abwatch.service.stats.contention import CPU_UNIT, Contention, assess, on_cpu_time, refused
     from abwatch.service.stats.exact import compare_exact
+    from abwatch.service.stats.repetitions import SamplesChoice, choose_samples
     from abwatch.service.stats.core import (
         DEFAULT_ALPHA, DEFAULT_CONFIDENCE, DEFAULT_PLAN_PAIRS, DEFAULT_RESAMPLES, DEFAULT_THRESHOLD_PCT, MIN_PAIRS,
         MIN_SAMPLES, TRIM, _decide, _small_sample, adjust_fdr, compare, cs_multiplier, cs_p_value, fastest_median,
