@@ -238,6 +238,86 @@ def test_a_treatment_input_shape_is_what_its_treatment_worker_runs(capsys, tmp_p
     assert result["treatment"]["median_ms"] > 5 * result["control"]["median_ms"], result
 
 
+def test_a_learnt_samples_count_is_what_the_next_run_takes(capsys, tmp_path, tvm_cache, sqlite_url):
+    """The samples a process, chosen from a run's variance components (each process's fastest
+    of its first n samples against what a process costs: service/stats/repetitions.py), are
+    what the next run's processes take, said in the report; every RECHECK-th learnt run takes
+    the workload's own count again; a config that sets ``samples`` keeps it."""
+    from abwatch.service.compare import noise
+    from abwatch.service.store.models import NoiseProfile, Sample
+
+    def config(workload: str) -> str:
+        path = tmp_path / "tvm.toml"
+        path.write_text(f"""cache_dir = {json.dumps(str(tvm_cache))}
+[build]
+kind = "tvm-wheel"
+[runner]
+kind = "cpu"
+threads = 1
+processes = "forked"
+[run]
+repetitions = 6
+max_repetitions = 6
+compile_repetitions = 0
+seed = 3
+{workload}""")
+        return str(path)
+
+    def per_process(run_id: int) -> set[int]:
+        with db.session_scope(engine) as session:
+            counts: dict[int, int] = {}
+            for invocation in session.scalars(select(Sample.invocation_id).where(Sample.run_id == run_id,
+                                                                                 Sample.warmup.is_(False))):
+                counts[invocation] = counts.get(invocation, 0) + 1
+            return set(counts.values())
+
+    code, first, err = compare(capsys, config(MATMUL), sqlite_url, NEW, NEW)
+    assert code in (0, 4) and first["results"][0]["failure"] is None, err
+    engine = db.make_engine(sqlite_url)
+    assert per_process(first["run_id"]) == {100}
+    with db.session_scope(engine) as session:
+        samples: dict[str, list[float]] = {"control": [], "treatment": []}
+        groups: dict[str, list[int]] = {"control": [], "treatment": []}
+        for row in session.scalars(select(Sample).where(Sample.run_id == first["run_id"], Sample.warmup.is_(False))
+                                   .order_by(Sample.id)):
+            samples[row.side.value].append(row.runtime_ms)
+            groups[row.side.value].append(row.invocation_id)
+        workload_id = first["results"][0]["workload_id"]
+        choice = noise.choose_samples(session, first["run_id"], workload_id, samples, groups, 100)
+        assert choice is not None and {5, 10, 20, 50, 100} <= {o.samples for o in choice.options}
+        assert all(o.seconds > 0 and o.process_cv >= 0 for o in choice.options), choice
+        assert "samples a process (" in choice.reason
+        assert noise.choose_samples(session, first["run_id"], workload_id, samples, groups, 50) is None  # not 50 each
+        # a known history whatever the machine's load made of the first run's verdict
+        profile = session.scalars(select(NoiseProfile)).one_or_none()
+        if profile is None:
+            profile = NoiseProfile(workload_id=workload_id, device_id=first_device(session), process_cv=0.02)
+            session.add(profile)
+        profile.samples, profile.samples_reason, profile.observations = 10, "10 samples a process (chosen)", 1
+
+    code, second, err = compare(capsys, config(MATMUL), sqlite_url, NEW, NEW)
+    assert per_process(second["run_id"]) == {10}
+    assert "10 samples a process (chosen), learnt from 1 past run(s)" in err
+    assert "10 samples a process (chosen)" in second["results"][0]["stop_reason"]
+    assert second["results"][0]["workload_id"] == workload_id  # the same series
+
+    with db.session_scope(engine) as session:
+        session.scalars(select(NoiseProfile)).one().observations = noise.RECHECK
+    code, third, err = compare(capsys, config(MATMUL), sqlite_url, NEW, NEW)
+    assert per_process(third["run_id"]) == {100} and "re-learns the count; last learnt 10" in err
+
+    with db.session_scope(engine) as session:
+        session.scalars(select(NoiseProfile)).one().observations = 1
+    code, fourth, err = compare(capsys, config(MATMUL + "samples = 100\n"), sqlite_url, NEW, NEW)
+    assert per_process(fourth["run_id"]) == {100} and "samples a process" not in err
+
+
+def first_device(session) -> int:
+    from abwatch.service.store.models import Device
+
+    return session.scalars(select(Device.id)).first()
+
+
 def test_unknown_release_is_a_clear_error(capsys, tmp_path, tvm_cache, sqlite_url):
     code, _, err = compare(capsys, write(tmp_path, tvm_cache, MLP), sqlite_url, "0.9.9", NEW)
     assert code == 2 and "unknown apache-tvm version '0.9.9'" in err

@@ -323,15 +323,20 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
     started = time.monotonic()
     floor = config.run.repetitions if run.run_type == RunType.VERIFY else None
     start, why = noise.starting_repetitions(session, config, row.id, run.device_id, floor)
+    samples, why_samples = noise.samples_per_process(session, config, workload, row.id, run.device_id)
     session.commit()  # nothing stays open while the workload's processes run
     progress.message(f"  {workload.name}: {why}")
+    if why_samples:
+        progress.message(f"  {workload.name}: {why_samples}")
+    if samples is not None:  # measured so; stored under the workload's own series (its spec unchanged)
+        workload = workload.model_copy(update={"samples": samples})
     how = schedule_for(config.run.schedule, cores, memory_bound=workload.memory_bound,
                        pinnable=runner.kind_of(workload).runs_pinned, kind=workload.kind)
     if how.note:
         progress.message(f"  {workload.name}: {how.note}")
 
     def noted(verdict: stats.Verdict) -> stats.Verdict:  # the schedule, after why it stopped
-        return replace(verdict, stop_reason="; ".join(x for x in (verdict.stop_reason, how.note) if x))
+        return replace(verdict, stop_reason="; ".join(x for x in (verdict.stop_reason, how.note, why_samples) if x))
 
     schedule = interleaved_schedule(start, config.run.warmup, rng)
     measurement, look = None, 0

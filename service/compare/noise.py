@@ -1,9 +1,12 @@
 """Noise awareness: learn each (workload, device)'s process-to-process noise from its `same`
-verdicts, and start the next run with as many invocations as that noise needs."""
+verdicts, and start the next run with as many invocations as that noise needs, each taking
+the samples that reach an interval fastest (a TVM workload's; service/stats/repetitions.py)."""
 
 from __future__ import annotations
 
-from typing import cast
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from sqlalchemy import Table, case, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -11,11 +14,15 @@ from sqlalchemy.orm import Session
 
 from abwatch.service import stats
 from abwatch.service.config import Config
-from abwatch.service.store.models import NoiseProfile, utcnow
+from abwatch.service.store.models import Invocation, InvocationStatus, NoiseProfile, utcnow
 
 MIN_START = 4  # fewer processes than this cannot give a useful first look
 MAX_START_FACTOR = 3  # a very noisy history starts at most this many times run.repetitions
 MEMORY = 20  # observations a profile averages over before it starts to follow drift
+# Every RECHECK-th learnt run takes the workload's own samples again: only a process with more
+# samples than a count can show what that count costs, so this is how a choice is re-learnt
+# when the host or the workload changes.
+RECHECK = 10
 
 
 def starting_repetitions(session: Session, config: Config, workload_id: int, device_id: int | None,
@@ -24,10 +31,7 @@ def starting_repetitions(session: Session, config: Config, workload_id: int, dev
     default = config.run.repetitions
     profile = None
     if config.run.noise_aware and device_id is not None:
-        # read afresh: learn() writes with one UPDATE statement, past the session's copies
-        profile = session.scalar(select(NoiseProfile).where(
-            NoiseProfile.workload_id == workload_id, NoiseProfile.device_id == device_id)
-            .execution_options(populate_existing=True))
+        profile = _profile(session, workload_id, device_id)
     if profile is None:
         return default, f"{default} invocations a side (configured; no noise history)"
     # the interval decides a regression, so plan at its level; the sequence may look any
@@ -40,8 +44,58 @@ def starting_repetitions(session: Session, config: Config, workload_id: int, dev
                    f"{profile.observations} past run(s) needs {planned} for {config.stats.target_pct:g}%)")
 
 
-def learn(session: Session, workload_id: int, device_id: int | None, samples: dict, groups: dict) -> None:
-    """Fold the noise of an A/A-like (``same``) comparison into the profile."""
+def _profile(session: Session, workload_id: int, device_id: int) -> NoiseProfile | None:
+    # read afresh: learn() writes with one UPDATE statement, past the session's copies
+    return session.scalar(select(NoiseProfile).where(
+        NoiseProfile.workload_id == workload_id, NoiseProfile.device_id == device_id)
+        .execution_options(populate_existing=True))
+
+
+def samples_per_process(session: Session, config: Config, workload: Any, workload_id: int,
+                        device_id: int | None) -> tuple[int | None, str]:
+    """The samples a process this run takes where the noise history chose a count for the
+    workload (None: its own), and why. Only a TVM workload's ``samples`` are chosen, and only
+    where its config does not set them."""
+    own = getattr(workload, "samples", None)
+    if own is None or "samples" in workload.model_fields_set or not config.run.noise_aware or device_id is None:
+        return None, ""
+    profile = _profile(session, workload_id, device_id)
+    if profile is None or profile.samples is None or profile.samples == own:
+        return None, ""
+    if profile.observations % RECHECK == 0:
+        return None, (f"{own} samples a process (its own: every {RECHECK}th learnt run re-learns the count; "
+                      f"last learnt {profile.samples})")
+    return profile.samples, f"{profile.samples_reason}, learnt from {profile.observations} past run(s)"
+
+
+def choose_samples(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],
+                   groups: Mapping[str, Sequence[int]], own: int) -> stats.SamplesChoice | None:
+    """The samples a process to learn from a run whose processes took ``own`` samples each
+    (None: not learnable from it: another count, too few processes, no timing figures)."""
+    processes: dict[tuple[str, int], list[float]] = {}
+    for side in samples:
+        for value, group in zip(samples[side], groups[side], strict=True):
+            processes.setdefault((side, group), []).append(value)
+    if not processes or any(len(p) != own for p in processes.values()):
+        return None
+    timed = session.execute(select(Invocation.wall_s, Invocation.usage_wall_s).where(
+        Invocation.run_id == run_id, Invocation.workload_id == workload_id, Invocation.warmup.is_(False),
+        Invocation.status == InvocationStatus.OK, Invocation.usage_wall_s.is_not(None))).all()
+    if not timed:
+        return None
+    # a process's fixed part: its whole life less its timing batch; a sample: the batch's share
+    fixed = statistics.median(max(0.0, wall - (batch or 0.0)) for wall, batch in timed)
+    per_sample = statistics.median((batch or 0.0) / own for _, batch in timed)
+    try:
+        return stats.choose_samples(list(processes.values()), fixed_s=fixed, sample_s=per_sample, configured=own)
+    except ValueError:  # too few processes, or no time a sample
+        return None
+
+
+def learn(session: Session, workload_id: int, device_id: int | None, samples: dict, groups: dict,
+          choice: stats.SamplesChoice | None = None) -> None:
+    """Fold the noise of an A/A-like (``same``) comparison into the profile, and the samples a
+    process it chose (``choice``) where the run could show them."""
     if device_id is None:
         return
     try:
@@ -52,12 +106,14 @@ def learn(session: Session, workload_id: int, device_id: int | None, samples: di
     # (a read-then-write in Python would lose one of them).
     table = cast(Table, NoiseProfile.__table__)
     dialect = session.get_bind().dialect.name
+    chosen = {} if choice is None else {"samples": choice.samples, "samples_reason": choice.reason}
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
-        workload_id=workload_id, device_id=device_id, process_cv=cv, observations=1, updated_at=utcnow())
+        workload_id=workload_id, device_id=device_id, process_cv=cv, observations=1, updated_at=utcnow(), **chosen)
     weight = case((table.c.observations < MEMORY, table.c.observations), else_=MEMORY)
     session.execute(statement.on_conflict_do_update(
         index_elements=["workload_id", "device_id"],
         set_={"process_cv": (table.c.process_cv * weight + statement.excluded.process_cv) / (weight + 1),
               "observations": table.c.observations + 1,
-              "updated_at": statement.excluded.updated_at}))
+              "updated_at": statement.excluded.updated_at,
+              **{name: getattr(statement.excluded, name) for name in chosen}}))
     session.flush()

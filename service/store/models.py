@@ -456,7 +456,9 @@ class NoiseProfile(Base):
     """Observed run-to-run noise of one workload on one device, learnt from its `same` verdicts.
 
     ``process_cv`` is the coefficient of variation of per-process medians (the unit the
-    statistics use); it sets how many invocations the next run starts with.
+    statistics use); it sets how many invocations the next run starts with. ``samples`` (a TVM
+    workload's): the samples a process that reach an interval fastest, learnt from a run that
+    took the workload's own count (service/stats/repetitions.py); NULL: none learnt.
     """
 
     __tablename__ = "noise_profiles"
@@ -467,6 +469,8 @@ class NoiseProfile(Base):
     process_cv: Mapped[float] = mapped_column(Float)
     observations: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    samples: Mapped[int | None] = mapped_column(Integer)
+    samples_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class Record(Base):
