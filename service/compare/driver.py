@@ -321,15 +321,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
     store = _invocation_writer(session, run, row.id, workload.name, progress, planned)
     paths = {side.value: path for side, path in artifacts.items()}
     started = time.monotonic()
-    floor = config.run.repetitions if run.run_type == RunType.VERIFY else None
-    start, why = noise.starting_repetitions(session, config, row.id, run.device_id, floor)
-    samples, why_samples = noise.samples_per_process(session, config, workload, row.id, run.device_id)
-    session.commit()  # nothing stays open while the workload's processes run
-    progress.message(f"  {workload.name}: {why}")
-    if why_samples:
-        progress.message(f"  {workload.name}: {why_samples}")
-    if samples is not None:  # measured so; stored under the workload's own series (its spec unchanged)
-        workload = workload.model_copy(update={"samples": samples})
+    start, workload, why_samples = _first_look(session, config, run, row.id, workload, progress)
     how = schedule_for(config.run.schedule, cores, memory_bound=workload.memory_bound,
                        pinnable=runner.kind_of(workload).runs_pinned, kind=workload.kind)
     if how.note:
@@ -362,6 +354,23 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
             return measurement, noted(step.verdict)
         progress.message(f"  {workload.name}: look {look}: {step.verdict.reason}; adding {step.next_pairs} pairs")
         schedule = interleaved_schedule(step.next_pairs, 0, rng, start=schedule[-1].position + 1)
+
+
+def _first_look(session: Session, config: Config, run: Run, workload_id: int, workload: WorkloadSpec,
+                progress: Progress) -> tuple[int, WorkloadSpec, str]:
+    """The first look's processes a side and the workload as it is measured (a TVM workload's
+    samples a process, where its noise history chose them), each said; and why those samples
+    (for the verdict's ``stop_reason``; empty: the workload's own)."""
+    floor = config.run.repetitions if run.run_type == RunType.VERIFY else None
+    start, why = noise.starting_repetitions(session, config, workload_id, run.device_id, floor)
+    samples, why_samples = noise.samples_per_process(session, config, workload, workload_id, run.device_id)
+    session.commit()  # nothing stays open while the workload's processes run
+    progress.message(f"  {workload.name}: {why}")
+    if why_samples:
+        progress.message(f"  {workload.name}: {why_samples}")
+    if samples is not None:  # measured so; stored under the workload's own series (its spec unchanged)
+        workload = workload.model_copy(update={"samples": samples})
+    return start, workload, why_samples
 
 
 def _series_of(session: Session, run: Run, workload: WorkloadSpec, progress: Progress) -> Workload:
