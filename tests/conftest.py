@@ -71,8 +71,8 @@ pytest.TempPathFactory.getbasetemp = _enterable_basetemp  # type: ignore[method-
 
 # Fixtures that make a test need the PostgreSQL server, and fixtures that make it slow (real
 # builds, compares, TVM venvs, boards, servers): `pytest -m "not slow"` is the everyday subset.
-POSTGRES_FIXTURES = frozenset({"pg_admin", "fresh_pg_url", "migrated_pg_url", "session", "filled_pg_url",
-                               "filled_server"})
+POSTGRES_FIXTURES = frozenset({"pg_admin", "fresh_pg_url", "empty_pg_url", "pg_template", "migrated_pg_url",
+                               "session", "filled_pg_url", "filled_server"})
 SLOW_FIXTURES = frozenset({"tvm_python", "tvm_cache", "rpc_board", "filled_pg_url", "filled_server",
                            "bench_repo", "write_config"})
 
@@ -83,7 +83,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if names & POSTGRES_FIXTURES or params.get("db_url") == "postgres":
+        if names & POSTGRES_FIXTURES or "postgres" in (params.get("db_url"), params.get("empty_db_url")):
             item.add_marker(pytest.mark.postgres)
         if names & SLOW_FIXTURES:
             item.add_marker(pytest.mark.slow)
@@ -112,10 +112,12 @@ def pg_admin():
     engine.dispose()
 
 
-def _create_database(pg_admin) -> str:
+def _create_database(pg_admin, template: str | None = None) -> str:
     name = f"abwatch_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    # a copy of a migrated template is a file copy on the server: no migration to run again
+    clause = f' TEMPLATE "{template}"' if template else ""
     with pg_admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
+        connection.execute(text(f'CREATE DATABASE "{name}"{clause}'))
     return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
 
 
@@ -125,33 +127,77 @@ def _drop_database(pg_admin, url: str) -> None:
         connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+# Migrating a new database costs about a second of CPU (Alembic's batch mode reflects SQLite's
+# tables), and most tests only need a database at head: they get a copy of one migrated once a
+# session. Each pytest-xdist worker is its own process with its own session, so each makes its
+# own template (named by its pid): no worker copies a template another one is still migrating.
+# The tests of migrations themselves take the empty_* fixtures.
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_admin) -> str:
+    """The name of a PostgreSQL database migrated to head once a session, the template of
+    :func:`fresh_pg_url`'s; nothing connects to it after (CREATE DATABASE ... TEMPLATE needs that)."""
+    url = _create_database(pg_admin)
+    db.upgrade(url)
+    yield make_url(url).database
+    _drop_database(pg_admin, url)
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory) -> Path:
+    """An SQLite file migrated to head once a session, copied by :func:`sqlite_url`."""
+    path = tmp_path_factory.mktemp("template") / "abwatch.db"
+    db.upgrade(f"sqlite:///{path}")
+    return path
+
+
 @pytest.fixture
-def fresh_pg_url(pg_admin):
-    """URL of a new, empty PostgreSQL database, dropped after the test."""
+def empty_pg_url(pg_admin):
+    """URL of a new, empty PostgreSQL database (for tests of migrating one), dropped after the test."""
     url = _create_database(pg_admin)
     yield url
     _drop_database(pg_admin, url)
 
 
 @pytest.fixture
-def sqlite_url(tmp_path) -> str:
-    """URL of a new, empty SQLite file."""
+def fresh_pg_url(pg_admin, pg_template):
+    """URL of a new PostgreSQL database at head (a copy of :func:`pg_template`), dropped after the test."""
+    url = _create_database(pg_admin, pg_template)
+    yield url
+    _drop_database(pg_admin, url)
+
+
+@pytest.fixture
+def empty_sqlite_url(tmp_path) -> str:
+    """URL of an SQLite file that does not exist yet (for tests of migrating one)."""
     return f"sqlite:///{tmp_path / 'abwatch.db'}"
 
 
+@pytest.fixture
+def sqlite_url(tmp_path, sqlite_template) -> str:
+    """URL of a new SQLite file at head (a copy of :func:`sqlite_template`)."""
+    path = tmp_path / "abwatch.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request, tmp_path):
-    """An empty database of each kind in turn."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'abwatch.db'}"
-    return request.getfixturevalue("fresh_pg_url")
+def db_url(request):
+    """A new database at head of each kind in turn."""
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "fresh_pg_url")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_db_url(request):
+    """An empty database of each kind in turn (for tests of migrating one)."""
+    return request.getfixturevalue("empty_sqlite_url" if request.param == "sqlite" else "empty_pg_url")
 
 
 @pytest.fixture(scope="session")
-def migrated_pg_url(pg_admin):
+def migrated_pg_url(pg_admin, pg_template):
     """One PostgreSQL database at head for the session, for rolled-back-transaction tests."""
-    url = _create_database(pg_admin)
-    db.upgrade(url)
+    url = _create_database(pg_admin, pg_template)
     yield url
     _drop_database(pg_admin, url)
 
@@ -259,14 +305,14 @@ threshold_pct = 5.0
 
 
 @pytest.fixture(scope="session")
-def filled_pg_url(pg_admin, bench_repo, tmp_path_factory):
+def filled_pg_url(pg_admin, pg_template, bench_repo, tmp_path_factory):
     """A PostgreSQL database filled by real ``abwatch compare`` runs of the C benchmark:
     base→noop (same), noop→slower (a regression, then verified), slower→faster (faster).
     Returns ``(url, {"same": run_id, "regression": run_id, "verify": run_id, "faster": run_id})``.
     """
     from abwatch.service.cli.main import main
 
-    url = _create_database(pg_admin)
+    url = _create_database(pg_admin, pg_template)
     work = tmp_path_factory.mktemp("filled")
     config = _filled_config(work / "abwatch.toml", bench_repo, work / "cache")
     runs = {}

@@ -74,7 +74,7 @@ def closed_port() -> str:
 
 
 def test_a_confirmed_regression_alerts_every_webhook(receiver, black_hole, write_config, tmp_path, monkeypatch,
-                                                     capsys):
+                                                     capsys, sqlite_url):
     monkeypatch.setenv("ABWATCH_ALERT_SECRET", SECRET)
     refused = closed_port()
     config = write_config(repetitions=6)
@@ -86,7 +86,7 @@ attempts = 3
 backoff_s = 0.05
 dashboard_url = "http://dash.example"
 """)
-    url = f"sqlite:///{tmp_path / 'a.db'}"
+    url = sqlite_url
     assert main(["compare", "--config", str(config), "--control", "noop", "--treatment", "slower",
                  "--json", "--db", url]) == 1
     run_id = json.loads(capsys.readouterr().out)["run_id"]

@@ -40,9 +40,8 @@ except SystemExit:
 
 
 @pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
-def test_read_commands_do_not_import_the_numerical_or_web_stack(tmp_path):
-    url = f"sqlite:///{tmp_path / 'x.db'}"
-    db.upgrade(url)
+def test_read_commands_do_not_import_the_numerical_or_web_stack(sqlite_url):
+    url = sqlite_url  # at head: read commands never migrate
     for argv in (["regressions", "--db", url], ["status", "--db", url], ["runs", "--db", url]):
         loaded = _modules_after(f"from abwatch.service.cli import main as cli\nassert cli.main({argv!r}) == 0")
         assert not {m for m in loaded if m.split(".")[0] in ("scipy", "fastapi", "uvicorn", "tvm")}, argv

@@ -86,12 +86,12 @@ threshold_pct = 5.0
     return path
 
 
-def test_three_compares_at_once_on_one_database_and_one_empty_cache(fresh_pg_url, bench_repo, tmp_path):
+def test_three_compares_at_once_on_one_database_and_one_empty_cache(empty_pg_url, bench_repo, tmp_path):
     """The operator's report: UniqueViolation on the first migration and on workloads/repositories,
     and a clone race on an empty cache. Three at once, with the pair in both orders."""
     config = _config(tmp_path / "abwatch.toml", bench_repo, tmp_path / "cache")
     pairs = [("base", "noop"), ("noop", "base"), ("base", "noop")]
-    procs = [_start(["compare", "--config", config, "--control", c, "--treatment", t, "--json", "--db", fresh_pg_url])
+    procs = [_start(["compare", "--config", config, "--control", c, "--treatment", t, "--json", "--db", empty_pg_url])
              for c, t in pairs]
     results = _finish(procs)
     for code, out, err in results:
@@ -99,15 +99,15 @@ def test_three_compares_at_once_on_one_database_and_one_empty_cache(fresh_pg_url
         assert code in (0, 1), err
         assert not any(word in err for word in FAILURE_WORDS), err
         assert json.loads(out)["status"] == "completed"
-    assert _count(fresh_pg_url, Run) == 3
-    assert _count(fresh_pg_url, Run, Run.status == RunStatus.RUNNING) == 0
-    assert _count(fresh_pg_url, Repository) == 1
-    assert _count(fresh_pg_url, Commit) == 2
-    assert _count(fresh_pg_url, Device) == 1
-    assert _count(fresh_pg_url, Workload) == 1
+    assert _count(empty_pg_url, Run) == 3
+    assert _count(empty_pg_url, Run, Run.status == RunStatus.RUNNING) == 0
+    assert _count(empty_pg_url, Repository) == 1
+    assert _count(empty_pg_url, Commit) == 2
+    assert _count(empty_pg_url, Device) == 1
+    assert _count(empty_pg_url, Workload) == 1
     # one row per artifact, whoever built it and whoever found it in the cache
-    assert _count(fresh_pg_url, Build) == 2
-    assert _count(fresh_pg_url, Comparison) == 3
+    assert _count(empty_pg_url, Build) == 2
+    assert _count(empty_pg_url, Comparison) == 3
     mirrors = list((tmp_path / "cache" / "repos").glob("*.git"))
     assert len(mirrors) == 1 and not list((tmp_path / "cache" / "repos").glob("*.tmp"))
 
@@ -139,8 +139,8 @@ def test_two_verifies_of_one_regression_move_it_once(write_config, fresh_pg_url,
 
 
 @pytest.mark.parametrize("kind", ["postgres", "sqlite"])
-def test_migrations_at_once_on_an_empty_database(kind, request, tmp_path):
-    url = request.getfixturevalue("fresh_pg_url") if kind == "postgres" else f"sqlite:///{tmp_path / 'a.db'}"
+def test_migrations_at_once_on_an_empty_database(kind, request):
+    url = request.getfixturevalue("empty_pg_url" if kind == "postgres" else "empty_sqlite_url")
     results = _finish([_start(["db", "upgrade", "--db", url]) for _ in range(3)])
     head = db.head_revision(url)
     for code, out, err in results:
@@ -231,7 +231,7 @@ def test_mirror_is_cloned_once_by_processes_that_start_together(bench_repo, tmp_
 def test_a_busy_device_makes_the_measuring_phase_wait_and_says_who_holds_it(kind, request, write_config, tmp_path):
     """Held by someone else (here: the test, named like a run), the device keeps a compare from
     measuring; the compare says who holds it, builds meanwhile, and measures once it is free."""
-    url = request.getfixturevalue("fresh_pg_url") if kind == "postgres" else f"sqlite:///{tmp_path / 'a.db'}"
+    url = request.getfixturevalue("fresh_pg_url" if kind == "postgres" else "sqlite_url")
     config = write_config(repetitions=4, run_extra="max_repetitions = 8")
     db.upgrade(url)
     engine = db.make_engine(url)

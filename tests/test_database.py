@@ -18,7 +18,8 @@ TABLES = {
 
 
 @pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
-def test_upgrade_to_head_and_downgrade_to_empty(db_url):
+def test_upgrade_to_head_and_downgrade_to_empty(empty_db_url):
+    db_url = empty_db_url
     engine = db.make_engine(db_url)
     assert db.current_revision(engine) is None
     db.upgrade(db_url)
@@ -32,16 +33,18 @@ def test_upgrade_to_head_and_downgrade_to_empty(db_url):
     engine.dispose()
 
 
-def test_ensure_schema_migrates_empty_and_refuses_foreign(db_url):
+def test_ensure_schema_migrates_empty_and_refuses_foreign(empty_db_url):
+    db_url = empty_db_url
     engine = db.make_engine(db_url)
+    assert db.current_revision(engine) is None
     db.ensure_schema(engine)
     assert db.current_revision(engine) == db.head_revision(db_url)
     db.ensure_schema(engine)  # idempotent at head
     engine.dispose()
 
 
-def test_ensure_schema_refuses_an_unrelated_database(sqlite_url):
-    engine = db.make_engine(sqlite_url)
+def test_ensure_schema_refuses_an_unrelated_database(empty_sqlite_url):
+    engine = db.make_engine(empty_sqlite_url)
     with engine.begin() as connection:
         connection.execute(text("CREATE TABLE something_else (id INTEGER)"))
     with pytest.raises(db.SchemaError, match="no abwatch schema version"):
@@ -98,12 +101,13 @@ def test_regression_kinds_are_one_vocabulary_the_schema_checks(db_url):
     engine.dispose()
 
 
-def test_triage_statuses_are_the_ones_the_schema_checks_and_fixed_goes_back_to_acknowledged(db_url):
+def test_triage_statuses_are_the_ones_the_schema_checks_and_fixed_goes_back_to_acknowledged(empty_db_url):
     """Both triage columns take every TriageStatus (``fixed`` since 0026, with the fixing commit
     in ``triage_events.fixed_by``) and refuse any other word; a downgrade makes a fix an
     acknowledged regression again, as it was recorded before."""
     from abwatch.service.stats.verdict import TriageStatus
 
+    db_url = empty_db_url
     db.upgrade(db_url, "0025")
     engine = db.make_engine(db_url)
     columns = ("workload_id, control_commit_id, treatment_commit_id, run_id, comparison_id, state, change_pct, "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import json
 import textwrap
+from pathlib import Path
 
 import git
 from sqlalchemy import func, select
@@ -41,7 +42,7 @@ def _repo(path):
     repo.create_tag("v2")
 
 
-def test_output_and_sample_caps_end_the_workload_with_an_error_and_keep_nothing(tmp_path, capsys):
+def test_output_and_sample_caps_end_the_workload_with_an_error_and_keep_nothing(tmp_path, capsys, sqlite_url):
     _repo(tmp_path / "repo")
     config = tmp_path / "caps.toml"
     workloads = {
@@ -72,7 +73,7 @@ command = ["python3", "spew.py"]
 env = {env}
 {cap}
 """ for name, (env, cap) in workloads.items()))
-    url = f"sqlite:///{tmp_path / 'caps.db'}"
+    url = sqlite_url
     code = main(["compare", "--config", str(config), "--control", "v1", "--treatment", "v2", "--json", "--db", url])
     assert code == 4  # incomplete: two workloads could not be judged
     report = json.loads(capsys.readouterr().out)
@@ -94,4 +95,4 @@ env = {env}
         run = session.scalars(select(Run)).one()
         assert session.scalar(select(func.count()).select_from(Comparison).where(Comparison.run_id == run.id)) == 3
     engine.dispose()
-    assert (tmp_path / "caps.db").stat().st_size < 5 * 2**20
+    assert Path(sqlite_url.removeprefix("sqlite:///")).stat().st_size < 5 * 2**20

@@ -156,8 +156,8 @@ command = ["cat", "r.json"]
     assert git.Repo(mirror).git.worktree("list").count("\n") == 0  # only the mirror itself
 
 
-def test_postgres_urls_in_the_usual_form_work(fresh_pg_url, capsys):
-    plain = fresh_pg_url.replace("postgresql+psycopg2://", "postgresql://")
+def test_postgres_urls_in_the_usual_form_work(empty_pg_url, capsys):
+    plain = empty_pg_url.replace("postgresql+psycopg2://", "postgresql://")
     assert run_cli(capsys, "db", "upgrade", "--db", plain)[0] == 0
     for url in (plain, plain.replace("postgresql://", "postgres://")):
         code, _, err = run_cli(capsys, "runs", "--json", "--db", url)

@@ -18,7 +18,8 @@ from abwatch.service.store.models import (
 )
 
 
-def test_each_upgrade_notes_the_abwatch_that_made_the_revision(db_url):
+def test_each_upgrade_notes_the_abwatch_that_made_the_revision(empty_db_url):
+    db_url = empty_db_url
     db.upgrade(db_url)
     engine = db.make_engine(db_url)
     with Session(engine) as session:

@@ -102,9 +102,10 @@ def test_compare_watch_verify_and_bisect_store_one_masked_repository(tmp_path, s
     assert SECRET not in dump and "abwatch:***@127.0.0.1" in dump
 
 
-def test_migration_merges_a_repository_split_by_credentials(db_url):
+def test_migration_merges_a_repository_split_by_credentials(empty_db_url):
     """A database written by the old code: the watch's rows under the URL with the password,
     compare's under the masked one. After the migration: one row, the whole history under it."""
+    db_url = empty_db_url
     db.upgrade(db_url, "0011")
     secret_url, masked = f"http://u:{SECRET}@host/x.git", "http://u:***@host/x.git"
     engine = db.make_engine(db_url)

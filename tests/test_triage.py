@@ -12,8 +12,8 @@ from abwatch.service.store import db
 from abwatch.service.cli.main import main
 
 
-def test_triage_command_stores_who_when_why_and_sets_invalid_apart(write_config, tmp_path, capsys, monkeypatch):
-    url = f"sqlite:///{tmp_path / 't.db'}"
+def test_triage_command_stores_who_when_why_and_sets_invalid_apart(write_config, capsys, monkeypatch, sqlite_url):
+    url = sqlite_url
     config = write_config(repetitions=6)
     assert main(["compare", "--config", str(config), "--control", "noop", "--treatment", "slower",
                  "--json", "--db", url]) == 1

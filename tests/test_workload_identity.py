@@ -81,7 +81,8 @@ def _insert(connection, table: str, **values) -> int:
 
 
 @pytest.mark.slow  # over 2.5 s under load (processes, servers, migrations)
-def test_migration_splits_a_shared_workload_row_and_keeps_every_row(db_url):
+def test_migration_splits_a_shared_workload_row_and_keeps_every_row(empty_db_url):
+    db_url = empty_db_url
     """A database from before identities: one ``mlp`` row measured in two repositories and with two
     specs. Upgrading gives each its own row and moves what each run measured; nothing is lost."""
     db.upgrade(db_url, "0009")

@@ -171,8 +171,8 @@ def test_the_tvm_kinds_output_check_uses_the_workloads_tolerance():
     assert output_error(tensor([1.0]), tensor([1.0, 2.0]), 0.1, 0.1)["reason"] == "output shape [2] != [1]"
 
 
-def test_a_comparison_measures_judges_and_records_a_registered_kind(toy, tmp_path, bench_repo, capsys):
-    url = f"sqlite:///{tmp_path / 'a.db'}"
+def test_a_comparison_measures_judges_and_records_a_registered_kind(toy, tmp_path, bench_repo, capsys, sqlite_url):
+    url = sqlite_url
     config = write_toy(tmp_path, bench_repo)
     code = main(["compare", "--config", str(config), "--control", "base", "--treatment", "noop", "--json",
                  "--db", url])
