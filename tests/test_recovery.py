@@ -178,11 +178,11 @@ def test_an_unreachable_database_names_it_with_the_password_masked(capsys):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_read_only_commands_never_create_a_schema(capsys, fresh_pg_url):
+def test_read_only_commands_never_create_a_schema(capsys, empty_pg_url):
     for args in (["regressions"], ["db", "current"], ["runs"], ["records", "export"]):
-        code, _, err = run_cli(capsys, *args, "--db", fresh_pg_url)
+        code, _, err = run_cli(capsys, *args, "--db", empty_pg_url)
         assert code in (0, 2), err
-        assert inspect(db.make_engine(fresh_pg_url)).get_table_names() == [], args
+        assert inspect(db.make_engine(empty_pg_url)).get_table_names() == [], args
 
 
 def test_credentials_in_the_repository_url_are_never_printed(tmp_path, sqlite_url, capsys):
