@@ -339,12 +339,26 @@ def filled_pg_url(pg_admin, pg_template, bench_repo, tmp_path_factory):
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on right now."""
+    """A TCP port nobody listens on right now, below the kernel's ephemeral range: a port that
+    bind(0) hands out is one the client side of any connection (another test worker's, to
+    PostgreSQL, say) may take as its local port before the server under test binds it."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default start of the range
+    pick = random.SystemRandom()
+    for _ in range(500):
+        port = pick.randrange(20000, max(20001, min(low, 32768)))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port between 20000 and the ephemeral range")
 
 
 @contextlib.contextmanager
