@@ -451,7 +451,8 @@ def rpc_board(tvm_python):
     import signal
     import subprocess
 
-    tracker_port, server_port = free_port(), free_port()
+    tracker_port = free_port()
+    server_port = next(port for port in iter(free_port, None) if abs(port - tracker_port) > 1)  # ranges of 2
     procs = [subprocess.Popen([tvm_python, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
                                "--port", str(tracker_port), "--port-end", str(tracker_port + 1)],
                               start_new_session=True)]
