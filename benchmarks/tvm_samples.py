@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from sqlalchemy import select
+
+from abwatch.service.compare import noise
 from abwatch.service.stats.repetitions import choose_samples
+from abwatch.service.store import db
+from abwatch.service.store.models import Invocation, Sample
 from benchmarks.load import busy_loops
 
 VERSION = "0.27.0.post1"
@@ -57,19 +60,18 @@ samples = {taken}
 
 def measured(database: Path) -> tuple[list[list[float]], float, float]:
     """The processes' samples in the order taken, the median fixed part of a process and the
-    median seconds a sample, from one run's database."""
-    with sqlite3.connect(database) as db:
-        invocations = {row[0]: row[1:] for row in db.execute(
-            "SELECT id, wall_s, usage_wall_s FROM invocations WHERE NOT warmup AND status = 'ok'")}
+    median seconds a sample (the product's :func:`noise.process_costs`), from one run's database."""
+    engine = db.make_engine(f"sqlite:///{database}")
+    with db.session_scope(engine) as session:
+        run_id, workload_id = session.execute(select(Invocation.run_id, Invocation.workload_id).limit(1)).one()
         samples: dict[int, list[float]] = defaultdict(list)
-        for invocation, ms in db.execute(
-                "SELECT invocation_id, runtime_ms FROM samples WHERE NOT warmup ORDER BY invocation_id, order_index"):
-            if invocation in invocations:
-                samples[invocation].append(ms)
-    full = {i: s for i, s in samples.items() if len(s) >= TAKEN and invocations[i][1] is not None}
-    fixed = statistics.median(invocations[i][0] - invocations[i][1] for i in full)
-    per_sample = statistics.median(invocations[i][1] / len(s) for i, s in full.items())
-    return list(full.values()), max(0.0, fixed), per_sample
+        for invocation, ms in session.execute(select(Sample.invocation_id, Sample.runtime_ms)
+                                              .where(Sample.warmup.is_(False)).order_by(Sample.order_index)):
+            samples[invocation].append(ms)
+        costs = noise.process_costs(session, run_id, workload_id, TAKEN)
+    engine.dispose()
+    assert costs is not None, f"{database}: no timed invocation"
+    return [s for s in samples.values() if len(s) == TAKEN], *costs
 
 
 def main() -> None:

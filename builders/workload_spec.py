@@ -208,8 +208,9 @@ class TvmWorkloadConfig(WorkloadSpec):
             raise ValueError("options: expected a table of model options")
         if not isinstance(value.get("dtype", ""), str):
             raise ValueError("dtype: expected a string such as \"float16\"")
-        shape = value.get("input_shape", [1])
-        if not isinstance(shape, list) or not shape or not all(type(n) is int and n > 0 for n in shape):
+        shape = value.get("input_shape")
+        if "input_shape" in value and not (isinstance(shape, list) and shape
+                                           and all(type(n) is int and n > 0 for n in shape)):
             raise ValueError(f"input_shape: expected a list of positive integers such as [33, 256], not {shape!r}")
         return value
 

@@ -338,6 +338,15 @@ def filled_pg_url(pg_admin, pg_template, bench_repo, tmp_path_factory):
     _drop_database(pg_admin, url)
 
 
+def first_device(session) -> int:
+    """The id of the first device a test's runs stored."""
+    from sqlalchemy import select
+
+    from abwatch.service.store.models import Device
+
+    return session.scalars(select(Device.id)).first()
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now, below the kernel's ephemeral range: a port that
     bind(0) hands out is one the client side of any connection (another test worker's, to

@@ -13,6 +13,7 @@ from abwatch.service.store.models import (
     Build, BuildStatus, Comparison, Invocation, InvocationStatus, Record, Regression, Run,
     RunStatus, Sample,
 )
+from tests.conftest import first_device
 
 
 def run_cli(capsys, *argv) -> tuple[int, dict | None, str]:
@@ -268,12 +269,6 @@ def test_noise_history_sets_the_starting_repetitions(capsys, write_config, sqlit
     code, second, err = compare(capsys, config, sqlite_url, "base", "noop")
     assert f"{expected} invocations a side (process noise 3.00%" in err
     assert second["results"][0]["control"]["n"] >= expected * 10
-
-
-def first_device(session) -> int:
-    from abwatch.service.store.models import Device
-
-    return session.scalars(select(Device.id)).first()
 
 
 def test_aa_keeps_sampling_past_the_old_fixed_budget_and_is_never_called(capsys, write_config, sqlite_url):

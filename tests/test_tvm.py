@@ -20,14 +20,15 @@ from abwatch.service.cli.main import main
 from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
 from abwatch.service.store.models import Invocation, Record, Regression
 
-from tests.conftest import free_port, no_nvidia
+from tests.conftest import first_device, free_port, no_nvidia
 
 OLD, NEW = "0.26.0", "0.27.0.post1"
 
 
 pytestmark = pytest.mark.slow  # real builds, runs, processes or servers
 
-def write(tmp_path, cache, workloads: str, runner: str = 'kind = "cpu"\nthreads = 1', run: str = "") -> str:
+def write(tmp_path, cache, workloads: str, runner: str = 'kind = "cpu"\nthreads = 1', run: str = "",
+          noise_aware: bool = False) -> str:
     path = tmp_path / "tvm.toml"
     run = run or "repetitions = 4\nmax_repetitions = 4"
     if "compile_repetitions" not in run:  # compile time is judged only where a test asks for it
@@ -41,7 +42,7 @@ kind = "tvm-wheel"
 [run]
 {run}
 seed = 3
-noise_aware = false
+noise_aware = {str(noise_aware).lower()}
 {workloads}
 """)
     return str(path)
@@ -247,21 +248,8 @@ def test_a_learnt_samples_count_is_what_the_next_run_takes(capsys, tmp_path, tvm
     from abwatch.service.store.models import NoiseProfile, Sample
 
     def config(workload: str) -> str:
-        path = tmp_path / "tvm.toml"
-        path.write_text(f"""cache_dir = {json.dumps(str(tvm_cache))}
-[build]
-kind = "tvm-wheel"
-[runner]
-kind = "cpu"
-threads = 1
-processes = "forked"
-[run]
-repetitions = 6
-max_repetitions = 6
-compile_repetitions = 0
-seed = 3
-{workload}""")
-        return str(path)
+        return write(tmp_path, tvm_cache, workload, runner='kind = "cpu"\nthreads = 1\nprocesses = "forked"',
+                     run="repetitions = 6\nmax_repetitions = 6", noise_aware=True)
 
     def per_process(run_id: int) -> set[int]:
         with db.session_scope(engine) as session:
@@ -310,12 +298,6 @@ seed = 3
         session.scalars(select(NoiseProfile)).one().observations = 1
     code, fourth, err = compare(capsys, config(MATMUL + "samples = 100\n"), sqlite_url, NEW, NEW)
     assert per_process(fourth["run_id"]) == {100} and "samples a process" not in err
-
-
-def first_device(session) -> int:
-    from abwatch.service.store.models import Device
-
-    return session.scalars(select(Device.id)).first()
 
 
 def test_unknown_release_is_a_clear_error(capsys, tmp_path, tvm_cache, sqlite_url):

@@ -68,6 +68,19 @@ def samples_per_process(session: Session, config: Config, workload: Any, workloa
     return profile.samples, f"{profile.samples_reason}, learnt from {profile.observations} past run(s)"
 
 
+def process_costs(session: Session, run_id: int, workload_id: int, samples_each: int) -> tuple[float, float] | None:
+    """What a measured process of the run cost besides its samples, and one sample, in seconds
+    (medians over its timed invocations; None: none has a timing batch)."""
+    timed = session.execute(select(Invocation.wall_s, Invocation.usage_wall_s).where(
+        Invocation.run_id == run_id, Invocation.workload_id == workload_id, Invocation.warmup.is_(False),
+        Invocation.status == InvocationStatus.OK, Invocation.usage_wall_s.is_not(None))).all()
+    if not timed:
+        return None
+    # a process's fixed part: its whole life less its timing batch; a sample: the batch's share
+    return (statistics.median(max(0.0, wall - (batch or 0.0)) for wall, batch in timed),
+            statistics.median((batch or 0.0) / samples_each for _, batch in timed))
+
+
 def choose_samples(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],
                    groups: Mapping[str, Sequence[int]], own: int) -> stats.SamplesChoice | None:
     """The samples a process to learn from a run whose processes took ``own`` samples each
@@ -78,30 +91,28 @@ def choose_samples(session: Session, run_id: int, workload_id: int, samples: Map
             processes.setdefault((side, group), []).append(value)
     if not processes or any(len(p) != own for p in processes.values()):
         return None
-    timed = session.execute(select(Invocation.wall_s, Invocation.usage_wall_s).where(
-        Invocation.run_id == run_id, Invocation.workload_id == workload_id, Invocation.warmup.is_(False),
-        Invocation.status == InvocationStatus.OK, Invocation.usage_wall_s.is_not(None))).all()
-    if not timed:
+    costs = process_costs(session, run_id, workload_id, own)
+    if costs is None:
         return None
-    # a process's fixed part: its whole life less its timing batch; a sample: the batch's share
-    fixed = statistics.median(max(0.0, wall - (batch or 0.0)) for wall, batch in timed)
-    per_sample = statistics.median((batch or 0.0) / own for _, batch in timed)
     try:
-        return stats.choose_samples(list(processes.values()), fixed_s=fixed, sample_s=per_sample, configured=own)
+        return stats.choose_samples(list(processes.values()), fixed_s=costs[0], sample_s=costs[1], configured=own)
     except ValueError:  # too few processes, or no time a sample
         return None
 
 
 def learn(session: Session, workload_id: int, device_id: int | None, samples: dict, groups: dict,
-          choice: stats.SamplesChoice | None = None) -> None:
-    """Fold the noise of an A/A-like (``same``) comparison into the profile, and the samples a
-    process it chose (``choice``) where the run could show them."""
+          run_id: int | None = None, configured_samples: int | None = None) -> None:
+    """Fold the noise of an A/A-like (``same``) comparison into the profile, and, for a TVM
+    workload (``configured_samples``: its own samples a process) whose run ``run_id`` took
+    them, the samples a process that run shows to be fastest (:func:`choose_samples`)."""
     if device_id is None:
         return
     try:
         cv = sum(stats.process_cv(samples[side], groups[side]) for side in samples) / len(samples)
     except ValueError:
         return
+    choice = (None if run_id is None or configured_samples is None
+              else choose_samples(session, run_id, workload_id, samples, groups, configured_samples))
     # One statement that reads and writes the row: two runs that finish at once both count
     # (a read-then-write in Python would lose one of them).
     table = cast(Table, NoiseProfile.__table__)

@@ -84,10 +84,8 @@ def store_result(session: Session, config: Config, run: Run, workload: WorkloadS
         correctness_id = lifecycle.open_regression(session, run, comparison, kind=RegressionKind.CORRECTNESS,
                                                    reason=decision.correctness).id
     if decision.learn_noise:
-        configured = getattr(workload, "samples", None)  # a TVM workload's samples a process, as configured
-        choice = (None if configured is None
-                  else noise.choose_samples(session, run.id, row.id, m.samples, m.groups, configured))
-        noise.learn(session, row.id, run.device_id, m.samples, m.groups, choice)
+        noise.learn(session, row.id, run.device_id, m.samples, m.groups, run_id=run.id,
+                    configured_samples=getattr(workload, "samples", None))  # a TVM workload's own
     counts, compile_counts = shown.get("instructions"), shown.get("compile_instructions")
     # a metric of processes of its own shown with the others (none of today's: time and instructions have keys)
     others = tuple(r for r in metrics.own_results(own) if Metric(r.metric) not in SHOWN_APART)

@@ -85,8 +85,7 @@ def choose_samples(processes: Sequence[Sequence[float]], fixed_s: float, sample_
     keep = best.relative_time > 1.0 - min_gain
     chosen = configured if keep else best.samples
     figures = ", ".join(f"{o.samples}: cv {o.process_cv:.2%} x {o.seconds * 1000:.0f} ms" for o in table)
-    reason = (f"{chosen} samples a process ({'configured; ' if keep else ''}"
-              f"{'no count' if keep else f'{1 - best.relative_time:.0%} less time to the same width than {configured}'}"
-              f"{' reaches the same width in ' + format(1 - min_gain, '.0%') + ' of the time' if keep else ''};"
-              f" {len(processes)} processes: {figures})")
+    why = (f"configured; no count reaches the same width in {1 - min_gain:.0%} of the time" if keep
+           else f"{1 - best.relative_time:.0%} less time to the same width than {configured}")
+    reason = f"{chosen} samples a process ({why}; {len(processes)} processes: {figures})"
     return SamplesChoice(samples=chosen, configured=configured, options=table, reason=reason)
