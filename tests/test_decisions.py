@@ -6,6 +6,7 @@ on (service.watch.bisect._judge), and a watched commit's status (service.watch.p
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -50,6 +51,14 @@ def test_same_unknown_or_faster_open_nothing(first):
     d = decide.decide(found(first))
     assert (d.runtime, d.compile_time, d.correctness) == (None, None, None)
     assert d.learn_noise == (first is SAME)  # only a `same` verdict's samples are the pair's noise
+
+
+def test_the_noise_of_unmerged_code_is_not_learnt():
+    """A try or pull-request job's `same` teaches nothing: later runs of merged code start from a
+    noise profile, which code nobody merged must not steer."""
+    assert decide.decide(found(SAME)).learn_noise
+    untrusted = replace(found(SAME), trusted=False)
+    assert not decide.decide(untrusted).learn_noise
 
 
 def test_another_metric_opens_where_the_first_did_not_regress():

@@ -31,6 +31,9 @@ class Found:
     compile: tuple[MetricVerdict, ...]  # the compile's verdicts, in the metric registry's order
     output: OutputDiff | None  # the output check of a TVM workload's first outputs; None: not checked
     benchmark: bool  # a benchmark run opens regressions; verify, bisection and tries only measure
+    # the measured code is merged: only such a run's noise is learnt, since later runs of merged
+    # code start from it (a try or pull-request job's code could steer their repetitions)
+    trusted: bool = True
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class Decision:
     compile_time: Opening | None
     correctness: str | None  # why a correctness regression is opened (no verdict judges outputs); None: none
     mismatch: bool  # the outputs differ (said whether or not the run may open a regression)
-    learn_noise: bool  # a `same` verdict: its samples show the pair's noise, no change
+    learn_noise: bool  # a `same` verdict of merged code: its samples show the pair's noise, no change
 
 
 def decide(found: Found) -> Decision:
@@ -75,7 +78,7 @@ def decide(found: Found) -> Decision:
         correctness=(mismatch_reason(found.output)
                      if found.output is not None and mismatch and found.benchmark else None),
         mismatch=mismatch,
-        learn_noise=found.verdict.verdict == Outcome.SAME,
+        learn_noise=found.verdict.verdict == Outcome.SAME and found.trusted,
     )
 
 

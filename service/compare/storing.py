@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from abwatch.core.device_identity import DeviceInfo
 from abwatch.core.metric_names import SHOWN_APART
+from abwatch.builders import sandbox
 from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners import WORKLOAD_KINDS
 from abwatch.runners.harness import Measurement
@@ -64,7 +65,8 @@ def store_result(session: Session, config: Config, run: Run, workload: WorkloadS
         workload.name, tuple(Metric(x) for x in workload.measure), verdict,
         run=(*metrics.own_verdicts(own, metrics.RUN), *_beside(beside, metrics.RUN)),
         compile=(*metrics.own_verdicts(own, metrics.COMPILE), *_beside(beside, metrics.COMPILE)),
-        output=extra["error"] if extra is not None else None, benchmark=run.run_type == RunType.BENCHMARK))
+        output=extra["error"] if extra is not None else None, benchmark=run.run_type == RunType.BENCHMARK,
+        trusted=not sandbox.running_untrusted()))
     regression_id = _open_runtime(session, run, comparison, decision.runtime, attach, progress, workload.name)
     compile_id = None
     if (slower := decision.compile_time) is not None:
