@@ -409,7 +409,7 @@ rate_limit = {json.dumps(rate_limit)}
          "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # minutes on a heavily loaded host
         while True:
             try:
                 if requests.get(base + "/openapi.json", timeout=2).status_code == 200:

@@ -139,6 +139,9 @@ env = {{SLOW = "60"}}
 [[workloads]]
 name = "cat"
 command = ["cat", "r.json"]
+[run]
+repetitions = 3
+max_repetitions = 3  # the checkout is the point, not a verdict: no extra looks on a busy host
 """)
     proc = _start(["compare", "--config", str(config), "--control", "v1", "--treatment", "v1", "--db", sqlite_url])
     checkouts = tmp_path / "cache" / "checkouts"
