@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
+from abwatch.builders import sandbox
 from abwatch.core.device_identity import DeviceInfo
 from abwatch.core.metric_names import SHOWN_APART
-from abwatch.builders import sandbox
 from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners import WORKLOAD_KINDS
 from abwatch.runners.harness import Measurement
