@@ -111,11 +111,11 @@ def test_a_region_of_a_process_is_counted_without_its_start_up(tmp_path):
     # four processes under Valgrind at once: each counts its own instructions, however many
     # run beside it (one after another they took 100 s beside six busy loops)
     with ThreadPoolExecutor(4) as pool:
-        small, again, large, whole = pool.map(lambda count: count(), (
-            lambda: _count_region(valgrind, 20_000, tmp_path / "a"),
-            lambda: _count_region(valgrind, 20_000, tmp_path / "b"),
-            lambda: _count_region(valgrind, 40_000, tmp_path / "c"),
-            lambda: _count(valgrind, ["python3", "-S", "-c", "pass"], tmp_path / "d")))
+        counts = [pool.submit(_count_region, valgrind, 20_000, tmp_path / "a"),
+                  pool.submit(_count_region, valgrind, 20_000, tmp_path / "b"),
+                  pool.submit(_count_region, valgrind, 40_000, tmp_path / "c"),
+                  pool.submit(_count, valgrind, ["python3", "-S", "-c", "pass"], tmp_path / "d")]
+    small, again, large, whole = (count.result() for count in counts)
     assert abs(again - small) <= small * 0.001  # the same region, counted again: (almost) the same count
     per_iteration = (large - small) / 20_000
     assert 50 <= per_iteration <= 3000, per_iteration  # a loop turn of CPython at module level, in instructions
