@@ -120,7 +120,7 @@ class ForkServers:
 # ``children_per_server`` children before it is closed and a new one started (its environment
 # padded by a random 0-4 KiB, which moves where its stack starts), each child moves its own
 # stack and heap by a random amount (tvm_worker.py, ``_shifted``), and every invocation says
-# which server it came from (``InvocationResult.server``), so the statistics can take servers
+# which server it came from (``InvocationResult.server``), and the statistics take servers
 # as a level above processes. Each side has its own servers: the two builds' children never
 # share one, and an A/A run's two sides are served by different servers too.
 

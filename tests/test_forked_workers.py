@@ -133,6 +133,8 @@ samples = 20
     (result,) = payload["results"]
     assert result["verdict"] in ("same", "unknown", "regression", "improvement") and not result["failure"], result
     assert result["control"]["n"] == result["treatment"]["n"] == 4 * 20
+    # judged with the servers as a level: the four pairs came from two (control, treatment) server pairs
+    assert "fork servers as a level: 2 server pairs" in result["method"] and result["design_effect"] >= 1.0, result
     engine = db.make_engine(sqlite_url)
     with db.session_scope(engine) as session:
         stored = session.scalars(select(Comparison.verdict).where(Comparison.run_id == payload["run_id"])).all()

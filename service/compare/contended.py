@@ -5,7 +5,9 @@ Each look assesses the contention of every measured process so far
 samples, as it always did; under heavy contention it judges each process's CPU time instead
 (one value per process, paired by the interleaved order), and where the processes have no
 CPU time (a kind that does not measure it) the verdict is refused as ``unknown`` with the
-reason once the rule stops. See docs/statistics.md ("Sizes under heavy contention").
+reason once the rule stops. See docs/statistics.md ("Sizes under heavy contention"). Where
+processes were forked from fork servers, each look passes their servers along, so the pairs
+are judged with the server as a level (:mod:`service.stats.levels`).
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget:
                    equivalence_alpha=config.stats.equivalence_alpha, plan_pairs=plan_pairs)
     contention = assessed(m, config)
     processes = [f for side in SIDES for f in m.processes[side]]
+    shared = any(f.server is not None for f in processes)  # forked workers: the server is a level
     # CPU time stands in for wall time only for one thread: the threads of a pool that wait for
     # a preempted sibling spin, and waiting would inflate CPU time as much as wall time
     if contention.heavy and all(f.cpu_s is not None and f.threads == 1 for f in processes):
         cpu = {side: [1000.0 * (f.cpu_s or 0.0) for f in m.processes[side]] for side in SIDES}
         groups = {side: [f.position for f in m.processes[side]] for side in SIDES}
+        if shared:
+            options.update(control_servers=[f.server for f in m.processes[CONTROL]],
+                           treatment_servers=[f.server for f in m.processes[TREATMENT]])
         step = stats.sequential_look(cpu[CONTROL], cpu[TREATMENT], groups[CONTROL], groups[TREATMENT], **options)
         # n and the plain medians stay the timing samples' (the report's n, the history's series),
         # whatever the verdict was judged by
@@ -54,6 +60,10 @@ def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget:
                           control_median_ms=statistics.median(m.samples[CONTROL]),
                           treatment_median_ms=statistics.median(m.samples[TREATMENT]))
         return replace(step, verdict=verdict)
+    if shared:  # each sample labelled with its process's server
+        server = {side: {f.position: f.server for f in m.processes[side]} for side in SIDES}
+        options.update(control_servers=[server[CONTROL][g] for g in m.groups[CONTROL]],
+                       treatment_servers=[server[TREATMENT][g] for g in m.groups[TREATMENT]])
     step = stats.sequential_look(m.samples[CONTROL], m.samples[TREATMENT], m.groups[CONTROL], m.groups[TREATMENT],
                                  **options)
     if contention.heavy and step.stop:

@@ -200,6 +200,9 @@ def result_json(result: WorkloadResult) -> dict:
         "treatment": {"median_ms": v.treatment_median_ms, "n": v.treatment_n},
         "regression_id": result.regression_id,
         "reason": v.reason,
+        "method": v.method or None,  # which estimator and interval decided
+        # where pairs shared fork servers: the variance's growth from the server level (stats.levels)
+        "design_effect": v.design_effect,
         "failure": result.failure,
         **({"ops": result.details["ops"], "error": result.details["error"],
             "compile_ms": result.details["compile_ms"], "compile": result.details.get("compile"),

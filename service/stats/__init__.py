@@ -8,6 +8,7 @@ The package's public API is re-exported here, so callers write ``stats.compare(.
 - :mod:`.changepoints`: step changes in a series (:func:`change_points`);
 - :mod:`.contention`: how contended the measured processes were (:func:`assess`), and a verdict
   taken under heavy contention judged on CPU time (:func:`on_cpu_time`) or refused (:func:`refused`);
+- :mod:`.levels`: the fork server as a level above the process (:func:`server_level`);
 - :mod:`.pooled`: estimators for samples without process groups;
 - :mod:`.exact`: a deterministic quantity (a size) judged from one value a side (:func:`compare_exact`);
 - :mod:`.repetitions`: the samples a process that reach an interval fastest (:func:`choose_samples`);
@@ -26,6 +27,7 @@ _EXPORTS = {
     "changepoints": ("OTAVA_MISSING", "StepChange", "change_points"),
     "contention": ("CPU_UNIT", "Contention", "assess", "on_cpu_time", "refused"),
     "exact": ("compare_exact",),
+    "levels": ("MIN_BLOCKS", "ServerLevel", "server_level"),
     "repetitions": ("SamplesChoice", "choose_samples"),
     "core": ("DEFAULT_ALPHA", "DEFAULT_CONFIDENCE", "DEFAULT_PLAN_PAIRS", "DEFAULT_RESAMPLES",
              "DEFAULT_THRESHOLD_PCT", "MIN_PAIRS", "MIN_SAMPLES", "TRIM", "_decide", "_small_sample", "adjust_fdr",
@@ -45,11 +47,13 @@ __all__ = [
     "DEFAULT_RESAMPLES",
     "DEFAULT_THRESHOLD_PCT",
     "Look",
+    "MIN_BLOCKS",
     "MIN_PAIRS",
     "MIN_SAMPLES",
     "OTAVA_MISSING",
     "Outcome",
     "SamplesChoice",
+    "ServerLevel",
     "StepChange",
     "TRIM",
     "Verdict",
@@ -69,6 +73,7 @@ __all__ = [
     "process_cv",
     "refused",
     "sequential_look",
+    "server_level",
     "trimmed_mean_se",
 ]
 
@@ -76,6 +81,7 @@ if TYPE_CHECKING:
     from abwatch.service.stats.changepoints import OTAVA_MISSING, StepChange, change_points
     from abwatch.service.stats.contention import CPU_UNIT, Contention, assess, on_cpu_time, refused
     from abwatch.service.stats.exact import compare_exact
+    from abwatch.service.stats.levels import MIN_BLOCKS, ServerLevel, server_level
     from abwatch.service.stats.repetitions import SamplesChoice, choose_samples
     from abwatch.service.stats.core import (
         DEFAULT_ALPHA, DEFAULT_CONFIDENCE, DEFAULT_PLAN_PAIRS, DEFAULT_RESAMPLES, DEFAULT_THRESHOLD_PCT, MIN_PAIRS,

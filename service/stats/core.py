@@ -47,7 +47,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as sps
 
-from abwatch.service.stats import estimates
+from abwatch.service.stats import estimates, levels
 from abwatch.service.stats.verdict import DEFAULT_EQUIVALENCE_ALPHA, Outcome, Verdict
 from abwatch.service.stats.pooled import QUANTILE_MIN_SAMPLES, pct
 
@@ -72,7 +72,8 @@ def _mixture_rho2(alpha: float, plan: int) -> float:
     return (-2.0 * math.log(alpha) + math.log(-2.0 * math.log(alpha) + 1.0)) / plan
 
 
-def cs_multiplier(n: int, alpha: float, plan: int = DEFAULT_PLAN_PAIRS, min_pairs: int = MIN_PAIRS) -> float:
+def cs_multiplier(n: int, alpha: float, plan: int = DEFAULT_PLAN_PAIRS, min_pairs: int = MIN_PAIRS,
+                  units: int | None = None) -> float:
     """Half-width of the two-sided anytime-valid confidence sequence at ``n`` units, in
     standard errors (sd / sqrt(n)).
 
@@ -82,14 +83,16 @@ def cs_multiplier(n: int, alpha: float, plan: int = DEFAULT_PLAN_PAIRS, min_pair
     at after every batch, any number of times, and the run may stop whenever it likes.
     At small n the standard deviation is itself uncertain: the multiplier is widened by
     Student's t over the normal quantile (df = n - 1), which the asymptotic result omits
-    and which the ground-truth suite showed is needed below ~10 pairs. Under ``min_pairs``
+    and which the ground-truth suite showed is needed below ~10 pairs; ``units`` (default
+    ``n``) are the independent units that standard deviation was estimated from, fewer than
+    ``n`` where pairs share a fork server (:mod:`service.stats.levels`). Under ``min_pairs``
     (default :data:`MIN_PAIRS`) the interval is unbounded.
     """
     if n < max(min_pairs, 2):
         return math.inf
     r2 = _mixture_rho2(alpha, plan)
     width = math.sqrt(2.0 * (n * r2 + 1.0) / (n * r2) * math.log(math.sqrt(n * r2 + 1.0) / alpha))
-    return width * _small_sample(n, alpha)
+    return width * _small_sample(units or n, alpha)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -98,16 +101,18 @@ def _small_sample(n: int, alpha: float) -> float:
     return float(sps.t.ppf(q, n - 1) / sps.norm.ppf(q))
 
 
-def cs_p_value(z: float, n: int, alpha: float, plan: int = DEFAULT_PLAN_PAIRS, min_pairs: int = MIN_PAIRS) -> float:
+def cs_p_value(z: float, n: int, alpha: float, plan: int = DEFAULT_PLAN_PAIRS, min_pairs: int = MIN_PAIRS,
+               units: int | None = None) -> float:
     """Anytime-valid p-value of "no change" for an estimate ``z`` standard errors from 0.
 
     The smallest level at which the confidence sequence (tuned at ``alpha``, widened as in
-    :func:`cs_multiplier`) excludes 0, so ``p < alpha`` exactly when the interval does.
+    :func:`cs_multiplier`, with the same ``units``) excludes 0, so ``p < alpha`` exactly when
+    the interval does.
     """
     if n < max(min_pairs, 2):
         return 1.0
     r2 = _mixture_rho2(alpha, plan)
-    zz = z / _small_sample(n, alpha)
+    zz = z / _small_sample(units or n, alpha)
     return float(min(1.0, math.sqrt(n * r2 + 1.0) * math.exp(-zz * zz * n * r2 / (2.0 * (n * r2 + 1.0)))))
 
 
@@ -159,6 +164,8 @@ def compare(
     equivalence_alpha: float = DEFAULT_EQUIVALENCE_ALPHA,
     min_pairs: int = MIN_PAIRS,
     higher_is_better: bool = False,
+    control_servers: Sequence | None = None,
+    treatment_servers: Sequence | None = None,
 ) -> Verdict:
     """Judge ``treatment`` against ``control`` (both sequences of milliseconds, or of any
     positive quantity).
@@ -172,7 +179,9 @@ def compare(
     On that paired path `same` is decided by the interval at ``equivalence_alpha`` a side
     (two one-sided tests); elsewhere by the reported interval. ``higher_is_better`` turns the
     direction (module docstring): the change is still the treatment's over the control's, and a
-    drop is the regression.
+    drop is the regression. ``*_servers`` optionally label each sample, beside its process, with
+    the fork server that process was a child of (None: a fresh process); pairs that share
+    servers are then judged with the server as a level (:mod:`service.stats.levels`).
     """
     _check_levels(threshold_pct, alpha, confidence, equivalence_alpha)
     a, b = _as_samples(control, "control"), _as_samples(treatment, "treatment")
@@ -192,7 +201,9 @@ def compare(
     # the path follows the samples' shape; the order of the tests is the order of preference
     identical = bool(np.ptp(a) == 0 and np.ptp(b) == 0)
     if not identical and paired and control_groups is not None and treatment_groups is not None and _positive(ca, cb):
-        return _paired_verdict(ca, cb, base, confidence, plan_pairs, equivalence_alpha, min_pairs, higher_is_better)
+        blocks = _blocks(control_servers, treatment_servers, control_groups, treatment_groups)
+        return _paired_verdict(ca, cb, base, confidence, plan_pairs, equivalence_alpha, min_pairs, higher_is_better,
+                               blocks)
     found = _estimate(a, b, ca, cb, identical, confidence, resamples, seed, higher_is_better)
     judged = _decide(found.change, found.ci, found.p_value, base)
     return _figures(replace(judged, method=found.method), med_a, MEDIAN_ESTIMATOR)
@@ -238,20 +249,47 @@ def _too_few(a: np.ndarray, b: np.ndarray, ca: np.ndarray, cb: np.ndarray, min_s
     )
 
 
+def _blocks(control_servers: Sequence | None, treatment_servers: Sequence | None, control_groups: Sequence,
+            treatment_groups: Sequence) -> list | None:
+    """Each pair's block, (its control process's server, its treatment process's server), in
+    the pairs' order; a fresh process (server None) is a server of its own. None without labels."""
+    if control_servers is None or treatment_servers is None:
+        return None
+    sides = []
+    for name, servers, groups in (("control", control_servers, control_groups),
+                                  ("treatment", treatment_servers, treatment_groups)):
+        servers, groups = list(servers), list(groups)
+        if len(servers) != len(groups):
+            raise ValueError(f"{name}_servers: {len(servers)} labels for {len(groups)} samples")
+        first: dict = {}
+        for group, server in zip(groups, servers, strict=True):  # the clusters' order (_clusters)
+            first.setdefault(group, ("process", group) if server is None else server)
+        sides.append(list(first.values()))
+    return list(zip(*sides, strict=False))
+
+
 def _paired_verdict(ca: np.ndarray, cb: np.ndarray, base: dict[str, Any], confidence: float, plan_pairs: int,
-                    equivalence_alpha: float, min_pairs: int, higher_is_better: bool) -> Verdict:
+                    equivalence_alpha: float, min_pairs: int, higher_is_better: bool,
+                    blocks: list | None = None) -> Verdict:
     """The paired path: interleaved processes judged by their pairs' log ratios (:func:`_paired`),
-    `same` decided by the equivalence interval; no interval (`unknown`) under ``min_pairs`` pairs."""
-    change, ci, p_value, same_ci = _paired(ca, cb, confidence, plan_pairs, 2.0 * equivalence_alpha, min_pairs,
-                                           higher_is_better)
+    `same` decided by the equivalence interval; no interval (`unknown`) under ``min_pairs`` pairs,
+    nor from fewer than :data:`levels.MIN_BLOCKS` server pairs where pairs share fork servers."""
+    change, ci, p_value, same_ci, level = _paired(ca, cb, confidence, plan_pairs, 2.0 * equivalence_alpha,
+                                                  min_pairs, higher_is_better, blocks)
     best = float(np.median(_best(ca, higher_is_better)))
     estimator = HIGHEST_ESTIMATOR if higher_is_better else FASTEST_ESTIMATOR
-    if not all(math.isfinite(x) for x in ci):  # under MIN_PAIRS the sequence is unbounded: no interval
+    method = PAIRED_METHOD if level is None else f"{PAIRED_METHOD}; {level.describe()}"
+    if not all(math.isfinite(x) for x in ci):  # under MIN_PAIRS (or MIN_BLOCKS) no interval
         pairs = min(len(ca), len(cb))
-        return _figures(Verdict(Outcome.UNKNOWN, change, None, None, method=PAIRED_METHOD,
-                                reason=f"too few pairs for an interval ({pairs}; {min_pairs} are needed)",
-                                **base), best, estimator)
-    judged = replace(_decide(change, ci, p_value, base, same_ci=same_ci), method=PAIRED_METHOD)
+        few = (f"too few pairs for an interval ({pairs}; {min_pairs} are needed)" if level is None or pairs < min_pairs
+               else f"too few fork-server pairs for an interval ({pairs} pairs from {level.blocks}; "
+                    f"{levels.MIN_BLOCKS} are needed to tell a server's memory layout from a change)")
+        return _figures(Verdict(Outcome.UNKNOWN, change, None, None, method=method, reason=few,
+                                design_effect=None if level is None else level.design_effect, **base),
+                        best, estimator)
+    judged = replace(_decide(change, ci, p_value, base, same_ci=same_ci), method=method)
+    if level is not None:  # said where the verdict is read (report, run page), not only in the method
+        judged = replace(judged, reason=f"{judged.reason}; {level.describe()}", design_effect=level.design_effect)
     return _figures(judged, best, estimator)
 
 
@@ -286,10 +324,11 @@ def _positive(ca: np.ndarray, cb: np.ndarray) -> bool:
 PAIRED_METHOD = ("paired process medians: trimmed mean of log ratios, "
                  "anytime-valid confidence sequence and p-value")
 def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float, plan: int, same_alpha: float,
-            min_pairs: int = MIN_PAIRS, higher_is_better: bool = False
-            ) -> tuple[float, tuple[float, float], float, tuple[float, float]]:
-    """Change, confidence sequence, anytime p-value and the equivalence interval (at
-    ``same_alpha``, for `same`) from the paired processes' log ratios, one estimate for all.
+            min_pairs: int = MIN_PAIRS, higher_is_better: bool = False, blocks: list | None = None
+            ) -> tuple[float, tuple[float, float], float, tuple[float, float], levels.ServerLevel | None]:
+    """Change, confidence sequence, anytime p-value, the equivalence interval (at
+    ``same_alpha``, for `same`) and the server level (None: no pairs share fork servers) from
+    the paired processes' log ratios, one estimate for all.
 
     Each process is represented by its fastest sample: on a shared 2-core machine at load
     4-8, most 2 ms samples are pre-empted (2-5x slower), so a process's median is itself a
@@ -305,30 +344,45 @@ def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float, plan: int, same_a
     its bound from the few resamples that drew an outlier pair three or four times — the
     +10 % change whose interval reached +48.7 %.
 
-    Where higher is better, each process is represented by its highest sample instead.
+    Where higher is better, each process is represented by its highest sample instead. Where
+    ``blocks`` say the pairs share fork servers, the standard error grows by the design effect
+    and the small-sample widening counts blocks (:mod:`service.stats.levels`).
     """
     k = min(len(ca), len(cb))
     d = np.log(_best(cb[:k], higher_is_better) / _best(ca[:k], higher_is_better))
     estimate, se = trimmed_mean_se(d)
+    level = None if blocks is None else levels.server_level(winsorize(d), blocks[:k])
     alpha = 1.0 - confidence
+    if level is not None and level.blocks < levels.MIN_BLOCKS:
+        unbounded = (-math.inf, math.inf)
+        return pct(estimate), unbounded, 1.0, unbounded, level
     if se == 0.0:
         point = (pct(estimate), pct(estimate))
-        return pct(estimate), point, 1.0 if estimate == 0 else 0.0, point
-    half = cs_multiplier(k, alpha, plan, min_pairs) * se
-    same_half = cs_multiplier(k, same_alpha, plan, min_pairs) * se  # the equivalence interval (two one-sided tests)
-    p_value = cs_p_value(estimate / se, k, alpha, plan, min_pairs)
+        return pct(estimate), point, 1.0 if estimate == 0 else 0.0, point, level
+    units = None
+    if level is not None:
+        se, units = se * math.sqrt(level.design_effect), level.units
+    half = cs_multiplier(k, alpha, plan, min_pairs, units) * se
+    same_half = cs_multiplier(k, same_alpha, plan, min_pairs, units) * se  # the equivalence interval (TOST)
+    p_value = cs_p_value(estimate / se, k, alpha, plan, min_pairs, units)
     return (pct(estimate), (pct(estimate - half), pct(estimate + half)), p_value,
-            (pct(estimate - same_half), pct(estimate + same_half)))
+            (pct(estimate - same_half), pct(estimate + same_half)), level)
+
+
+def winsorize(d: np.ndarray, trim: float = TRIM) -> np.ndarray:
+    """``d`` with its ``trim`` share at each end set to the nearest value kept, in ``d``'s order."""
+    n = len(d)
+    g = int(trim * n)
+    ordered = np.sort(d)
+    return np.clip(d, ordered[g], ordered[n - 1 - g])
 
 
 def trimmed_mean_se(d: np.ndarray, trim: float = TRIM) -> tuple[float, float]:
     """The trimmed mean of ``d`` and its standard error from the winsorized variance."""
     n = len(d)
     g = int(trim * n)
-    ordered = np.sort(d)
-    estimate = float(np.mean(ordered[g:n - g]))
-    winsorized = np.clip(ordered, ordered[g], ordered[n - 1 - g])
-    sd = float(np.std(winsorized, ddof=1)) if n > 1 else 0.0
+    estimate = float(np.mean(np.sort(d)[g:n - g]))
+    sd = float(np.std(winsorize(d, trim), ddof=1)) if n > 1 else 0.0
     return estimate, sd / ((1.0 - 2.0 * g / n) * math.sqrt(n))
 
 
@@ -380,11 +434,13 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
         stop = v.stop_reason
         if stop and decided.verdict != v.verdict:  # the look decided; the run's correction did not agree
             stop += f" ({v.verdict.value} before Benjamini-Hochberg)"
+        # the server level, where one was taken, stays said (the method's part after the paired one)
+        level = f"; {v.method.partition('; ')[2]}" if v.design_effect is not None else ""
         out[i] = replace(decided, p_adjusted=float(p_adj), correction="benjamini-hochberg",
                          stop_reason=stop, method=v.method, looks=v.looks, elapsed_s=v.elapsed_s,
-                         reason=(f"{v.caveat}; " if v.caveat else "") + decided.reason.replace("p=", "BH-adjusted p="),
-                         control_ms=v.control_ms, treatment_ms=v.treatment_ms, estimator=v.estimator,
-                         unit=v.unit, caveat=v.caveat)
+                         reason=(f"{v.caveat}; " if v.caveat else "") + decided.reason.replace("p=", "BH-adjusted p=")
+                         + level, control_ms=v.control_ms, treatment_ms=v.treatment_ms, estimator=v.estimator,
+                         unit=v.unit, caveat=v.caveat, design_effect=v.design_effect)
     return out
 
 

@@ -71,6 +71,9 @@ class Verdict:
     # which way is worse: False (the default) for what is better lower (times, memory, counts),
     # True for what is better higher (an LLM's tokens per second): a drop is then the regression
     higher_is_better: bool = False
+    # where pairs shared fork servers: how many times the server level grew the variance of the
+    # change (service.stats.levels; 1.0: no variance between servers); None where none were shared
+    design_effect: float | None = None
 
     def treatment_ci_ms(self) -> tuple[float, float] | None:
         """The interval of the change expressed in the treatment's milliseconds."""
