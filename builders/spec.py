@@ -11,6 +11,7 @@ this module. :mod:`abwatch.service.config` puts these models into the whole
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -354,12 +355,23 @@ BUILD_KINDS: Registry[type[BuildSpec]] = Registry(
 BuildConfig = Annotated[SerializeAsAny[BuildSpec], PlainValidator(kind_validator(BUILD_KINDS, "command", "build"))]
 
 
+# TVM_NUM_THREADS as a config writes it: a number of threads, or "all" (every core)
+Threads = Annotated[int, Field(ge=1)] | Literal["all"]
+
+
 class RunnerConfig(StrictModel):
     """Where the workloads run."""
 
     kind: str = Field(default="cpu", description="a runner of runners.RUNNERS (the config checks the name there)")
     device: str | None = Field(default=None, description="device name; default: host name or rpc key")
-    threads: int | None = Field(default=None, ge=1, description="TVM_NUM_THREADS; default: all cores")
+    # One thread by default on this host's CPU: under heavy contention a verdict is judged on
+    # each process's CPU time, which only a one-thread process keeps honest (a pool's threads
+    # spin while they wait for a pre-empted sibling); on several threads it is refused
+    # (service/compare/contended.py), so on a busy host the old default, all cores, decided nothing.
+    threads: Threads | None = Field(
+        default=None, description='TVM_NUM_THREADS of measured TVM processes: a number, or "all" (every core); '
+        "default: 1 on this host's CPU (a verdict that stands on a busy host), all cores for a GPU's host "
+        "side; a workload's own `threads` comes first")
     # A forked child skips the interpreter's start and ``import tvm`` (~0.55 s of a ~0.9 s
     # invocation of builtin:mlp here: benchmarks/tvm_worker_phases.py) and is still a process
     # of its own with its own samples; runners/fork_servers.py, TimedServers, says how it stays
@@ -388,6 +400,14 @@ class RunnerConfig(StrictModel):
             raise ValueError(f"target {self.target!r}: write a native CPU as a table, e.g. target = "
                              '{kind = "llvm", mcpu = "native"}, so every worker compiles for the same CPU')
         return self
+
+    def measured_threads(self, asked: Threads | None, host_cpu: bool) -> int:
+        """The threads a measured TVM process runs on: what its workload ``asked`` for, else
+        :attr:`threads`, else one on this host's CPU (``host_cpu``) and every core elsewhere."""
+        value = asked if asked is not None else self.threads
+        if value == "all" or (value is None and not host_cpu):
+            return os.cpu_count() or 1
+        return 1 if value is None else int(value)
 
 
 class SandboxConfig(StrictModel):

@@ -20,6 +20,7 @@ from pydantic import Field, field_validator, model_validator
 from abwatch.core.sides import TREATMENT
 from abwatch.core.metric_names import FROM_TIMED_PROCESSES, GENERATION, OF_BUILDS, OF_WORKLOADS, Metric
 from abwatch.core.config_base import StrictModel
+from abwatch.builders.spec import Threads
 from abwatch.core.plugins import Registry
 
 # What one invocation of a command workload may print and report, unless its config says more.
@@ -193,6 +194,11 @@ class TvmWorkloadConfig(WorkloadSpec):
     samples: int = Field(default=100, ge=1, description="samples per batch (time_evaluator repeat)")
     rtol: float = Field(default=1e-4, ge=0)
     atol: float = Field(default=1e-5, ge=0)
+    # part of the series: a workload timed on four threads is another measurement than on one
+    threads: Threads | None = Field(
+        default=None, description='TVM_NUM_THREADS of its measured processes: a number, or "all" (every core); '
+        "default: the runner's (1 on this host's CPU). On several threads a verdict under heavy contention "
+        "is refused: their CPU time waiting inflates too")
     # measure = [..., "instructions"] counts the compile call's and the timed calls' (on the
     # local CPU; GPU and RPC runs keep wall time and say so), each in its own fresh worker process
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 from abwatch.core.device_identity import DeviceInfo
 from abwatch.builders.spec import RunnerConfig
@@ -28,7 +27,7 @@ class CpuRunner(Runner):
             kind=self.kind,
             hardware_config=hardware,
             software_config=software,
-            runtime_config={"num_threads": self.config.threads or os.cpu_count()},
+            runtime_config={"num_threads": self.config.measured_threads(None, host_cpu=True)},  # a workload's may differ
             fingerprint=host_fingerprint(hardware, software, self.target),
         )
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import os
 import socket
 from pathlib import Path
 from typing import TypeGuard
@@ -119,7 +118,8 @@ class GpuRunner(Runner):
             kind=self.kind,
             hardware_config=hardware,
             software_config=software,
-            runtime_config={"num_threads": self.config.threads or os.cpu_count(), "target": self.config.target},
+            runtime_config={"num_threads": self.config.measured_threads(None, host_cpu=False),
+                            "target": self.config.target},
             fingerprint=host_fingerprint(hardware, software, self.tvm.target),  # what the workloads compile for
         )
 

@@ -51,7 +51,7 @@ class RpcRunner(Runner):
             kind=self.kind,
             hardware_config={"rpc_key": self.key, "tracker": self.tracker},
             software_config={"host": software_config()},
-            runtime_config={"num_threads": self.config.threads},
+            runtime_config={"num_threads": self.config.threads if self.config.threads != "all" else None},
             fingerprint=board_fingerprint(self.key, self.config.target or {"kind": "llvm"}),
         )
 

@@ -16,7 +16,6 @@ few children (``TimedServers``). One worker process and its conversation: ``Work
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 import threading
 import time
@@ -104,6 +103,11 @@ class TvmSessions:
             "rpc": self.rpc,
         }
 
+    def threads(self, workload: TvmWorkloadConfig) -> int:
+        """The threads ``workload``'s processes run on (``RunnerConfig.measured_threads``): one
+        by default on this host's CPU, every core for a GPU's or a board's host-side worker."""
+        return self.config.measured_threads(workload.threads, self.device == "cpu" and not self.rpc)
+
     def forks_timed(self) -> bool:
         """Whether timed workers after the compiling one are forked (``[runner] processes``):
         on this host's CPU only. A GPU's driver and an RPC session are a fresh process's."""
@@ -124,7 +128,7 @@ class TvmSessions:
         if not first and self.forks_timed() and placement is None:
             return self.forked(artifact, workload, timeout_s, side, side_options)
         spec = dict(self.spec(workload, side_options), **({"export": str(lib)} if first else {"load": str(lib)}))
-        threads = self.config.threads or os.cpu_count() or 1
+        threads = self.threads(workload)
         if placement is not None:  # more threads than its CPUs would wait for each other there
             threads = len(placement.cpus)
         start = time.monotonic()
@@ -163,7 +167,7 @@ class TvmSessions:
         would; its result names its server (``server``). A child that fails takes its server
         down with it (the next child gets a new one)."""
         spec = dict(self.spec(workload, side_options), load=str(self._lib(artifact, workload, side)))
-        threads = self.config.threads or os.cpu_count() or 1
+        threads = self.threads(workload)
         start = time.monotonic()
         try:
             with self.timed.one(side, artifact, {"TVM_NUM_THREADS": str(threads)}, self._sandbox(),
@@ -192,7 +196,7 @@ class TvmSessions:
         its compile time as the one sample, and exits: the compiler's speed, not a cache's."""
         # compiled here for the runner's target (a board's too); no device is touched
         spec = dict(self.spec(workload, side_options), rpc=None, compile_only=True)
-        threads = self.config.threads or os.cpu_count() or 1
+        threads = self.threads(workload)
         start = time.monotonic()
         worker = None
         try:

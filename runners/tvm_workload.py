@@ -28,6 +28,7 @@ class TvmKind(WorkloadKind):
     config = TvmWorkloadConfig
     times_compiles = True  # every runner (cpu, gpu, rpc) runs it: its sessions know the target
     runs_pinned = True
+    threaded = True
 
     def resolve(self, workload: TvmWorkloadConfig, base_dir: Path) -> TvmWorkloadConfig:
         """An ``onnx:`` path made absolute; a ``script:`` file made absolute, compiled (a syntax

@@ -49,6 +49,9 @@ class WorkloadKind(abc.ABC):
     # whether run() takes a ``placement`` (a duet's side: pinned CPUs, started with the other
     # side); a kind without it is measured interleaved under ``[run] schedule = "duet"``
     runs_pinned: ClassVar[bool] = False
+    # whether its measured processes run on TVM_NUM_THREADS threads (its config's ``threads``,
+    # else ``[runner] threads``: RunnerConfig.measured_threads), which its verdicts' notes say
+    threaded: ClassVar[bool] = False
 
     # --- the config -------------------------------------------------------------------------
 

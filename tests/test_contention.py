@@ -167,3 +167,38 @@ def test_an_alert_says_its_verdict_was_taken_under_heavy_contention(filled_pg_ur
         assert "[" not in plain["text"].splitlines()[0] and plain["regression"]["caveat"] is None
         session.rollback()
     engine.dispose()
+
+
+def test_a_tvm_process_runs_on_one_thread_by_default_and_more_threads_are_said_to_cost(tmp_path):
+    """On this host's CPU a measured TVM process takes one thread unless its workload (or the
+    runner) asks for more; a GPU's host side keeps every core. The report's note says which,
+    and what more threads cost under heavy contention."""
+    import os
+
+    from abwatch.builders.spec import RunnerConfig
+    from abwatch.service.config import ConfigError, TvmWheelBuildConfig, TvmWorkloadConfig, load_config
+
+    cores = os.cpu_count()
+    assert RunnerConfig().measured_threads(None, host_cpu=True) == 1
+    assert RunnerConfig().measured_threads(None, host_cpu=False) == cores
+    assert RunnerConfig(threads="all").measured_threads(None, host_cpu=True) == cores
+    assert RunnerConfig(threads=2).measured_threads(3, host_cpu=True) == 3  # the workload's ask comes first
+    assert RunnerConfig(threads=2).measured_threads("all", host_cpu=True) == cores
+
+    def note(runner: dict, **workload) -> str:
+        config = Config(build=TvmWheelBuildConfig(), runner=runner,
+                        workloads=[TvmWorkloadConfig(name="mlp", model="builtin:mlp", **workload)])
+        return contended.threads_note(config, config.workloads[0])
+
+    assert note({}) == "1 thread a process (the default: a verdict that stands on a busy host)"
+    assert note({"threads": 1}) == "1 thread a process"
+    asked = note({}, threads=4)
+    assert asked.startswith("4 threads a process (asked for): under heavy contention") and "threads = 1" in asked
+    assert note({"threads": "all"}).startswith(f"{cores} threads a process (asked for)") or cores == 1
+    assert note({"kind": "gpu"}) == "" and note({}, threads=2) != ""
+    # a bad value names its key
+    path = tmp_path / "bad.toml"
+    path.write_text('[build]\nkind = "tvm-wheel"\n[[workloads]]\nname = "mlp"\nkind = "tvm"\nmodel = "builtin:mlp"\n'
+                    "threads = 0\n")
+    with pytest.raises(ConfigError, match=r"bad.toml.*workloads.*threads"):
+        load_config(path)

@@ -83,7 +83,8 @@ def no_workers_left(tvm_cache: Path) -> bool:
 
 
 def test_release_against_release_with_complete_records(capsys, tmp_path, tvm_cache, sqlite_url):
-    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, MLP + MATMUL), sqlite_url)
+    # the runner's threads left to the default: one a measured process on this host's CPU
+    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, MLP + MATMUL, runner='kind = "cpu"'), sqlite_url)
     assert code in (0, 1), err
     assert [b["sha"] for b in payload["builds"]] == [OLD, NEW]
     by_name = {r["workload"]: r for r in payload["results"]}
@@ -94,8 +95,9 @@ def test_release_against_release_with_complete_records(capsys, tmp_path, tvm_cac
         assert result["compile_ms"]["control"] > 0 and result["compile_ms"]["treatment"] > 0
         assert result["error"]["mismatch"] is False and result["error"]["max_abs"] < 1e-3
         assert result["ops"], "per-operator times for both sides"
-        # how contended the timing batches were (threads = 1: a share of at most about 1)
+        # how contended the timing batches were (one thread: a share of at most about 1)
         assert result["contention"]["processes"] == 8 and 0 < result["contention"]["cpu_share"] <= 1.05
+        assert result["stop_reason"].endswith("1 thread a process (the default: a verdict that stands on a busy host)")
     mlp_ops = {op["type"] for op in by_name["mlp"]["ops"]}
     assert "matmul" in mlp_ops
     assert all(op["control_us"] and op["treatment_us"] for op in by_name["mlp"]["ops"])

@@ -18,6 +18,7 @@ from typing import Any
 
 from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners.harness import Measurement
+from abwatch.runners.workloads import WORKLOAD_KINDS
 from abwatch.service import stats
 from abwatch.service.config import Config
 
@@ -30,6 +31,22 @@ def assessed(m: Measurement, config: Config) -> stats.Contention:
     # a process on n threads can use n seconds of CPU a second: its share is per thread
     return stats.assess([f.wall_s * f.threads for f in figures], [f.cpu_s for f in figures],
                         [f.involuntary_switches for f in figures], max_share=config.stats.contention_share)
+
+
+def threads_note(config: Config, workload, duet: bool = False) -> str:
+    """What a TVM workload's threads a process mean for its verdict on a busy host, for the
+    report: one (the default on this host's CPU) keeps a verdict under heavy contention judged
+    on CPU time; more are refused there, which the note says where a workload asks for them.
+    Empty for other kinds, other runners and duets (whose sides take their pinned cores)."""
+    if not WORKLOAD_KINDS[workload.kind].threaded or config.runner.kind != "cpu" or duet:
+        return ""
+    asked = workload.threads if workload.threads is not None else config.runner.threads
+    threads = config.runner.measured_threads(workload.threads, host_cpu=True)
+    if threads == 1:
+        return "1 thread a process" + (" (the default: a verdict that stands on a busy host)" if asked is None else "")
+    return (f"{threads} threads a process ({'asked for' if asked is not None else 'the default'}): under heavy "
+            "contention a verdict on several threads is refused (their CPU time waiting inflates too); "
+            "threads = 1 decides on a busy host")
 
 
 def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget: stats.Budget, seed: int,

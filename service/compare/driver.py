@@ -324,11 +324,14 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
     start, workload, why_samples = _first_look(session, config, run, row.id, workload, progress)
     how = schedule_for(config.run.schedule, cores, memory_bound=workload.memory_bound,
                        pinnable=runner.kind_of(workload).runs_pinned, kind=workload.kind)
-    if how.note:
-        progress.message(f"  {workload.name}: {how.note}")
+    threads = contended.threads_note(config, workload, duet=how.cores is not None)
+    for note in (how.note, threads):
+        if note:
+            progress.message(f"  {workload.name}: {note}")
 
-    def noted(verdict: stats.Verdict) -> stats.Verdict:  # the schedule, after why it stopped
-        return replace(verdict, stop_reason="; ".join(x for x in (verdict.stop_reason, how.note, why_samples) if x))
+    def noted(verdict: stats.Verdict) -> stats.Verdict:  # the schedule and the threads, after why it stopped
+        return replace(verdict, stop_reason="; ".join(x for x in (verdict.stop_reason, how.note, why_samples, threads)
+                                                      if x))
 
     schedule = interleaved_schedule(start, config.run.warmup, rng)
     measurement, look = None, 0
