@@ -69,7 +69,7 @@ def test_too_few_server_pairs_give_no_interval_and_say_why():
     a, b, paired, servers = forked_pairs(rng, 16, 0.10, layout_sd=0.0)  # two servers a side
     verdict = compare(a, b, **paired, **servers)
     assert verdict.verdict == Outcome.UNKNOWN and verdict.ci_pct is None
-    assert f"16 pairs from 2; {MIN_BLOCKS} are needed" in verdict.reason, verdict.reason
+    assert f"16 pairs from 2 server pairs; {MIN_BLOCKS} are needed" in verdict.reason, verdict.reason
     assert "fork servers as a level: 2 server pairs" in verdict.method
     a, b, paired, servers = forked_pairs(rng, 17, 0.10, layout_sd=0.0)
     assert compare(a, b, **paired, **servers).verdict == Outcome.REGRESSION  # a 17th pair: third servers' children

@@ -282,7 +282,7 @@ def _paired_verdict(ca: np.ndarray, cb: np.ndarray, base: dict[str, Any], confid
     if not all(math.isfinite(x) for x in ci):  # under MIN_PAIRS (or MIN_BLOCKS) no interval
         pairs = min(len(ca), len(cb))
         few = (f"too few pairs for an interval ({pairs}; {min_pairs} are needed)" if level is None or pairs < min_pairs
-               else f"too few fork-server pairs for an interval ({pairs} pairs from {level.blocks}; "
+               else f"too few fork-server pairs for an interval ({pairs} pairs from {level.blocks} server pairs; "
                     f"{levels.MIN_BLOCKS} are needed to tell a server's memory layout from a change)")
         return _figures(Verdict(Outcome.UNKNOWN, change, None, None, method=method, reason=few,
                                 design_effect=None if level is None else level.design_effect, **base),
