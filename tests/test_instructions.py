@@ -437,3 +437,33 @@ def test_a_compile_doing_more_work_is_a_compile_time_regression_on_instructions(
     assert main(["verify", str(payload["run_id"]), "--db", sqlite_url]) == 1
     (regression,) = [r for r in regressions_json(sqlite_url, capsys) if r["kind"] == "compile-time"]
     assert regression["state"] == "regress" and regression["verify_verdict"]["unit"] == "instructions"
+
+
+def test_a_failed_counted_process_ends_the_counting_without_starting_the_rest_of_its_look(tmp_path):
+    """A workload whose counted process fails (here: it exits 3) fails in every process: the
+    first failure is the verdict's, and the look's other slots are not started (two run at
+    once, run.counted_jobs; a look has six)."""
+    import random
+
+    from abwatch.runners import CpuRunner
+    from abwatch.service.compare import instructions
+    from abwatch.service.compare.progress import NullProgress
+    from abwatch.service.config import CommandBuildConfig, CommandWorkloadConfig, Config
+
+    workload = CommandWorkloadConfig(name="fails", command=["sh", "-c", "exit 3"], measure=["instructions"])
+    config = Config(build=CommandBuildConfig(command=["true"], artifacts="."), repo={"url": "/nonexistent"},
+                    workloads=[workload], run={"counter": "valgrind", "counted_jobs": 2})
+    runner, started = CpuRunner(), []
+    real = runner.count_instructions
+
+    def spied(*args, **kwargs):  # the real count, noted
+        started.append(args[0])
+        return real(*args, **kwargs)
+
+    runner.count_instructions = spied
+    judged = instructions.measure(runner, workload, {"control": tmp_path, "treatment": tmp_path}, config, 1,
+                                  random.Random(1), NullProgress(), 60)
+    assert judged is not None and judged.verdict.verdict.value == "unknown"
+    assert judged.failure is not None and "counted process" in judged.failure and "error" in judged.failure
+    assert "not started" not in judged.failure  # the first failure is the one reported
+    assert len(started) == 2, started  # the two started at once; the look's four others never ran

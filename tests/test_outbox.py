@@ -157,13 +157,15 @@ deadline_s = 300
         time.sleep(1.0)  # well inside the trickle
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        proc.wait(timeout=120)
         stopped = time.monotonic() - sent
     finally:
         if proc.poll() is None:
             proc.kill()
     _, err = proc.communicate()  # closes its pipe
     assert proc.returncode in (0, 130), err
-    assert stopped < 5, f"SIGTERM took {stopped:.1f} s"
+    # at once, against a trickle of 500 s and a deadline of 300 s: beside six busy loops and four
+    # test workers a Python exiting took 9.5 s, so the bound is the trickle's, not a timing
+    assert stopped < 60, f"SIGTERM took {stopped:.1f} s"
     (row,) = _deliveries(url, trickler)
     assert row.status == DeliveryStatus.PENDING  # not lost: the next round sends it
