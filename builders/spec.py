@@ -370,8 +370,8 @@ class RunnerConfig(StrictModel):
     # (service/compare/contended.py), so on a busy host the old default, all cores, decided nothing.
     threads: Threads | None = Field(
         default=None, description='TVM_NUM_THREADS of measured TVM processes: a number, or "all" (every core); '
-        "default: 1 on this host's CPU (a verdict that stands on a busy host), all cores for a GPU's host "
-        "side; a workload's own `threads` comes first")
+        "default: 1 on this host's CPU (a verdict that stands on a busy host), all cores for a GPU's or a "
+        "board's host-side worker; a workload's own `threads` comes first")
     # A forked child skips the interpreter's start and ``import tvm`` (~0.55 s of a ~0.9 s
     # invocation of builtin:mlp here: benchmarks/tvm_worker_phases.py) and is still a process
     # of its own with its own samples; runners/fork_servers.py, TimedServers, says how it stays

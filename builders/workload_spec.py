@@ -194,7 +194,8 @@ class TvmWorkloadConfig(WorkloadSpec):
     samples: int = Field(default=100, ge=1, description="samples per batch (time_evaluator repeat)")
     rtol: float = Field(default=1e-4, ge=0)
     atol: float = Field(default=1e-5, ge=0)
-    # part of the series: a workload timed on four threads is another measurement than on one
+    # set, part of the series (a workload timed on four threads is another measurement than on
+    # one); unset, the runner's threads are not (a changed default steps the series)
     threads: Threads | None = Field(
         default=None, description='TVM_NUM_THREADS of its measured processes: a number, or "all" (every core); '
         "default: the runner's (1 on this host's CPU). On several threads a verdict under heavy contention "

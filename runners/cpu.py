@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from abwatch.core.device_identity import DeviceInfo
 from abwatch.builders.spec import RunnerConfig
 from abwatch.runners.fingerprint import host_fingerprint

@@ -152,7 +152,8 @@ class TimedServer:
 
 
 class TimedServers:
-    """The timed fork servers of one runner: one live server per (side, build), replaced after
+    """The timed fork servers of one runner: one live server per (side, build, environment:
+    a workload's own ``TVM_NUM_THREADS``, which its children inherit), replaced after
     ``children_per_server`` children, or at once when a child failed; at most ``KEEP`` live,
     the least recently used closed first."""
 
@@ -161,12 +162,12 @@ class TimedServers:
     def __init__(self, children_per_server: int) -> None:
         self.children_per_server = children_per_server
         self.started = 0  # servers started so far: the next one's index
-        self._live: dict[tuple[str, Path], TimedServer] = {}
+        self._live: dict[tuple[str, Path, tuple], TimedServer] = {}
         self._lock = threading.Lock()
 
     @property
-    def live(self) -> dict[tuple[str, Path], TimedServer]:
-        """The live servers by (side, build)."""
+    def live(self) -> dict[tuple[str, Path, tuple], TimedServer]:
+        """The live servers by (side, build, environment)."""
         with self._lock:
             return dict(self._live)
 
@@ -175,7 +176,8 @@ class TimedServers:
             timeout_s: float) -> Iterator[TimedServer]:
         """The (side, build)'s server for one child (started if there is none), held for the
         child's whole life; closed after it if the child failed or it has served its share."""
-        key = (side, artifact)
+        # the environment is the server's from its start: a workload on other threads needs its own
+        key = (side, artifact, tuple(sorted(env.items())))
         with self._lock:
             server = self._live.pop(key, None)  # taken: no other thread forks from it meanwhile
             if server is None:

@@ -59,6 +59,12 @@ def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact
                 pads[servers[-1]] = len(pad) - len("ABWATCH_LAYOUT_PAD=")
         other = runner.run(artifact, MLP, 120, "treatment")  # its own side's compile, then its own server
         treated = runner.run(artifact, MLP, 120, "treatment")
+        # a workload on two threads is forked from a server started with them, not from the one-thread one
+        two = MLP.model_copy(update={"name": "mlp2", "threads": 2})
+        assert runner.run(artifact, two, 120, "control").status == "ok"  # compiles (fresh)
+        on_two = runner.run(artifact, two, 120, "control")
+        (server_of_two,) = [s for key, s in runner.tvm.timed.live.items() if ("TVM_NUM_THREADS", "2") in key[2]]
+        environ = Path(f"/proc/{server_of_two.pid}/environ").read_bytes().split(b"\0")
     finally:
         runner.teardown()
     # every child timed its own batch: its samples, its usage figures, its process
@@ -74,6 +80,8 @@ def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact
     assert len(set(pads.values())) > 1  # drawn per server (all three alike: once in 16 million runs)
     assert other.server is None and treated.server == 3  # the treatment side is never served by control's
     assert not runner.tvm.timed.live  # teardown stops the servers
+    assert on_two.status == "ok" and on_two.threads == 2 and on_two.server == server_of_two.index
+    assert b"TVM_NUM_THREADS=2" in environ and on_two.server not in [c.server for c in children]
 
 
 def test_a_failing_or_hung_child_takes_its_server_down_and_the_next_gets_a_new_one(artifact):
@@ -124,6 +132,7 @@ model = "builtin:mlp"
 input_shape = [1, 64]
 options = {{hidden = 64}}
 samples = 20
+measure = ["time", "max_rss"]
 """)
     code = main(["compare", "--config", str(config), "--control", NEW, "--treatment", NEW, "--json",
                  "--db", sqlite_url])
@@ -135,6 +144,8 @@ samples = 20
     assert result["control"]["n"] == result["treatment"]["n"] == 4 * 20
     # judged with the servers as a level: the four pairs came from two (control, treatment) server pairs
     assert "fork servers as a level: 2 server pairs" in result["method"] and result["design_effect"] >= 1.0, result
+    (memory,) = result["metrics"]  # a metric of the same processes takes their servers too
+    assert memory["metric"] == "max_rss" and memory["design_effect"] >= 1.0, memory
     engine = db.make_engine(sqlite_url)
     with db.session_scope(engine) as session:
         stored = session.scalars(select(Comparison.verdict).where(Comparison.run_id == payload["run_id"])).all()

@@ -466,4 +466,5 @@ def test_a_failed_counted_process_ends_the_counting_without_starting_the_rest_of
     assert judged is not None and judged.verdict.verdict.value == "unknown"
     assert judged.failure is not None and "counted process" in judged.failure and "error" in judged.failure
     assert "not started" not in judged.failure  # the first failure is the one reported
-    assert len(started) == 2, started  # the two started at once; the look's four others never ran
+    # the two started at once (one, if the first failed before the second began); the others never ran
+    assert 1 <= len(started) <= 2, started

@@ -32,8 +32,8 @@ def forked_pairs(rng, pairs: int, change: float, layout_sd: float, noise_sd: flo
 
 
 def test_layouts_shared_by_a_servers_children_are_no_regression_once_the_server_is_a_level():
-    """A/A between servers whose layouts differ by ~1.5 %: judged as independent pairs, one
-    comparison in ten calls a change; with the server as a level, at most 2 in 100."""
+    """A/A between servers whose layouts differ by ~1.5 %: judged as independent pairs, about
+    one comparison in five calls a change; with the server as a level, at most 2 in 100."""
     rng = np.random.default_rng(40)
     trials, naive, levelled = 300, 0, 0
     for _ in range(trials):
@@ -69,10 +69,12 @@ def test_too_few_server_pairs_give_no_interval_and_say_why():
     a, b, paired, servers = forked_pairs(rng, 16, 0.10, layout_sd=0.0)  # two servers a side
     verdict = compare(a, b, **paired, **servers)
     assert verdict.verdict == Outcome.UNKNOWN and verdict.ci_pct is None
-    assert f"16 pairs from 2 server pairs; {MIN_BLOCKS} are needed" in verdict.reason, verdict.reason
+    assert f"16 pairs; 2 server pairs served two or more, {MIN_BLOCKS} are needed" in verdict.reason, verdict.reason
     assert "fork servers as a level: 2 server pairs" in verdict.method
-    a, b, paired, servers = forked_pairs(rng, 17, 0.10, layout_sd=0.0)
-    assert compare(a, b, **paired, **servers).verdict == Outcome.REGRESSION  # a 17th pair: third servers' children
+    a, b, paired, servers = forked_pairs(rng, 17, 0.10, layout_sd=0.0)  # a third server pair with one pair
+    assert compare(a, b, **paired, **servers).verdict == Outcome.UNKNOWN
+    a, b, paired, servers = forked_pairs(rng, 18, 0.10, layout_sd=0.0)  # ... and with two
+    assert compare(a, b, **paired, **servers).verdict == Outcome.REGRESSION
 
 
 def test_the_level_is_estimated_from_the_blocks():
@@ -80,11 +82,13 @@ def test_the_level_is_estimated_from_the_blocks():
     labels = [i // 8 for i in range(40)]
     offsets = rng.normal(0.0, 0.05, 5)
     shared = server_level(np.array([offsets[g] for g in labels]) + rng.normal(0, 1e-4, 40), labels)
-    assert shared is not None and shared.blocks == 5 and shared.rho > 0.99
+    assert shared is not None and shared.blocks == shared.shared == 5 and shared.rho > 0.99
     assert shared.design_effect == pytest.approx(1 + 7 * shared.rho) and shared.units == 5
     independent = server_level(rng.normal(0, 0.01, 40), labels)
     assert independent is not None and independent.rho < 0.5 and independent.design_effect >= 1.0
     assert server_level(np.zeros(4), [1, 2, 3, 4]) is None  # no two pairs share a block
+    one_alone = server_level(rng.normal(0, 0.01, 17), labels[:17])  # 8 + 8 + 1 pairs
+    assert one_alone is not None and one_alone.blocks == 3 and one_alone.shared == 2
     with pytest.raises(ValueError, match="server labels: 3 labels for 4 pairs"):
         server_level(np.zeros(4), [1, 1, 2])
 

@@ -13,12 +13,14 @@ are judged with the server as a level (:mod:`service.stats.levels`).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners.harness import Measurement
 from abwatch.runners.workloads import WORKLOAD_KINDS
+from abwatch.builders.workload_spec import WorkloadSpec
 from abwatch.service import stats
 from abwatch.service.config import Config
 
@@ -33,7 +35,18 @@ def assessed(m: Measurement, config: Config) -> stats.Contention:
                         [f.involuntary_switches for f in figures], max_share=config.stats.contention_share)
 
 
-def threads_note(config: Config, workload, duet: bool = False) -> str:
+def server_labels(m: Measurement, groups: Mapping[str, Sequence[int]]) -> dict[str, list]:
+    """``control_servers`` and ``treatment_servers`` for :func:`stats.compare` of values from the
+    timed processes of ``m``, each labelled by ``groups`` with its process's position: each
+    process's fork server, so that pairs sharing servers are judged with the server as a level
+    (:mod:`service.stats.levels`); none where no process was forked."""
+    server = {side: {f.position: f.server for f in m.processes[side]} for side in SIDES}
+    if all(s is None for side in SIDES for s in server[side].values()):
+        return {}
+    return {f"{side}_servers": [server[side].get(g) for g in groups[side]] for side in SIDES}
+
+
+def threads_note(config: Config, workload: WorkloadSpec, duet: bool = False) -> str:
     """What a TVM workload's threads a process mean for its verdict on a busy host, for the
     report: one (the default on this host's CPU) keeps a verdict under heavy contention judged
     on CPU time; more are refused there, which the note says where a workload asks for them.
@@ -60,16 +73,13 @@ def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget:
                    equivalence_alpha=config.stats.equivalence_alpha, plan_pairs=plan_pairs)
     contention = assessed(m, config)
     processes = [f for side in SIDES for f in m.processes[side]]
-    shared = any(f.server is not None for f in processes)  # forked workers: the server is a level
     # CPU time stands in for wall time only for one thread: the threads of a pool that wait for
     # a preempted sibling spin, and waiting would inflate CPU time as much as wall time
     if contention.heavy and all(f.cpu_s is not None and f.threads == 1 for f in processes):
         cpu = {side: [1000.0 * (f.cpu_s or 0.0) for f in m.processes[side]] for side in SIDES}
         groups = {side: [f.position for f in m.processes[side]] for side in SIDES}
-        if shared:
-            options.update(control_servers=[f.server for f in m.processes[CONTROL]],
-                           treatment_servers=[f.server for f in m.processes[TREATMENT]])
-        step = stats.sequential_look(cpu[CONTROL], cpu[TREATMENT], groups[CONTROL], groups[TREATMENT], **options)
+        step = stats.sequential_look(cpu[CONTROL], cpu[TREATMENT], groups[CONTROL], groups[TREATMENT], **options,
+                                     **server_labels(m, groups))
         # n and the plain medians stay the timing samples' (the report's n, the history's series),
         # whatever the verdict was judged by
         verdict = replace(stats.on_cpu_time(step.verdict, contention), control_n=len(m.samples[CONTROL]),
@@ -77,12 +87,8 @@ def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget:
                           control_median_ms=statistics.median(m.samples[CONTROL]),
                           treatment_median_ms=statistics.median(m.samples[TREATMENT]))
         return replace(step, verdict=verdict)
-    if shared:  # each sample labelled with its process's server
-        server = {side: {f.position: f.server for f in m.processes[side]} for side in SIDES}
-        options.update(control_servers=[server[CONTROL][g] for g in m.groups[CONTROL]],
-                       treatment_servers=[server[TREATMENT][g] for g in m.groups[TREATMENT]])
     step = stats.sequential_look(m.samples[CONTROL], m.samples[TREATMENT], m.groups[CONTROL], m.groups[TREATMENT],
-                                 **options)
+                                 **options, **server_labels(m, m.groups))
     if contention.heavy and step.stop:
         why = ("processes ran on several threads, whose CPU time waiting inflates too"
                if all(f.cpu_s is not None for f in processes) else "processes have no CPU time to judge on")

@@ -20,7 +20,6 @@ bisected on instructions.
 from __future__ import annotations
 
 import random
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -101,18 +100,18 @@ def measure(runner: Runner, workload, artifacts: Mapping[Any, Path], config, see
                      f"processes to start, {config.run.counted_jobs} at a time")
 
     counted: list[tuple[str, InvocationResult]] = []  # appended from the pool's threads (atomic)
-    failed = threading.Event()
+    failed: list[int] = []  # positions of failed counted processes (appended from the pool's threads)
 
     def count(slot: Slot) -> InvocationResult:
         # The first failed process ends the counting (fresh.until_decided), and the rest of its
         # look would fail alike (code the counter cannot run, SIGILL, fails in every process):
-        # a slot the pool starts after a failure is not run. The pool starts slots in order,
-        # so such a slot comes after the failed one, which the loop reports.
-        if failed.is_set():
+        # a slot after a failed one is not run. Only after it: the loop reports the first
+        # failure in the look's order, which must be a real one.
+        if any(position < slot.position for position in failed):
             return InvocationResult("error", (), 0.0, "not started: an earlier counted process failed")
         result = runner.count_instructions(artifacts[slot.side], workload, timeout_s, counter, slot.side, what)
         if result.status != "ok":
-            failed.set()
+            failed.append(slot.position)
         counted.append((slot.side, result))
         return result
 

@@ -17,7 +17,7 @@ from abwatch.core.metric_names import Metric
 from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.runners.harness import Measurement
 from abwatch.service import stats
-from abwatch.service.compare import compile_time
+from abwatch.service.compare import compile_time, contended
 from abwatch.service.compare.outcome import MetricResult, WorkloadResult
 from abwatch.service.config import Config
 from abwatch.service.stats.verdict import RegressionKind
@@ -150,6 +150,10 @@ class FromProcesses(Beside):
 
     def _judge(self, ctx: Context, phase: RegressionKind, found: dict[str, list[tuple[int, float | None]]]
                ) -> MetricResult:
+        groups = {side: [p for p, _ in found[side]] for side in SIDES}
+        # the run's values come from the timed processes, whose fork servers are a level; the
+        # compile's from fresh compiling processes (their positions are another sequence's)
+        servers = contended.server_labels(ctx.timed, groups) if phase is RUN else {}
         values = {side: [v for _, v in found[side]] for side in SIDES}
         kept = {side: tuple(v for v in values[side] if v is not None) for side in SIDES}
         s = ctx.config.stats
@@ -162,8 +166,8 @@ class FromProcesses(Beside):
         verdict = stats.compare(
             kept[CONTROL], kept[TREATMENT], threshold_pct=self.threshold_pct(ctx.config), alpha=s.alpha,
             confidence=s.confidence, resamples=s.bootstrap_resamples, seed=ctx.seed,
-            control_groups=[p for p, _ in found[CONTROL]], treatment_groups=[p for p, _ in found[TREATMENT]],
-            paired=True, equivalence_alpha=s.equivalence_alpha, min_samples=3)
+            control_groups=groups[CONTROL], treatment_groups=groups[TREATMENT],
+            paired=True, equivalence_alpha=s.equivalence_alpha, min_samples=3, **servers)
         verdict = replace(verdict, unit=self.unit, estimator=f"{self.estimator(ctx, phase)}, paired by the "
                           "interleaved order", stop_reason="judged where the timing stopped")
         return MetricResult(self.metric.value, phase.value, verdict, kept[CONTROL], kept[TREATMENT], self.source)

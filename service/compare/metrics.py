@@ -207,7 +207,7 @@ class PerGeneration(Beside):
             samples[CONTROL], samples[TREATMENT], threshold_pct=self.threshold_pct(ctx.config), alpha=s.alpha,
             confidence=s.confidence, resamples=s.bootstrap_resamples, seed=ctx.seed, control_groups=groups[CONTROL],
             treatment_groups=groups[TREATMENT], paired=True, equivalence_alpha=s.equivalence_alpha,
-            higher_is_better=self.higher_is_better)
+            higher_is_better=self.higher_is_better, **contended.server_labels(ctx.timed, groups))
         verdict = replace(verdict, unit=self.unit, stop_reason="judged where the timing stopped")
         if on_cpu:
             verdict = replace(stats.on_cpu_time(verdict, contention), unit=self.cpu_unit,

@@ -56,7 +56,8 @@ class MetricResult:
                 "change_pct": v.change_pct, "ci_pct": list(v.ci_pct) if v.ci_pct else None,
                 "control": v.control_median_ms, "treatment": v.treatment_median_ms, "reason": v.reason,
                 "source": self.source, "failure": self.failure, "n": [len(self.control_values),
-                                                                      len(self.treatment_values)]}
+                                                                      len(self.treatment_values)],
+                "design_effect": v.design_effect}  # where the processes shared fork servers
 
 
 @dataclass(frozen=True)

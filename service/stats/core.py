@@ -282,8 +282,8 @@ def _paired_verdict(ca: np.ndarray, cb: np.ndarray, base: dict[str, Any], confid
     if not all(math.isfinite(x) for x in ci):  # under MIN_PAIRS (or MIN_BLOCKS) no interval
         pairs = min(len(ca), len(cb))
         few = (f"too few pairs for an interval ({pairs}; {min_pairs} are needed)" if level is None or pairs < min_pairs
-               else f"too few fork-server pairs for an interval ({pairs} pairs from {level.blocks} server pairs; "
-                    f"{levels.MIN_BLOCKS} are needed to tell a server's memory layout from a change)")
+               else f"too few fork-server pairs for an interval ({pairs} pairs; {level.shared} server pairs served "
+                    f"two or more, {levels.MIN_BLOCKS} are needed to tell a server's memory layout from a change)")
         return _figures(Verdict(Outcome.UNKNOWN, change, None, None, method=method, reason=few,
                                 design_effect=None if level is None else level.design_effect, **base),
                         best, estimator)
@@ -353,7 +353,7 @@ def _paired(ca: np.ndarray, cb: np.ndarray, confidence: float, plan: int, same_a
     estimate, se = trimmed_mean_se(d)
     level = None if blocks is None else levels.server_level(winsorize(d), blocks[:k])
     alpha = 1.0 - confidence
-    if level is not None and level.blocks < levels.MIN_BLOCKS:
+    if level is not None and level.shared < levels.MIN_BLOCKS:
         unbounded = (-math.inf, math.inf)
         return pct(estimate), unbounded, 1.0, unbounded, level
     if se == 0.0:
@@ -435,7 +435,8 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
         if stop and decided.verdict != v.verdict:  # the look decided; the run's correction did not agree
             stop += f" ({v.verdict.value} before Benjamini-Hochberg)"
         # the server level, where one was taken, stays said (the method's part after the paired one)
-        level = f"; {v.method.partition('; ')[2]}" if v.design_effect is not None else ""
+        said = v.method.rpartition("; ")[2]
+        level = f"; {said}" if v.design_effect is not None and said.startswith("fork servers") else ""
         out[i] = replace(decided, p_adjusted=float(p_adj), correction="benjamini-hochberg",
                          stop_reason=stop, method=v.method, looks=v.looks, elapsed_s=v.elapsed_s,
                          reason=(f"{v.caveat}; " if v.caveat else "") + decided.reason.replace("p=", "BH-adjusted p=")

@@ -5,16 +5,16 @@ fork server, and the children of one server share its memory layout, which can m
 time by a few percent (Mytkowicz et al., ASPLOS 2009). The pairs served by one control
 server and one treatment server (a *block*) then share an offset that more pairs of the same
 block never average away: judged as independent pairs, an A/A comparison between two servers
-with different layouts is a false regression (a simulated layout effect of 1 % beside 1 % of
-pair noise: 10-13 % false calls at 16-48 pairs, docs/statistics.md).
+with different layouts is a false regression (simulated layouts of 1.5 % beside 1 % of pair
+noise, 32 pairs: 18-26 % of A/A comparisons called a change; docs/statistics.md).
 
 The level is taken as a random effect (Kalibera & Jones, ISMM 2013, take the levels of an
 experiment so): a one-way analysis of variance of the pairs' (winsorized) log ratios by
 block estimates the intraclass correlation rho, the variance of the mean grows by Kish's
 design effect ``1 + (m - 1) rho`` (``m``: the pairs-weighted mean block size), and where rho
 is above zero the interval's small-sample widening counts blocks, not pairs, as the
-independent units. Fewer than :data:`MIN_BLOCKS` blocks cannot tell a layout from a change,
-so no interval is given before then.
+independent units. Fewer than :data:`MIN_BLOCKS` blocks of two pairs or more cannot tell a
+layout from a change, so no interval is given before then.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import numpy as np
 
 # Two blocks leave one degree of freedom for the between-server variance: its estimate is
 # mostly 0 when the truth is not, and a 2 % layout effect was called a change in 13 % of
-# simulated A/A comparisons at 16 pairs; from three blocks on, 0.1-1.9 %.
+# simulated A/A comparisons at 16 pairs (design effect alone); from three blocks on, with
+# blocks as the units, 0-0.7 % (docs/statistics.md).
 MIN_BLOCKS = 3
 
 
@@ -38,11 +39,18 @@ class ServerLevel:
     blocks: int
     rho: float  # the share of the pairs' variance between blocks, >= 0
     design_effect: float  # how many times the variance of the mean grows, >= 1
+    pairs: int = 0
+    # blocks of two pairs or more: a block of one pair says nothing of the variance within
+    # blocks, so only these count towards MIN_BLOCKS
+    shared: int = 0
 
     @property
     def units(self) -> int | None:
         """The independent units the spread is estimated from, for the small-sample widening:
-        the blocks where they differ (rho > 0); else None (the pairs themselves)."""
+        the blocks wherever any variance between them was estimated (rho > 0); else None (the
+        pairs). A step, not Kish's continuous effective size (pairs over the design effect):
+        that one let 1.8-2.8 % of simulated A/A comparisons call a change at 24-32 pairs (1-2 %
+        layouts), the step 0-0.7 %, because a small rho is most often an underestimate."""
         return self.blocks if self.rho > 0 else None
 
     def describe(self) -> str:
@@ -63,10 +71,11 @@ def server_level(winsorized: np.ndarray, labels: Sequence) -> ServerLevel | None
     n, k = len(labels), len(index)
     if k == n:
         return None
-    if k < 2:
-        return ServerLevel(blocks=k, rho=0.0, design_effect=1.0)
     block = np.array([index[label] for label in labels])
     sizes = np.bincount(block)
+    shared = int((sizes >= 2).sum())
+    if k < 2:
+        return ServerLevel(blocks=k, rho=0.0, design_effect=1.0, pairs=n, shared=shared)
     means = np.bincount(block, winsorized) / sizes
     between = float((sizes * (means - winsorized.mean()) ** 2).sum() / (k - 1))
     within = float(((winsorized - means[block]) ** 2).sum() / (n - k))
@@ -75,4 +84,4 @@ def server_level(winsorized: np.ndarray, labels: Sequence) -> ServerLevel | None
     spread = max(0.0, (between - within) / n0)
     rho = spread / (spread + within) if spread + within > 0 else 0.0
     weighted_size = float((sizes ** 2).sum()) / n
-    return ServerLevel(blocks=k, rho=rho, design_effect=1.0 + (weighted_size - 1.0) * rho)
+    return ServerLevel(blocks=k, rho=rho, design_effect=1.0 + (weighted_size - 1.0) * rho, pairs=n, shared=shared)
