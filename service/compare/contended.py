@@ -35,7 +35,7 @@ def assessed(m: Measurement, config: Config) -> stats.Contention:
                         [f.involuntary_switches for f in figures], max_share=config.stats.contention_share)
 
 
-def server_labels(m: Measurement, groups: Mapping[str, Sequence[int]]) -> dict[str, list]:
+def server_labels(m: Measurement, groups: Mapping[Any, Sequence[int]]) -> dict[str, Any]:
     """``control_servers`` and ``treatment_servers`` for :func:`stats.compare` of values from the
     timed processes of ``m``, each labelled by ``groups`` with its process's position: each
     process's fork server, so that pairs sharing servers are judged with the server as a level
@@ -53,8 +53,9 @@ def threads_note(config: Config, workload: WorkloadSpec, duet: bool = False) -> 
     Empty for other kinds, other runners and duets (whose sides take their pinned cores)."""
     if not WORKLOAD_KINDS[workload.kind].threaded or config.runner.kind != "cpu" or duet:
         return ""
-    asked = workload.threads if workload.threads is not None else config.runner.threads
-    threads = config.runner.measured_threads(workload.threads, host_cpu=True)
+    own = getattr(workload, "threads", None)  # a threaded kind's config has its own ``threads``
+    asked = own if own is not None else config.runner.threads
+    threads = config.runner.measured_threads(own, host_cpu=True)
     if threads == 1:
         return "1 thread a process" + (" (the default: a verdict that stands on a busy host)" if asked is None else "")
     return (f"{threads} threads a process ({'asked for' if asked is not None else 'the default'}): under heavy "
