@@ -39,7 +39,6 @@ class ServerLevel:
     blocks: int
     rho: float  # the share of the pairs' variance between blocks, >= 0
     design_effect: float  # how many times the variance of the mean grows, >= 1
-    pairs: int = 0
     # blocks of two pairs or more: a block of one pair says nothing of the variance within
     # blocks, so only these count towards MIN_BLOCKS
     shared: int = 0
@@ -75,7 +74,7 @@ def server_level(winsorized: np.ndarray, labels: Sequence) -> ServerLevel | None
     sizes = np.bincount(block)
     shared = int((sizes >= 2).sum())
     if k < 2:
-        return ServerLevel(blocks=k, rho=0.0, design_effect=1.0, pairs=n, shared=shared)
+        return ServerLevel(blocks=k, rho=0.0, design_effect=1.0, shared=shared)
     means = np.bincount(block, winsorized) / sizes
     between = float((sizes * (means - winsorized.mean()) ** 2).sum() / (k - 1))
     within = float(((winsorized - means[block]) ** 2).sum() / (n - k))
@@ -84,4 +83,4 @@ def server_level(winsorized: np.ndarray, labels: Sequence) -> ServerLevel | None
     spread = max(0.0, (between - within) / n0)
     rho = spread / (spread + within) if spread + within > 0 else 0.0
     weighted_size = float((sizes ** 2).sum()) / n
-    return ServerLevel(blocks=k, rho=rho, design_effect=1.0 + (weighted_size - 1.0) * rho, pairs=n, shared=shared)
+    return ServerLevel(blocks=k, rho=rho, design_effect=1.0 + (weighted_size - 1.0) * rho, shared=shared)
