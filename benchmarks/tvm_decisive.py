@@ -137,11 +137,19 @@ def one(args, workload: str, truth: str, mode: str, work: Path) -> dict:
                                  str(config), "--control", VERSION, "--treatment", VERSION, "--json",
                                  "--db", f"sqlite:///{database}"], stdout=out, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
+        tail: list[str] = []
         for line in proc.stderr:  # the looks, timed as they are printed
+            tail = [*tail[-19:], line]
             if m := LOOK.search(line):
                 looks.append((time.monotonic() - started, float(m.group(2)) - float(m.group(1))))
         proc.wait()
-    (result,) = json.loads(report.read_text())["results"]
+    try:
+        (result,) = json.loads(report.read_text())["results"]
+    except (ValueError, KeyError):  # the command failed before its report: a row that says how, not a lost campaign
+        return {"workload": workload, "truth": truth, "mode": mode, "verdict": "failed", "change_pct": None,
+                "ci_pct": None, "seconds": time.monotonic() - started, "pairs": 0, "pairs_per_min": None,
+                "widths": dict.fromkeys(MARKS), "unit": None,
+                "failure": f"exit {proc.returncode}: {''.join(tail)[-2000:]}", "load": os.getloadavg()[0]}
     low, high = result["ci_pct"] or (None, None)
     if low is not None:  # the verdict's interval, from the moment the command ended
         looks.append((time.monotonic() - started, high - low))

@@ -200,6 +200,11 @@ class TvmWorkloadConfig(WorkloadSpec):
         default=None, description='TVM_NUM_THREADS of its measured processes: a number, or "all" (every core); '
         "default: the runner's (1 on this host's CPU). On several threads a verdict under heavy contention "
         "is refused: their CPU time waiting inflates too")
+    # how its forked processes are served, never part of the series: unset, the runner's
+    # children_per_server, or what the noise history chose (service/compare/noise.py)
+    children_per_server: int | None = Field(
+        default=None, ge=1, le=1000, description='[runner] processes = "forked": children a fork server serves '
+        "before it is restarted, for this workload (default: what its noise history chose, else the runner's)")
     # measure = [..., "instructions"] counts the compile call's and the timed calls' (on the
     # local CPU; GPU and RPC runs keep wall time and say so), each in its own fresh worker process
 

@@ -173,9 +173,10 @@ class TimedServers:
 
     @contextlib.contextmanager
     def one(self, side: str, artifact: Path, env: dict[str, str], sandbox: Sandbox,
-            timeout_s: float) -> Iterator[TimedServer]:
+            timeout_s: float, children: int | None = None) -> Iterator[TimedServer]:
         """The (side, build)'s server for one child (started if there is none), held for the
-        child's whole life; closed after it if the child failed or it has served its share."""
+        child's whole life; closed after it if the child failed or it has served its share
+        (``children``, the workload's; default ``children_per_server``)."""
         # the environment is the server's from its start: a workload on other threads needs its own
         key = (side, artifact, tuple(sorted(env.items())))
         with self._lock:
@@ -190,7 +191,7 @@ class TimedServers:
         except BaseException:
             server.close()
             raise
-        if server.children >= self.children_per_server:
+        if server.children >= (children or self.children_per_server):
             server.close()
             return
         with self._lock:

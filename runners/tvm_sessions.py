@@ -171,7 +171,7 @@ class TvmSessions:
         start = time.monotonic()
         try:
             with self.timed.one(side, artifact, {"TVM_NUM_THREADS": str(threads)}, self._sandbox(),
-                                max(COMPILE_TIMEOUT_S, timeout_s)) as server:
+                                max(COMPILE_TIMEOUT_S, timeout_s), workload.children_per_server) as server:
                 server.worker.send({"cmd": "fork"})
                 child = from_child(server.worker, timeout_s, "forked")
                 server.worker.send(spec)

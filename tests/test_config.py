@@ -303,6 +303,24 @@ def test_a_watch_that_leaves_how_workers_start_at_its_default_is_the_same_watch(
     assert config_hash(duet) != config_hash(default)
 
 
+def test_a_tvm_workloads_children_a_server_unset_is_the_same_watch_and_never_its_series(tmp_path):
+    from abwatch.service.store.rows import workload_spec_hash
+    from abwatch.service.watch.poll import config_hash
+
+    text = ('[repo]\nurl = "repo"\nbranch = "main"\n[build]\nkind = "tvm-wheel"\n'
+            '[[workloads]]\nname = "mlp"\nkind = "tvm"\nmodel = "builtin:mlp"\n')
+    config = load_config(write(tmp_path, text))
+    assert config_hash(config) == "32b89a07daaf8a9c"  # what this config hashed to before the key existed
+    (workload,) = config.workloads
+    assert workload.children_per_server is None
+    own = load_config(write(tmp_path, text + "children_per_server = 4\n"))
+    assert own.workloads[0].children_per_server == 4 and config_hash(own) != config_hash(config)
+    spec = workload.model_dump(mode="json")
+    assert workload_spec_hash("tvm", {**spec, "children_per_server": 4}) == workload_spec_hash("tvm", spec)
+    with pytest.raises(ConfigError, match="children_per_server: input should be greater than or equal to 1"):
+        load_config(write(tmp_path, text + "children_per_server = 0\n"))
+
+
 @pytest.mark.parametrize(("value", "bisected"), [
     (None, ["regression"]), ("true", ["regression"]), ("false", []),
     ('["regression", "improvement"]', ["regression", "improvement"]), ('["improvement"]', ["improvement"]),

@@ -107,62 +107,6 @@ def test_a_failing_or_hung_child_takes_its_server_down_and_the_next_gets_a_new_o
         runner.teardown()
 
 
-def test_a_comparison_through_forked_workers_is_judged_and_stores_each_server(tmp_path, tvm_cache, sqlite_url,
-                                                                             capsys):
-    config = tmp_path / "tvm.toml"
-    config.write_text(f"""
-cache_dir = {json.dumps(str(tvm_cache))}
-[build]
-kind = "tvm-wheel"
-[runner]
-kind = "cpu"
-threads = 1
-processes = "forked"
-children_per_server = 3
-[run]
-repetitions = 4
-max_repetitions = 4
-compile_repetitions = 0
-seed = 3
-noise_aware = false
-[[workloads]]
-name = "mlp"
-kind = "tvm"
-model = "builtin:mlp"
-input_shape = [1, 64]
-options = {{hidden = 64}}
-samples = 20
-measure = ["time", "max_rss"]
-""")
-    code = main(["compare", "--config", str(config), "--control", NEW, "--treatment", NEW, "--json",
-                 "--db", sqlite_url])
-    out = capsys.readouterr()
-    assert code in (0, 1), out.err
-    payload = json.loads(out.out)
-    (result,) = payload["results"]
-    assert result["verdict"] in ("same", "unknown", "regression", "improvement") and not result["failure"], result
-    assert result["control"]["n"] == result["treatment"]["n"] == 4 * 20
-    # judged with the servers as a level: the four pairs came from two (control, treatment) server pairs
-    assert "fork servers as a level: 2 server pairs" in result["method"] and result["design_effect"] >= 1.0, result
-    (memory,) = result["metrics"]  # a metric of the same processes takes their servers too
-    assert memory["metric"] == "max_rss" and memory["design_effect"] >= 1.0, memory
-    engine = db.make_engine(sqlite_url)
-    with db.session_scope(engine) as session:
-        stored = session.scalars(select(Comparison.verdict).where(Comparison.run_id == payload["run_id"])).all()
-        assert [v.value for v in stored] == [result["verdict"]]
-        rows = session.scalars(select(Invocation).where(Invocation.run_id == payload["run_id"])).all()
-        measured = [r for r in rows if not r.warmup]
-        assert len(measured) == 8
-        # the warm-up invocation of each side compiles (fresh); every measured one was forked
-        assert all(r.server is None for r in rows if r.warmup)
-        by_side = {side: [r.server for r in measured if r.side.value == side] for side in ("control", "treatment")}
-        assert all(s is not None for servers in by_side.values() for s in servers)
-        assert not set(by_side["control"]) & set(by_side["treatment"])
-        # 4 children a side, 3 a server: two servers each
-        assert sorted(len(set(servers)) for servers in by_side.values()) == [2, 2]
-    engine.dispose()
-
-
 def test_each_forked_child_moves_its_stack_and_heap_by_its_own_draw(artifact):
     from abwatch.runners.fork_servers import from_child
 
@@ -185,3 +129,105 @@ def test_each_forked_child_moves_its_stack_and_heap_by_its_own_draw(artifact):
     assert all(0 <= x["stack_depth"] < 64 and 0 <= x["heap_bytes"] < 65536 and x["heap_bytes"] % 16 == 0
                for x in layouts)
     assert len({(x["stack_depth"], x["heap_bytes"]) for x in layouts}) > 1  # four alike: once in 10^17
+
+
+def test_a_forked_comparison_stores_each_server_and_the_next_takes_the_children_it_learnt(tmp_path, tvm_cache,
+                                                                                         sqlite_url, capsys):
+    """A comparison through forked workers is judged with the servers as a level and stores
+    each process's server; its servers and their costs choose the children a fork server that
+    reach an interval fastest (service/stats/repetitions.py, choose_children); the next run of
+    the workload takes the learnt count, says so, and stays in the same series."""
+    from abwatch.service.compare import noise
+    from abwatch.service.store.models import NoiseProfile, Run, Sample
+
+    config = tmp_path / "tvm.toml"
+    config.write_text(f"""
+cache_dir = {json.dumps(str(tvm_cache))}
+[build]
+kind = "tvm-wheel"
+[runner]
+kind = "cpu"
+threads = 1
+processes = "forked"
+children_per_server = 2
+[run]
+repetitions = 8
+max_repetitions = 8
+compile_repetitions = 0
+seed = 5
+[[workloads]]
+name = "mlp"
+kind = "tvm"
+model = "builtin:mlp"
+input_shape = [1, 64]
+options = {{hidden = 64}}
+samples = 20
+measure = ["time", "max_rss"]
+""")
+
+    def compare() -> tuple[dict, str]:
+        code = main(["compare", "--config", str(config), "--control", NEW, "--treatment", NEW, "--json",
+                     "--db", sqlite_url])
+        out = capsys.readouterr()
+        assert code in (0, 1, 4), out.err
+        return json.loads(out.out), out.err
+
+    first, _ = compare()
+    (result,) = first["results"]
+    assert result["verdict"] in ("same", "unknown", "regression", "improvement") and not result["failure"], result
+    assert result["control"]["n"] == result["treatment"]["n"] == 8 * 20
+    # judged with the servers as a level: the eight pairs came from four (control, treatment) server pairs
+    assert "fork servers as a level: 4 server pairs" in result["method"] and result["design_effect"] >= 1.0, result
+    (memory,) = result["metrics"]  # a metric of the same processes takes their servers too
+    assert memory["metric"] == "max_rss" and memory["design_effect"] >= 1.0, memory
+    engine = db.make_engine(sqlite_url)
+    with db.session_scope(engine) as session:
+        stored = session.scalars(select(Comparison.verdict).where(Comparison.run_id == first["run_id"])).all()
+        assert [v.value for v in stored] == [result["verdict"]]
+        everything = session.scalars(select(Invocation).where(Invocation.run_id == first["run_id"])).all()
+        measured = [r for r in everything if not r.warmup]
+        assert len(measured) == 16
+        # the warm-up invocation of each side compiles (fresh); every measured one was forked
+        assert all(r.server is None for r in everything if r.warmup)
+        by_side = {side: [r.server for r in measured if r.side.value == side] for side in ("control", "treatment")}
+        assert all(s is not None for servers in by_side.values() for s in servers)
+        assert not set(by_side["control"]) & set(by_side["treatment"])
+        assert sorted(len(set(servers)) for servers in by_side.values()) == [4, 4]  # 8 children a side, 2 a server
+        rows = {r.id: r for r in session.scalars(select(Invocation).where(Invocation.run_id == first["run_id"]))}
+        samples: dict[str, list[float]] = {"control": [], "treatment": []}
+        groups: dict[str, list[int]] = {"control": [], "treatment": []}
+        servers: dict[str, list] = {"control_servers": [], "treatment_servers": []}
+        for row in session.scalars(select(Sample).where(Sample.run_id == first["run_id"], Sample.warmup.is_(False))
+                                   .order_by(Sample.id)):
+            samples[row.side.value].append(row.runtime_ms)
+            groups[row.side.value].append(rows[row.invocation_id].position)
+            servers[f"{row.side.value}_servers"].append(rows[row.invocation_id].server)
+        server_s, child_s = noise.server_costs(session, first["run_id"], result["workload_id"])
+        assert server_s > 0 and child_s > 0  # a server's first child paid its start (an import of TVM)
+        choice = noise.choose_children(session, first["run_id"], result["workload_id"], samples, groups, servers, 2)
+        assert choice is not None and "children a fork server (" in choice.reason, choice
+        assert "from 8 servers" in choice.reason and {2, 3, 4} <= {o.children for o in choice.options}
+        # a known history whatever the machine's load made of the first run's verdict
+        profile = session.scalars(select(NoiseProfile)).one_or_none()
+        if result["verdict"] == "same":  # learnt as the run was stored, from the same figures
+            assert profile is not None and (profile.children, profile.children_reason) == (choice.children,
+                                                                                          choice.reason)
+        if profile is None:
+            device = session.get(Run, first["run_id"]).device_id
+            profile = NoiseProfile(workload_id=result["workload_id"], device_id=device, process_cv=0.02)
+            session.add(profile)
+        profile.children, profile.children_reason, profile.observations = 4, "4 children a fork server (chosen)", 1
+
+    second, err = compare()
+    (again,) = second["results"]
+    assert "4 children a fork server (chosen), learnt from 1 past run(s)" in err
+    assert "4 children a fork server (chosen)" in again["stop_reason"], again
+    assert again["workload_id"] == result["workload_id"]  # the same series
+    with db.session_scope(engine) as session:
+        measured = session.scalars(select(Invocation).where(Invocation.run_id == second["run_id"],
+                                                            Invocation.warmup.is_(False))).all()
+        children: dict[tuple, int] = {}
+        for row in measured:
+            children[(row.side, row.server)] = children.get((row.side, row.server), 0) + 1
+    assert sorted(children.values()) == [4, 4, 4, 4], children  # 8 a side, 4 a server
+    engine.dispose()

@@ -1,11 +1,13 @@
-"""Samples a process chosen from the variance components (service/stats/repetitions.py)."""
+"""Samples a process and children a fork server chosen from the variance components
+(service/stats/repetitions.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from abwatch.service.stats.repetitions import choose_samples
+from abwatch.service.stats.levels import MIN_BLOCKS
+from abwatch.service.stats.repetitions import choose_children, choose_samples
 
 
 def _processes(rng, count: int, samples: int, process_sd: float, sample_tail: float) -> list[list[float]]:
@@ -62,3 +64,78 @@ def test_the_first_samples_are_what_a_shorter_process_takes():
 def test_bad_input_is_named(processes, fixed, sample, configured, message):
     with pytest.raises(ValueError, match=message):
         choose_samples(processes, fixed_s=fixed, sample_s=sample, configured=configured)
+
+
+def _forked(rng, servers: int, children: int, layout_sd: float, process_sd: float = 0.01,
+            treatment: float = 1.0) -> tuple[list[float], list, list[str]]:
+    """Forked processes of two sides: each server's children share its layout's offset
+    (relative sd ``layout_sd``), each child adds its own; the treatment's level is ``treatment``."""
+    figures, labels, sides = [], [], []
+    for side, level in (("control", 1.0), ("treatment", treatment)):
+        for server in range(servers):
+            offset = rng.normal(0.0, layout_sd)
+            for _ in range(children):
+                figures.append(level * float(np.exp(offset + rng.normal(0.0, process_sd))))
+                labels.append((side, server))
+                sides.append(side)
+    return figures, labels, sides
+
+
+def test_a_dear_server_without_a_layout_effect_serves_more_children_and_layouts_that_matter_fewer():
+    """Kalibera & Jones's trade: where a server's start (an import of TVM) costs many children
+    and its layout adds nothing, more children a server are cheaper; where layouts move the
+    time, the design effect makes children of one server worth little and the choice goes down.
+    Either way no count leaves fewer than three server pairs at the planned pairs."""
+    rng = np.random.default_rng(3)
+    flat = choose_children(*_forked(rng, 8, 8, layout_sd=0.0), server_s=2.0, child_s=0.1, configured=2, pairs=60)
+    layouts = choose_children(*_forked(rng, 8, 8, layout_sd=0.03), server_s=2.0, child_s=0.1, configured=8,
+                              pairs=60)
+    assert flat.rho < 0.2 and layouts.rho > 0.5, (flat.rho, layouts.rho)
+    assert flat.children > 2 and layouts.children < 8, (flat.reason, layouts.reason)
+    for choice in (flat, layouts):
+        best = min(choice.options, key=lambda o: o.relative_time)
+        assert choice.children == best.children and best.relative_time == pytest.approx(1.0)
+        assert best.server_pairs >= MIN_BLOCKS
+        assert f"{choice.children} children a fork server (" in choice.reason
+        assert "less time to the same width than" in choice.reason and "from 16 servers" in choice.reason
+
+
+def test_a_count_that_leaves_too_few_server_pairs_gives_no_interval_and_is_replaced():
+    """The runner's 8 children at the 12 pairs a workload's verdicts take make two server
+    pairs, too few for an interval: every option with fewer than three is infinitely slow."""
+    rng = np.random.default_rng(4)
+    choice = choose_children(*_forked(rng, 6, 4, layout_sd=0.0), server_s=1.0, child_s=0.2, configured=8, pairs=12)
+    by = {o.children: o for o in choice.options}
+    assert by[8].server_pairs == 2 and by[8].relative_time == float("inf")
+    assert by[4].server_pairs == 3 and by[4].relative_time < float("inf")
+    assert choice.children <= 4 and "8 make fewer than 3 server pairs, no interval" in choice.reason
+    assert max(by) <= 12  # no count above the pairs
+
+
+def test_a_real_difference_between_the_sides_is_not_a_servers_variance():
+    """An A/B run's treatment 10 % slower throughout: each side's level is taken out before the
+    servers' share is estimated, so it reads as no layout effect, not as a large one."""
+    rng = np.random.default_rng(5)
+    slower = choose_children(*_forked(rng, 8, 4, layout_sd=0.0, treatment=1.10), server_s=1.0, child_s=0.2,
+                             configured=4, pairs=32)
+    assert slower.rho < 0.3, slower.reason
+
+
+def test_the_configured_count_stays_unless_another_is_much_cheaper():
+    rng = np.random.default_rng(6)
+    figures, labels, sides = _forked(rng, 8, 8, layout_sd=0.0)
+    choice = choose_children(figures, labels, sides, server_s=0.2, child_s=0.2, configured=8, pairs=200)
+    assert choice.children == 8 and choice.reason.startswith("8 children a fork server (configured; ")
+
+
+@pytest.mark.parametrize(("servers", "children", "kwargs", "message"), [
+    (1, 4, {}, "needs 4 servers of two children or more, got 2"),
+    (4, 1, {}, "needs 4 servers of two children or more, got 0"),
+    (4, 4, {"child_s": 0.0}, "child_s > 0"),
+    (4, 4, {"pairs": 5}, "5 pairs make fewer than 3 server pairs"),
+])
+def test_bad_input_to_the_children_choice_is_named(servers, children, kwargs, message):
+    figures, labels, sides = _forked(np.random.default_rng(7), servers, children, layout_sd=0.0)
+    options = {"server_s": 1.0, "child_s": 0.2, "configured": 8, "pairs": 16, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        choose_children(figures, labels, sides, **options)

@@ -362,18 +362,23 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
 def _first_look(session: Session, config: Config, run: Run, workload_id: int, workload: WorkloadSpec,
                 progress: Progress) -> tuple[int, WorkloadSpec, str]:
     """The first look's processes a side and the workload as it is measured (a TVM workload's
-    samples a process, where its noise history chose them), each said; and why those samples
-    (for the verdict's ``stop_reason``; empty: the workload's own)."""
+    samples a process and children a fork server, where its noise history chose them), each
+    said; and why those (for the verdict's ``stop_reason``; empty: the workload's own)."""
     floor = config.run.repetitions if run.run_type == RunType.VERIFY else None
     start, why = noise.starting_repetitions(session, config, workload_id, run.device_id, floor)
     samples, why_samples = noise.samples_per_process(session, config, workload, workload_id, run.device_id)
+    children, why_children = noise.children_per_server(session, config, workload, workload_id, run.device_id)
     session.commit()  # nothing stays open while the workload's processes run
     progress.message(f"  {workload.name}: {why}")
-    if why_samples:
-        progress.message(f"  {workload.name}: {why_samples}")
-    if samples is not None:  # measured so; stored under the workload's own series (its spec unchanged)
+    for said in (why_samples, why_children):
+        if said:
+            progress.message(f"  {workload.name}: {said}")
+    # measured so; stored under the workload's own series (neither is part of its spec's identity)
+    if samples is not None:
         workload = workload.model_copy(update={"samples": samples})
-    return start, workload, why_samples
+    if children is not None:
+        workload = workload.model_copy(update={"children_per_server": children})
+    return start, workload, "; ".join(x for x in (why_samples, why_children) if x)
 
 
 def _series_of(session: Session, run: Run, workload: WorkloadSpec, progress: Progress) -> Workload:

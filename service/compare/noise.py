@@ -1,11 +1,12 @@
 """Noise awareness: learn each (workload, device)'s process-to-process noise from its `same`
 verdicts, and start the next run with as many invocations as that noise needs, each taking
-the samples that reach an interval fastest (a TVM workload's; service/stats/repetitions.py)."""
+the samples that reach an interval fastest, and each fork server serving the children that do
+(a TVM workload's; service/stats/repetitions.py)."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Table, case, select
@@ -68,6 +69,64 @@ def samples_per_process(session: Session, config: Config, workload: Any, workloa
     return profile.samples, f"{profile.samples_reason}, learnt from {profile.observations} past run(s)"
 
 
+def children_per_server(session: Session, config: Config, workload: Any, workload_id: int,
+                        device_id: int | None) -> tuple[int | None, str]:
+    """The children a fork server this run's forked processes of the workload take where its
+    noise history chose a count (None: the runner's), and why. Only where the runner forks
+    timed workers and the workload does not set its own ``children_per_server``."""
+    if (getattr(workload, "children_per_server", 0) is not None or config.runner.processes != "forked"
+            or not config.run.noise_aware or device_id is None):
+        return None, ""
+    profile = _profile(session, workload_id, device_id)
+    if profile is None or profile.children is None or profile.children == config.runner.children_per_server:
+        return None, ""
+    return profile.children, f"{profile.children_reason}, learnt from {profile.observations} past run(s)"
+
+
+def server_costs(session: Session, run_id: int, workload_id: int) -> tuple[float, float] | None:
+    """What starting a fork server cost and what one forked child did, in seconds, from the
+    run's forked invocations: a server's first child's life holds the server's start, its
+    later children's do not (medians; None: no server served two children)."""
+    rows = session.execute(select(Invocation.side, Invocation.server, Invocation.position, Invocation.wall_s).where(
+        Invocation.run_id == run_id, Invocation.workload_id == workload_id, Invocation.warmup.is_(False),
+        Invocation.status == InvocationStatus.OK, Invocation.server.is_not(None))
+        .order_by(Invocation.position)).all()
+    served: dict[tuple, list[float]] = {}
+    for side, server, _, wall in rows:
+        served.setdefault((side, server), []).append(wall)
+    later = [wall for walls in served.values() for wall in walls[1:]]
+    if not later:
+        return None
+    child = statistics.median(later)
+    return max(0.0, statistics.median(walls[0] for walls in served.values() if len(walls) > 1) - child), child
+
+
+def choose_children(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],
+                    groups: Mapping[str, Sequence[int]], servers: Mapping[str, Sequence[Hashable]],
+                    configured: int) -> stats.ChildrenChoice | None:
+    """The children a fork server to learn from a forked run (``servers``: each sample's fork
+    server by side, :func:`contended.server_labels`' ``<side>_servers``; None where the run
+    was not forked or too few servers served two children)."""
+    fastest: dict[tuple[str, int], float] = {}
+    server_of: dict[tuple[str, int], Hashable] = {}
+    for side in samples:
+        labels = servers.get(f"{side}_servers") or []
+        for value, group, label in zip(samples[side], groups[side], labels, strict=False):
+            if label is not None:
+                fastest[(side, group)] = min(value, fastest.get((side, group), value))
+                server_of[(side, group)] = (side, label)
+    costs = server_costs(session, run_id, workload_id)
+    if not fastest or costs is None:
+        return None
+    keys = list(fastest)
+    pairs = min(sum(1 for side, _ in keys if side == name) for name in samples)
+    try:
+        return stats.choose_children([fastest[k] for k in keys], [server_of[k] for k in keys], [k[0] for k in keys],
+                                     server_s=costs[0], child_s=costs[1], configured=configured, pairs=pairs)
+    except ValueError:  # too few servers of two children, too few pairs, no time a child
+        return None
+
+
 def process_costs(session: Session, run_id: int, workload_id: int, samples_each: int) -> tuple[float, float] | None:
     """What a measured process of the run cost besides its samples, and one sample, in seconds
     (medians over its timed invocations; None: none has a timing batch)."""
@@ -101,10 +160,13 @@ def choose_samples(session: Session, run_id: int, workload_id: int, samples: Map
 
 
 def learn(session: Session, workload_id: int, device_id: int | None, samples: dict, groups: dict,
-          run_id: int | None = None, configured_samples: int | None = None) -> None:
+          run_id: int | None = None, configured_samples: int | None = None,
+          servers: Mapping[str, Sequence[Hashable]] | None = None, configured_children: int | None = None) -> None:
     """Fold the noise of an A/A-like (``same``) comparison into the profile, and, for a TVM
     workload (``configured_samples``: its own samples a process) whose run ``run_id`` took
-    them, the samples a process that run shows to be fastest (:func:`choose_samples`)."""
+    them, the samples a process that run shows to be fastest (:func:`choose_samples`); where
+    its processes were forked (``servers``, each sample's), the children a fork server
+    against ``configured_children``, the runner's (:func:`choose_children`)."""
     if device_id is None:
         return
     try:
@@ -118,6 +180,10 @@ def learn(session: Session, workload_id: int, device_id: int | None, samples: di
     table = cast(Table, NoiseProfile.__table__)
     dialect = session.get_bind().dialect.name
     chosen = {} if choice is None else {"samples": choice.samples, "samples_reason": choice.reason}
+    children = (None if run_id is None or not servers or configured_children is None
+                else choose_children(session, run_id, workload_id, samples, groups, servers, configured_children))
+    if children is not None:
+        chosen.update(children=children.children, children_reason=children.reason)
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
         workload_id=workload_id, device_id=device_id, process_cv=cv, observations=1, updated_at=utcnow(), **chosen)
     weight = case((table.c.observations < MEMORY, table.c.observations), else_=MEMORY)

@@ -11,7 +11,8 @@ The package's public API is re-exported here, so callers write ``stats.compare(.
 - :mod:`.levels`: the fork server as a level above the process (:func:`server_level`);
 - :mod:`.pooled`: estimators for samples without process groups;
 - :mod:`.exact`: a deterministic quantity (a size) judged from one value a side (:func:`compare_exact`);
-- :mod:`.repetitions`: the samples a process that reach an interval fastest (:func:`choose_samples`);
+- :mod:`.repetitions`: the samples a process and children a fork server that reach an interval
+  fastest (:func:`choose_samples`, :func:`choose_children`);
 - :mod:`.verdict`: the result types (:class:`Verdict`, :class:`Outcome`, regression states).
 """
 
@@ -28,7 +29,7 @@ _EXPORTS = {
     "contention": ("CPU_UNIT", "Contention", "assess", "on_cpu_time", "refused"),
     "exact": ("compare_exact",),
     "levels": ("MIN_BLOCKS", "ServerLevel", "server_level"),
-    "repetitions": ("SamplesChoice", "choose_samples"),
+    "repetitions": ("ChildrenChoice", "SamplesChoice", "choose_children", "choose_samples"),
     "core": ("DEFAULT_ALPHA", "DEFAULT_CONFIDENCE", "DEFAULT_PLAN_PAIRS", "DEFAULT_RESAMPLES",
              "DEFAULT_THRESHOLD_PCT", "MIN_PAIRS", "MIN_SAMPLES", "TRIM", "_decide", "_small_sample", "adjust_fdr",
              "compare", "fastest_median", "cs_multiplier", "cs_p_value", "planned_repetitions", "process_cv", "trimmed_mean_se"),
@@ -39,6 +40,7 @@ _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "Budget",
     "CPU_UNIT",
+    "ChildrenChoice",
     "Contention",
     "DEFAULT_ALPHA",
     "DEFAULT_CONFIDENCE",
@@ -62,6 +64,7 @@ __all__ = [
     "adjust_fdr",
     "assess",
     "change_points",
+    "choose_children",
     "choose_samples",
     "compare",
     "compare_exact",
@@ -82,7 +85,7 @@ if TYPE_CHECKING:
     from abwatch.service.stats.contention import CPU_UNIT, Contention, assess, on_cpu_time, refused
     from abwatch.service.stats.exact import compare_exact
     from abwatch.service.stats.levels import MIN_BLOCKS, ServerLevel, server_level
-    from abwatch.service.stats.repetitions import SamplesChoice, choose_samples
+    from abwatch.service.stats.repetitions import ChildrenChoice, SamplesChoice, choose_children, choose_samples
     from abwatch.service.stats.core import (
         DEFAULT_ALPHA, DEFAULT_CONFIDENCE, DEFAULT_PLAN_PAIRS, DEFAULT_RESAMPLES, DEFAULT_THRESHOLD_PCT, MIN_PAIRS,
         MIN_SAMPLES, TRIM, _decide, _small_sample, adjust_fdr, compare, cs_multiplier, cs_p_value, fastest_median,

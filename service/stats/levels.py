@@ -75,12 +75,21 @@ def server_level(winsorized: np.ndarray, labels: Sequence) -> ServerLevel | None
     shared = int((sizes >= 2).sum())
     if k < 2:
         return ServerLevel(blocks=k, rho=0.0, design_effect=1.0, shared=shared)
-    means = np.bincount(block, winsorized) / sizes
-    between = float((sizes * (means - winsorized.mean()) ** 2).sum() / (k - 1))
-    within = float(((winsorized - means[block]) ** 2).sum() / (n - k))
-    # the mean block size the ANOVA estimator divides by, for unequal blocks
-    n0 = (n - float((sizes ** 2).sum()) / n) / (k - 1)
-    spread = max(0.0, (between - within) / n0)
-    rho = spread / (spread + within) if spread + within > 0 else 0.0
+    rho = intraclass(winsorized, block)
     weighted_size = float((sizes ** 2).sum()) / n
     return ServerLevel(blocks=k, rho=rho, design_effect=1.0 + (weighted_size - 1.0) * rho, shared=shared)
+
+
+def intraclass(values: np.ndarray, group: np.ndarray) -> float:
+    """The intraclass correlation of ``values`` in groups ``group`` (0..k-1, each used, k >= 2,
+    fewer groups than values): the share of their variance between groups, by the one-way
+    analysis of variance (its estimator for unequal groups), 0 where it estimates none."""
+    n, sizes = len(values), np.bincount(group)
+    k = len(sizes)
+    means = np.bincount(group, values) / sizes
+    between = float((sizes * (means - values.mean()) ** 2).sum() / (k - 1))
+    within = float(((values - means[group]) ** 2).sum() / (n - k))
+    # the mean group size the estimator divides by, for unequal groups
+    n0 = (n - float((sizes ** 2).sum()) / n) / (k - 1)
+    spread = max(0.0, (between - within) / n0)
+    return spread / (spread + within) if spread + within > 0 else 0.0

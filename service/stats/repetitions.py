@@ -1,5 +1,5 @@
-"""Samples a process, chosen from the variance components (Kalibera & Jones, "Rigorous
-benchmarking in reasonable time", ISMM 2013).
+"""Samples a process and children a fork server, chosen from the variance components
+(Kalibera & Jones, "Rigorous benchmarking in reasonable time", ISMM 2013).
 
 A measured process costs a fixed part (its start, or its fork, the library's load, its inputs,
 its warm-up, its reply) and then ``samples`` timed samples; the statistics take each
@@ -10,14 +10,24 @@ to an interval of a given width is proportional to ``cv(n)^2 * seconds(n)``: the
 it needs (the variance of their figures) times what each costs. :func:`choose_samples`
 measures ``cv(n)`` on processes that took more samples than ``n``, each one's first ``n``
 samples being what a process of ``n`` samples would have taken, and picks the cheapest.
+
+One level up, forked processes (``[runner] processes = "forked"``) share their fork server's
+memory layout: :func:`choose_children` weighs a server's start (an ``import tvm``) against the
+variance its layout adds and the fewer independent units (server pairs) that more children a
+server leave the interval (:mod:`service.stats.levels`).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+from abwatch.service.stats.core import DEFAULT_ALPHA, cs_multiplier
+from abwatch.service.stats.levels import MIN_BLOCKS, intraclass
 
 CANDIDATES = (5, 10, 20, 50, 100, 200, 500)
 MIN_PROCESSES = 6  # fewer processes than this give no usable spread
@@ -89,3 +99,88 @@ def choose_samples(processes: Sequence[Sequence[float]], fixed_s: float, sample_
            else f"{1 - best.relative_time:.0%} less time to the same width than {configured}")
     reason = f"{chosen} samples a process ({why}; {len(processes)} processes: {figures})"
     return SamplesChoice(samples=chosen, configured=configured, options=table, reason=reason)
+
+
+CHILDREN_CANDIDATES = (2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+MIN_SERVERS = 4  # servers of two children or more: fewer give no usable between-server variance
+
+
+@dataclass(frozen=True)
+class ChildrenOption:
+    """One candidate count of children a fork server, and what it would cost."""
+
+    children: int
+    server_pairs: int  # the independent units at the planned pairs (the interval's widening counts them)
+    relative_time: float  # time to a given interval width, against the best option's (1.0); inf: no interval
+
+
+@dataclass(frozen=True)
+class ChildrenChoice:
+    """The children a fork server that reach an interval's width fastest, and why."""
+
+    children: int
+    configured: int
+    rho: float  # the share of the processes' variance between servers
+    options: tuple[ChildrenOption, ...]
+    reason: str
+
+
+def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides: Sequence[str], server_s: float,
+                    child_s: float, configured: int, pairs: int, alpha: float = DEFAULT_ALPHA,
+                    candidates: Sequence[int] = CHILDREN_CANDIDATES, min_gain: float = MIN_GAIN) -> ChildrenChoice:
+    """The children a fork server to take from now on, from one forked run's processes.
+
+    ``figures``: each forked process's figure (its fastest sample), ``servers`` its server (a
+    label unique across sides) and ``sides`` its side; ``server_s``: what starting a server
+    costs and ``child_s`` one child (seconds); ``pairs``: where the interval is wanted (the
+    pairs the run's verdict took). With ``r`` children a server the variance of the mean grows
+    by ``1 + (r - 1) rho`` (rho: the servers' share of the processes' variance, each side's
+    level taken out), a pair costs ``child_s + server_s / r``, and the interval's small-sample
+    widening counts ``ceil(pairs / r)`` server pairs (taken as the units whatever rho is: a
+    run's own estimate of rho is above zero about half the time even where layouts do not
+    matter); the time to a given width is the product of the three, squared widening. The
+    configured count stays unless another is at least ``min_gain`` cheaper.
+    """
+    if not len(figures) == len(servers) == len(sides):
+        raise ValueError(f"choose_children: {len(figures)} figures, {len(servers)} servers, {len(sides)} sides")
+    if server_s < 0 or child_s <= 0 or pairs < 1 or configured < 1:
+        raise ValueError("server_s must be >= 0, child_s > 0, pairs and configured >= 1")
+    if any(f <= 0 for f in figures):
+        raise ValueError("choose_children: figures must be positive")
+    index: dict = {}
+    for label in servers:
+        index.setdefault(label, len(index))
+    group = np.array([index[label] for label in servers])
+    sizes = np.bincount(group)
+    if int((sizes >= 2).sum()) < MIN_SERVERS:
+        raise ValueError(f"choose_children needs {MIN_SERVERS} servers of two children or more, "
+                         f"got {int((sizes >= 2).sum())}")
+    logs = np.log(np.asarray(figures, dtype=float))
+    side = np.asarray(sides)
+    for name in set(sides):  # a side's own level (a real difference) is not a server's
+        logs[side == name] -= logs[side == name].mean()
+    rho = intraclass(logs, group)
+
+    def seconds(r: int) -> tuple[int, float]:
+        units = math.ceil(pairs / r)
+        if units < MIN_BLOCKS:
+            return units, math.inf
+        widening = cs_multiplier(pairs, alpha, units=units)
+        return units, (1.0 + (r - 1) * rho) * widening * widening * (child_s + server_s / r)
+
+    counts = sorted({r for r in (*candidates, configured) if r <= pairs} | {configured})
+    timed = {r: seconds(r) for r in counts}
+    best = min(counts, key=lambda r: (timed[r][1], r))
+    base = timed[best][1]
+    if math.isinf(base):
+        raise ValueError(f"choose_children: {pairs} pairs make fewer than {MIN_BLOCKS} server pairs at any count")
+    table = tuple(ChildrenOption(r, units, t / base) for r, (units, t) in timed.items())
+    gain = 1.0 - base / timed[configured][1]  # 1.0 where the configured count gives no interval
+    keep = gain < min_gain
+    chosen = configured if keep else best
+    why = (f"configured; no count reaches the same width in {1 - min_gain:.0%} of the time" if keep
+           else f"{configured} make fewer than {MIN_BLOCKS} server pairs, no interval" if math.isinf(timed[configured][1])
+           else f"{gain:.0%} less time to the same width than {configured}")
+    reason = (f"{chosen} children a fork server ({why}; the servers' share of the variance {rho:.2f} from "
+              f"{len(sizes)} servers, a server's start {server_s:.2f} s, a child {child_s:.2f} s, at {pairs} pairs)")
+    return ChildrenChoice(children=chosen, configured=configured, rho=rho, options=table, reason=reason)

@@ -459,6 +459,8 @@ class NoiseProfile(Base):
     statistics use); it sets how many invocations the next run starts with. ``samples`` (a TVM
     workload's): the samples a process that reach an interval fastest, learnt from a run that
     took the workload's own count (service/stats/repetitions.py); NULL: none learnt.
+    ``children`` (a forked TVM workload's): the children a fork server that reach it fastest,
+    learnt from a forked run (:func:`service.stats.choose_children`); NULL: the runner's.
     """
 
     __tablename__ = "noise_profiles"
@@ -471,6 +473,8 @@ class NoiseProfile(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     samples: Mapped[int | None] = mapped_column(Integer)
     samples_reason: Mapped[str | None] = mapped_column(Text)
+    children: Mapped[int | None] = mapped_column(Integer)
+    children_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class Record(Base):

@@ -26,7 +26,7 @@ from abwatch.core.device_identity import DeviceInfo, changes, digest as fingerpr
 from abwatch.service.store.models import Base, Build, BuildStatus, Commit, Device, Repository, Run, Workload, utcnow
 
 # Spec fields that do not change what is timed: changing them keeps the workload's series.
-NOT_IDENTITY = frozenset({"name", "timeout_s", "rtol", "atol", "memory_bound"})
+NOT_IDENTITY = frozenset({"name", "timeout_s", "rtol", "atol", "memory_bound", "children_per_server"})
 
 
 def insert_ignoring_conflict(session: Session, model: type[Base], values: dict[str, Any],

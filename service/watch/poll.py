@@ -63,6 +63,8 @@ def config_hash(config: Config) -> str:
             workload.pop(limit, None)
         if workload.get("memory_bound") is False:  # added later at its default: the same watch
             del workload["memory_bound"]
+        if workload.get("children_per_server", 0) is None:  # added later, unset: the same watch
+            del workload["children_per_server"]
     return spec_hash(payload)
 
 
