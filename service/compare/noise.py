@@ -78,7 +78,8 @@ def children_per_server(session: Session, config: Config, workload: Any, workloa
             or not config.run.noise_aware or device_id is None):
         return None, ""
     profile = _profile(session, workload_id, device_id)
-    if profile is None or profile.children is None or profile.children == config.runner.children_per_server:
+    # a count is learnt below the runner's (never above it): a runner since set lower wins
+    if profile is None or profile.children is None or profile.children >= config.runner.children_per_server:
         return None, ""
     return profile.children, f"{profile.children_reason}, learnt from {profile.observations} past run(s)"
 
@@ -86,7 +87,10 @@ def children_per_server(session: Session, config: Config, workload: Any, workloa
 def server_costs(session: Session, run_id: int, workload_id: int) -> tuple[float, float] | None:
     """What starting a fork server cost and what one forked child did, in seconds, from the
     run's forked invocations: a server's first child's life holds the server's start, its
-    later children's do not (medians; None: no server served two children)."""
+    later children's do not (medians; None: no child after a first, or no server started in the run).
+    Each side's first server is left out of the start: it may be one an earlier workload or
+    run left live (servers are kept per side, build and environment); every later one was
+    started in this run, when the one before it had served its share."""
     rows = session.execute(select(Invocation.side, Invocation.server, Invocation.position, Invocation.wall_s).where(
         Invocation.run_id == run_id, Invocation.workload_id == workload_id, Invocation.warmup.is_(False),
         Invocation.status == InvocationStatus.OK, Invocation.server.is_not(None))
@@ -95,10 +99,12 @@ def server_costs(session: Session, run_id: int, workload_id: int) -> tuple[float
     for side, server, _, wall in rows:
         served.setdefault((side, server), []).append(wall)
     later = [wall for walls in served.values() for wall in walls[1:]]
-    if not later:
+    first_of_side = {side: next(key for key in served if key[0] == side) for side, _ in served}  # in position order
+    started = [walls[0] for key, walls in served.items() if key not in first_of_side.values()]
+    if not later or not started:
         return None
     child = statistics.median(later)
-    return max(0.0, statistics.median(walls[0] for walls in served.values() if len(walls) > 1) - child), child
+    return max(0.0, statistics.median(started) - child), child
 
 
 def choose_children(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],

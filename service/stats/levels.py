@@ -80,14 +80,16 @@ def server_level(winsorized: np.ndarray, labels: Sequence) -> ServerLevel | None
     return ServerLevel(blocks=k, rho=rho, design_effect=1.0 + (weighted_size - 1.0) * rho, shared=shared)
 
 
-def intraclass(values: np.ndarray, group: np.ndarray) -> float:
-    """The intraclass correlation of ``values`` in groups ``group`` (0..k-1, each used, k >= 2,
+def intraclass(values: np.ndarray, group: np.ndarray, fitted: int = 1) -> float:
+    """The intraclass correlation of ``values`` in groups ``group`` (0..k-1, each used, k > fitted,
     fewer groups than values): the share of their variance between groups, by the one-way
-    analysis of variance (its estimator for unequal groups), 0 where it estimates none."""
+    analysis of variance (its estimator for unequal groups), 0 where it estimates none.
+    ``fitted``: the means already taken out of ``values`` across groups (1: the grand mean;
+    more where, say, each side's mean was), each a degree of freedom the groups' spread lost."""
     n, sizes = len(values), np.bincount(group)
     k = len(sizes)
     means = np.bincount(group, values) / sizes
-    between = float((sizes * (means - values.mean()) ** 2).sum() / (k - 1))
+    between = float((sizes * (means - values.mean()) ** 2).sum() / (k - fitted))
     within = float(((values - means[group]) ** 2).sum() / (n - k))
     # the mean group size the estimator divides by, for unequal groups
     n0 = (n - float((sizes ** 2).sum()) / n) / (k - 1)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from abwatch.service.stats.core import DEFAULT_ALPHA, cs_multiplier
+from abwatch.service.stats.core import DEFAULT_ALPHA, MIN_PAIRS, cs_multiplier
 from abwatch.service.stats.levels import MIN_BLOCKS, intraclass
 
 CANDIDATES = (5, 10, 20, 50, 100, 200, 500)
@@ -125,6 +125,31 @@ class ChildrenChoice:
     reason: str
 
 
+def servers_share(figures: Sequence[float], servers: Sequence[Hashable], sides: Sequence[str]) -> tuple[float, int]:
+    """The share of forked processes' variance between their servers (rho) and how many servers
+    there were: ``figures`` each process's (positive), ``servers`` its server (a label unique
+    across sides), ``sides`` its side, whose own level is taken out first (a real difference
+    between the sides is not a server's); at least :data:`MIN_SERVERS` of two children."""
+    if not len(figures) == len(servers) == len(sides):
+        raise ValueError(f"choose_children: {len(figures)} figures, {len(servers)} servers, {len(sides)} sides")
+    if any(f <= 0 for f in figures):
+        raise ValueError("choose_children: figures must be positive")
+    index: dict = {}
+    for label in servers:
+        index.setdefault(label, len(index))
+    group = np.array([index[label] for label in servers])
+    served = int((np.bincount(group) >= 2).sum())
+    if served < MIN_SERVERS:
+        raise ValueError(f"choose_children needs {MIN_SERVERS} servers of two children or more, got {served}")
+    logs = np.log(np.asarray(figures, dtype=float))
+    side = np.asarray(sides)
+    names = set(sides)
+    for name in names:
+        logs[side == name] -= logs[side == name].mean()
+    # the side means were fitted: each costs the servers' spread a degree of freedom
+    return intraclass(logs, group, fitted=len(names)), len(index)
+
+
 def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides: Sequence[str], server_s: float,
                     child_s: float, configured: int, pairs: int, alpha: float = DEFAULT_ALPHA,
                     candidates: Sequence[int] = CHILDREN_CANDIDATES, min_gain: float = MIN_GAIN) -> ChildrenChoice:
@@ -138,37 +163,26 @@ def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides
     level taken out), a pair costs ``child_s + server_s / r``, and the interval's small-sample
     widening counts ``ceil(pairs / r)`` server pairs (taken as the units whatever rho is: a
     run's own estimate of rho is above zero about half the time even where layouts do not
-    matter); the time to a given width is the product of the three, squared widening. The
-    configured count stays unless another is at least ``min_gain`` cheaper.
+    matter); the time to a given width is the product of the three, squared widening. A count
+    whose server pairs of two pairs or more are fewer than :data:`levels.MIN_BLOCKS` gives no
+    interval. The configured count stays unless another is at least ``min_gain`` cheaper, and
+    none above it is taken: the server level's A/A rate was simulated up to 8 children a server
+    (docs/statistics.md), and a count chosen from one run's low estimate of rho would lean on it.
     """
-    if not len(figures) == len(servers) == len(sides):
-        raise ValueError(f"choose_children: {len(figures)} figures, {len(servers)} servers, {len(sides)} sides")
     if server_s < 0 or child_s <= 0 or pairs < 1 or configured < 1:
         raise ValueError("server_s must be >= 0, child_s > 0, pairs and configured >= 1")
-    if any(f <= 0 for f in figures):
-        raise ValueError("choose_children: figures must be positive")
-    index: dict = {}
-    for label in servers:
-        index.setdefault(label, len(index))
-    group = np.array([index[label] for label in servers])
-    sizes = np.bincount(group)
-    if int((sizes >= 2).sum()) < MIN_SERVERS:
-        raise ValueError(f"choose_children needs {MIN_SERVERS} servers of two children or more, "
-                         f"got {int((sizes >= 2).sum())}")
-    logs = np.log(np.asarray(figures, dtype=float))
-    side = np.asarray(sides)
-    for name in set(sides):  # a side's own level (a real difference) is not a server's
-        logs[side == name] -= logs[side == name].mean()
-    rho = intraclass(logs, group)
+    if pairs < MIN_PAIRS:
+        raise ValueError(f"choose_children: {pairs} pairs give no interval at any count ({MIN_PAIRS} are needed)")
+    rho, count = servers_share(figures, servers, sides)
 
     def seconds(r: int) -> tuple[int, float]:
         units = math.ceil(pairs / r)
-        if units < MIN_BLOCKS:
+        if pairs // r + (pairs % r >= 2) < MIN_BLOCKS:  # a last block of one pair tells nothing
             return units, math.inf
         widening = cs_multiplier(pairs, alpha, units=units)
         return units, (1.0 + (r - 1) * rho) * widening * widening * (child_s + server_s / r)
 
-    counts = sorted({r for r in (*candidates, configured) if r <= pairs} | {configured})
+    counts = sorted({r for r in (*candidates, configured) if r <= min(pairs, configured)} | {configured})
     timed = {r: seconds(r) for r in counts}
     best = min(counts, key=lambda r: (timed[r][1], r))
     base = timed[best][1]
@@ -182,5 +196,5 @@ def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides
            else f"{configured} make fewer than {MIN_BLOCKS} server pairs, no interval" if math.isinf(timed[configured][1])
            else f"{gain:.0%} less time to the same width than {configured}")
     reason = (f"{chosen} children a fork server ({why}; the servers' share of the variance {rho:.2f} from "
-              f"{len(sizes)} servers, a server's start {server_s:.2f} s, a child {child_s:.2f} s, at {pairs} pairs)")
+              f"{count} servers, a server's start {server_s:.2f} s, a child {child_s:.2f} s, at {pairs} pairs)")
     return ChildrenChoice(children=chosen, configured=configured, rho=rho, options=table, reason=reason)
