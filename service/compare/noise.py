@@ -91,15 +91,16 @@ def server_costs(session: Session, run_id: int, workload_id: int) -> tuple[float
     Each side's first server is left out of the start: it may be one an earlier workload or
     run left live (servers are kept per side, build and environment); every later one was
     started in this run, when the one before it had served its share."""
-    rows = session.execute(select(Invocation.side, Invocation.server, Invocation.position, Invocation.wall_s).where(
+    rows = session.execute(select(Invocation.side, Invocation.server, Invocation.wall_s).where(
         Invocation.run_id == run_id, Invocation.workload_id == workload_id, Invocation.warmup.is_(False),
         Invocation.status == InvocationStatus.OK, Invocation.server.is_not(None))
         .order_by(Invocation.position)).all()
     served: dict[tuple, list[float]] = {}
-    for side, server, _, wall in rows:
+    first_of_side: dict = {}  # in position order: each side's first server
+    for side, server, wall in rows:
         served.setdefault((side, server), []).append(wall)
+        first_of_side.setdefault(side, (side, server))
     later = [wall for walls in served.values() for wall in walls[1:]]
-    first_of_side = {side: next(key for key in served if key[0] == side) for side, _ in served}  # in position order
     started = [walls[0] for key, walls in served.items() if key not in first_of_side.values()]
     if not later or not started:
         return None
