@@ -20,6 +20,7 @@ This module imports nothing from abwatch, so builders and runners can use it fre
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import errno
@@ -159,6 +160,26 @@ def pinned(cpus: frozenset[int] | None) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+# The kernel's parent-death signal (PR_SET_PDEATHSIG, bubblewrap's ``--die-with-parent``)
+# follows the *thread* that started a process, not the process. A long-lived child that later
+# threads use (a TVM worker, a fork server) is therefore started from this one thread, which
+# lives as long as abwatch: such a child dies with abwatch, even when abwatch is SIGKILLed,
+# and never with the short-lived thread that happened to need it first.
+_LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="abwatch-launcher")
+
+
+def launch(argv: Sequence[str], cpus: frozenset[int] | None = None, **popen: object) -> subprocess.Popen:
+    """``subprocess.Popen(argv, **popen)`` started from abwatch's launcher thread (pinned to
+    ``cpus`` when given, see :func:`pinned`), for a long-lived child in the sandbox (which
+    wraps it with ``--die-with-parent``): it lives until it ends or abwatch does, whichever
+    thread asked."""
+    def start() -> subprocess.Popen:
+        with pinned(cpus):
+            return subprocess.Popen(list(argv), **popen)  # type: ignore[call-overload]
+
+    return _LAUNCHER.submit(start).result()
 
 
 def cut_log(text: str, limit: int, cut_bytes: int = 0) -> str:

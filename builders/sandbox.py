@@ -19,8 +19,9 @@ who can push has written. :func:`procs.run_process` and the TVM worker start the
 * their own network namespace (no network at all, loopback included): builds always (what
   they install abwatch downloads first) unless ``[sandbox] build_network = true``, workloads
   unless ``[sandbox] network = true``; code nobody merged (:func:`untrusted`) never has one;
-* ``--die-with-parent`` (children waited for): nothing of it outlives abwatch; and when its
-  first process ends, the PID namespace goes with every process left in it.
+* ``--die-with-parent``: nothing of it outlives abwatch, even a SIGKILLed one (long-lived
+  workers are started from a thread that lives as long as abwatch: ``procs.launch``); and
+  when its first process ends, the PID namespace goes with every process left in it.
 
 The policy is set once per process by :func:`configure` (the service does it at start, from
 the config's ``[sandbox]`` section). Where ``bwrap`` is missing or cannot make namespaces
@@ -244,14 +245,14 @@ class Sandbox:
         return rules.network if self.network is None else self.network
 
     def wrap(self, argv: Iterable[str], cwd: Path | str | None, tmpdir: Path | str | None,
-             die_with_parent: bool = True, usage_fd: int | None = None,
-             cgroup_procs: Iterable[str] = ()) -> list[str]:
+             usage_fd: int | None = None, cgroup_procs: Iterable[str] = ()) -> list[str]:
         """``argv`` as run in the sandbox (unchanged where the policy is off), in ``cwd``, with
         ``tmpdir`` (a directory the caller made and removes) as its writable ``TMPDIR``.
 
-        ``die_with_parent``: killed when the *thread* that starts it ends (the kernel's parent
-        death signal follows the thread): right for a child its caller waits for, wrong for a
-        long-lived one another thread may use later (a fork server). ``usage_fd``: a pipe's
+        The child is killed when the *thread* that starts it ends (``--die-with-parent``: the
+        kernel's parent-death signal follows the thread): right for a child its caller waits
+        for; a long-lived one that later threads use (a fork server) is started by
+        :func:`abwatch.builders.procs.launch`, whose thread lives as long as abwatch. ``usage_fd``: a pipe's
         writing end (inherited) to which :data:`USAGE` reports the command's resource usage and
         how it ended. ``cgroup_procs``: the ``cgroup.procs`` files of the child's cgroup
         (:mod:`abwatch.builders.limits`), entered before the sandbox starts; without them the
@@ -260,7 +261,7 @@ class Sandbox:
         if not rules.enabled:
             return list(argv)
         cgroup_procs = list(cgroup_procs)
-        args = [rules.bwrap, *_BASE, *(["--die-with-parent"] if die_with_parent else []),
+        args = [rules.bwrap, *_BASE, "--die-with-parent",
                 *([] if self.has_network() else ["--unshare-net"]),
                 "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
         for node in self.devices:  # a GPU's driver needs its nodes; --dev makes only the harmless ones

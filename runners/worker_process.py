@@ -18,7 +18,7 @@ from pathlib import Path
 
 from abwatch.core.redact import mask_secrets
 from abwatch.builders.environment import ArtifactInfoError, build_environment, build_python
-from abwatch.builders.procs import child_env, kill_tree, pinned
+from abwatch.builders.procs import child_env, kill_tree, launch
 from abwatch.builders.sandbox import Sandbox
 from abwatch.builders.spec import ARTIFACT_INFO
 
@@ -52,12 +52,13 @@ class Worker:
         self._tmp = (tempfile.TemporaryDirectory(prefix="abwatch-tmp-", ignore_cleanup_errors=True)
                      if sandbox.active else None)
         if self._tmp is not None:
-            # not killed with the thread that started it: a fork server serves later threads
-            argv = sandbox.wrap(argv, None, self._tmp.name, die_with_parent=False)
+            # killed with abwatch: started from the launcher thread, which lives as long as
+            # abwatch, since a fork server serves later threads (procs.launch)
+            argv = sandbox.wrap(argv, None, self._tmp.name)
         try:
-            with pinned(cpus):  # a duet's side: on its CPUs from the start (procs.pinned)
-                self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+            # a duet's side: on its CPUs from the start (procs.pinned)
+            self.proc = launch(argv, cpus, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         except OSError:
             if self._tmp is not None:
                 self._tmp.cleanup()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.server
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -188,6 +189,49 @@ def test_without_a_sandbox_nothing_an_invocation_started_outlives_it(tmp_path):
         assert not sandbox.running_untrusted()
     finally:
         sandbox.reset()
+
+
+# abwatch starting a long-lived sandboxed worker (as a TVM fork server is started) from a
+# thread that then ends, and staying alive: then it is SIGKILLed, as an operator or the OOM
+# killer would end it
+LONG_LIVED = """
+import sys, threading, time
+from abwatch.builders import sandbox
+from abwatch.builders.procs import launch
+from abwatch.builders.sandbox import Sandbox
+from abwatch.builders.spec import SandboxConfig
+sandbox.configure(SandboxConfig())
+assert sandbox.policy().enabled
+argv = Sandbox().wrap(["sh", "-c", "while :; do sleep 1; done", sys.argv[1]], None, sys.argv[2])
+asker = threading.Thread(target=lambda: launch(argv, start_new_session=True))
+asker.start()
+asker.join()
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def _marked(marker: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_long_lived_worker_outlives_the_thread_that_started_it_but_not_abwatch(tmp_path, host):
+    marker = f"long-lived-{os.getpid()}-{time.monotonic_ns()}"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    abwatch = subprocess.Popen([sys.executable, "-c", LONG_LIVED, marker, str(scratch)], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        assert abwatch.stdout is not None and abwatch.stdout.readline() == "started\n"
+        time.sleep(1.0)
+        assert _marked(marker), "the worker died with the thread that asked for it"
+    finally:
+        abwatch.kill()
+        abwatch.wait()
+    deadline = time.monotonic() + 30
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _marked(marker), "the sandboxed worker outlived a SIGKILLed abwatch"
 
 
 def test_abwatch_never_writes_or_reads_through_a_link_the_build_planted(tmp_path):
