@@ -167,6 +167,11 @@ def test_kill_9_is_stored_as_sigkill_and_a_memory_bomb_as_out_of_memory(tmp_path
         assert "MemoryError" in result.message, result.message
 
 
+def _marked(marker: str) -> list[psutil.Process]:
+    """The processes whose command line holds ``marker``."""
+    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
 def test_without_a_sandbox_nothing_an_invocation_started_outlives_it(tmp_path):
     sandbox.configure(SandboxConfig(mode="off"))
     try:
@@ -178,7 +183,7 @@ def test_without_a_sandbox_nothing_an_invocation_started_outlives_it(tmp_path):
                                  timeout_s=30.0)
         assert result.status == "ok", result.message
         time.sleep(0.3)
-        left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+        left = _marked(marker)
         assert not left, left
         # and code nobody merged is refused on such a host unless the operator accepts the risk
         with pytest.raises(UntrustedRefused, match="unsandboxed_untrusted"), sandbox.untrusted():
@@ -209,10 +214,6 @@ asker.join()
 print("started", flush=True)
 time.sleep(600)
 """
-
-
-def _marked(marker: str) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
 
 
 def test_a_long_lived_worker_outlives_the_thread_that_started_it_but_not_abwatch(tmp_path, host):
