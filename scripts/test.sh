@@ -63,12 +63,14 @@ fi
 # code under test runs as its own unprivileged user (tests/test_hostile_fork.py): made here when root
 bash scripts/sandbox-user.sh .venv/bin/python
 
-# One pytest worker a CPU (pytest-xdist; at most 4): a test spends about half its time waiting
-# on processes, servers and the database, so two workers on two cores halve the suite's time.
-# Every test already holds beside busy loops, and each one's databases, ports, network
-# namespaces and temporary files are its own. ABWATCH_TEST_WORKERS=0 runs them in this process.
-workers=${ABWATCH_TEST_WORKERS:-$(nproc)}
-[ "$workers" -le 4 ] || workers=4
+# Three pytest workers a CPU (pytest-xdist; at most 8): a test spends much of its time waiting on
+# processes, servers, sleeps and the database, and a busy host shares its CPUs thread by thread,
+# so more workers than CPUs overlap the waits (the suite's time with 2 and with 6 workers on 2
+# cores: README, "Tests"). Every test already holds beside busy loops,
+# and each one's databases, ports, network namespaces and temporary files are its own.
+# ABWATCH_TEST_WORKERS=0 runs them in this process.
+workers=${ABWATCH_TEST_WORKERS:-$((3 * $(nproc)))}
+[ "$workers" -le 8 ] || workers=8
 
 set +e
 .venv/bin/python -m pytest -n "$workers" "$@"

@@ -217,8 +217,11 @@ def test_regressions_listing_filters_by_state(capsys, write_config, sqlite_url, 
 
 def test_adaptive_batches_until_the_budget_is_spent(capsys, write_config, sqlite_url):
     """A workload too noisy to judge gets batches added, up to the budget, and says why it stopped."""
-    noisy = ('python3 -c "import json, random; [print(json.dumps({\'runtime_ms\': random.uniform(1, 100)}))'
-             ' for _ in range(3)]"')
+    # noisy in what it reports and in the CPU it spends: under heavy contention a look judges each
+    # process's CPU time instead (service/compare/contended.py), which must be as noisy
+    noisy = ('python3 -c "import json, random, time\nfor _ in range(3):\n ms = random.uniform(1, 100); '
+             'end = time.process_time() + ms / 1000\n while time.process_time() < end: pass\n '
+             'print(json.dumps({\'runtime_ms\': ms}))"')
     config = write_config(repetitions=4, run_extra="max_repetitions = 8\nbatch = 2")
     config.write_text(config.read_text().replace('command = ["./bench", "10"]',
                                                  f"command = {json.dumps(['sh', '-c', noisy])}"))

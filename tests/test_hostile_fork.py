@@ -229,6 +229,8 @@ def test_a_long_lived_worker_outlives_the_thread_that_started_it_but_not_abwatch
     finally:
         abwatch.kill()
         abwatch.wait()
+        if abwatch.stdout is not None:
+            abwatch.stdout.close()
     deadline = time.monotonic() + 30
     while _marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)

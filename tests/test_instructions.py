@@ -406,7 +406,10 @@ def test_a_compile_doing_more_work_is_a_compile_time_regression_on_instructions(
                                                                                   sqlite_url):
     """The treatment's module has three more functions to compile: three compiles a side cannot
     decide on wall time (8 pairs are needed), the counted compile calls can. The compile-time
-    regression says instructions opened it, and verify judges it on the compile's counts again."""
+    regression says instructions opened it, and verify judges it on the compile's counts again.
+    The same compare's profiles are checked by tests/test_profiles.py's helper (one compare under
+    Valgrind for both: it is among the suite's longest)."""
+    from tests.test_profiles import check_a_real_tvm_compile_regressions_profile
     from tests.test_tvm import NEW, compare, write
 
     script = tmp_path / "extra.py"
@@ -434,6 +437,7 @@ def test_a_compile_doing_more_work_is_a_compile_time_regression_on_instructions(
     # and the compile-time verdict the CLI report shows, with its fresh compiles
     compiles = page[page.index('id="compile-verdicts"'):page.index("</table>", page.index('id="compile-verdicts"'))]
     assert "extra" in compiles and "unknown" in compiles and "3/3" in compiles
+    check_a_real_tvm_compile_regressions_profile(capsys, tmp_path / "profile", sqlite_url, payload)
     assert main(["verify", str(payload["run_id"]), "--db", sqlite_url]) == 1
     (regression,) = [r for r in regressions_json(sqlite_url, capsys) if r["kind"] == "compile-time"]
     assert regression["state"] == "regress" and regression["verify_verdict"]["unit"] == "instructions"

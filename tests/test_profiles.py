@@ -192,12 +192,12 @@ def test_comments_and_alerts_show_the_top_five_safely():
     assert markdown_lines(explained, _cell)[-1].startswith("Code without a symbol")
 
 
-@pytest.mark.slow
-def test_a_real_tvm_compile_regression_names_the_tvm_functions_that_grew(capsys, tmp_path, tvm_cache, sqlite_url):
-    """One TVM release on both sides; the treatment's script makes a module with three more
-    functions to compile. The counted compile regions' profiles (each side's median process) name
-    the TVM functions whose instructions grew, demangled, and the API, the regression page and the
-    alert say so from what the run stored."""
+def check_a_real_tvm_compile_regressions_profile(capsys, tmp_path, sqlite_url, payload: dict) -> None:
+    """Of a compare of one TVM release on both sides whose treatment's script makes a module with
+    three more functions to compile (tests/test_instructions.py runs it, once for both files'
+    checks): the counted compile regions' profiles (each side's median process) name the TVM
+    functions whose instructions grew, demangled, and the API, the regression page and the alert
+    say so from what the run stored."""
     import requests
     from sqlalchemy.orm import Session
 
@@ -205,19 +205,10 @@ def test_a_real_tvm_compile_regression_names_the_tvm_functions_that_grew(capsys,
     from abwatch.service.notify import alerts
     from abwatch.service.store.db import make_engine
     from abwatch.service.store.models import Regression
-    from tests.test_instructions import EXTRA_FUNCTIONS
-    from tests.test_tvm import NEW, compare, write
 
-    script = tmp_path / "extra.py"
-    script.write_text(EXTRA_FUNCTIONS)
-    workloads = (f'[[workloads]]\nname = "extra"\nkind = "tvm"\nmodel = "script:{script}"\n'
-                 'measure = ["time", "instructions"]\ntreatment_options = {options = {extra = 3}}\n')
-    run = ("repetitions = 3\nmax_repetitions = 3\ncompile_repetitions = 3\ninstruction_repetitions = 3\n"
-           'counter = "valgrind"')
-    code, payload, err = compare(capsys, write(tmp_path, tvm_cache, workloads, run=run), sqlite_url, NEW, NEW)
     result = payload["results"][0]
     compiled = result["compile_instructions"]
-    assert compiled["verdict"] == "regression", (compiled, err)
+    assert compiled["verdict"] == "regression", compiled
     profile = compiled["profile"]
     assert profile["process"] == "median count of each side"
     for side in ("control", "treatment"):

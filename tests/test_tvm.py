@@ -125,12 +125,13 @@ def test_release_against_release_with_complete_records(capsys, tmp_path, tvm_cac
 def test_compile_time_is_judged_on_fresh_process_compiles(capsys, tmp_path, tvm_cache, sqlite_url):
     """0.27 compiles the MLP in about half 0.26's time: a compile-time improvement, judged on
     interleaved fresh-process compiles with the run-time statistics, shown next to run time."""
-    config = write(tmp_path, tvm_cache, MLP, run="repetitions = 4\nmax_repetitions = 4\ncompile_repetitions = 10")
+    # room for more compiles where a host is busy: the look stops as soon as the interval decides
+    config = write(tmp_path, tvm_cache, MLP, run="repetitions = 4\nmax_repetitions = 4\ncompile_repetitions = 16")
     code, payload, err = compare(capsys, config, sqlite_url)
     compiled = payload["results"][0]["compile"]
     assert compiled["verdict"] == "improvement", compiled
     assert compiled["change_pct"] < -20 and compiled["ci_pct"][1] < 0
-    assert 8 <= compiled["n"][0] == compiled["n"][1] <= 10  # nothing is decided on fewer than 8 pairs
+    assert 8 <= compiled["n"][0] == compiled["n"][1] <= 16  # nothing is decided on fewer than 8 pairs
     assert len(compiled["control_ms"]) == compiled["n"][0] and min(compiled["control_ms"]) > 0
     assert compiled["stop_reason"].startswith("decided at look") and compiled.get("regression_id") is None
     assert "mlp: compile time improvement" in err
