@@ -81,28 +81,45 @@ class Claim:
                 job.finished_at = None if state is JobStatus.QUEUED else utcnow()
                 session.commit()
         finally:
-            with contextlib.suppress(DBAPIError):
-                self.connection.close()  # the lock goes with it
+            _release(self.connection, self.job_id)
+
+
+def _release(connection: Connection, job_id: int) -> None:
+    """Drop the build job's lock and give the connection back. A session-level advisory lock
+    outlives ``close()`` (the connection goes back to the engine's pool with the lock held, and
+    the job could never be claimed by another host while this process lives), so it is
+    unlocked first; a connection that cannot say so is discarded, and the lock with it."""
+    try:
+        locks.unlock(connection, JOB_LOCK, job_id)
+    except DBAPIError:
+        with contextlib.suppress(DBAPIError):
+            connection.invalidate()
+    with contextlib.suppress(DBAPIError):
+        connection.close()
 
 
 def claim(engine: Engine, artifact_key: str) -> Claim | None:
     """Take the queued build job of ``artifact_key`` (PostgreSQL); None when another host has it."""
     connection = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    locked: int | None = None
     try:
         locks.label(connection, f"abwatch build {socket.gethostname()}:{os.getpid()}")
         with Session(engine) as session:
             job = session.scalar(select(Job).where(Job.dedupe_key == dedupe_key(artifact_key),
                                                    Job.status == JobStatus.QUEUED).with_for_update(skip_locked=True))
-            if job is None or not connection.execute(text("SELECT pg_try_advisory_lock(:s, :k)"),
-                                                     {"s": JOB_LOCK, "k": job.id}).scalar():
+            if job is None or not locks.try_lock(connection, JOB_LOCK, job.id):
                 connection.close()
                 return None
+            locked = job.id
             job.status, job.worker, job.claimed_at = JobStatus.RUNNING, f"{socket.gethostname()}:{os.getpid()}", utcnow()
             job.attempts += 1
             session.commit()
             return Claim(engine, job.id, connection)
     except BaseException:
-        connection.close()
+        if locked is None:
+            connection.close()
+        else:
+            _release(connection, locked)
         raise
 
 
