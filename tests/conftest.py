@@ -73,7 +73,6 @@ pytest.TempPathFactory.getbasetemp = _enterable_basetemp  # type: ignore[method-
 # builds, compares, TVM venvs, boards, servers): `pytest -m "not slow"` is the everyday subset.
 POSTGRES_FIXTURES = frozenset({"pg_admin", "fresh_pg_url", "empty_pg_url", "pg_template", "migrated_pg_url",
                                "session", "filled_pg_url", "filled_server"})
-TVM_FIXTURES = frozenset({"tvm_python", "tvm_cache"})  # real TVM wheels: the longest tests
 SLOW_FIXTURES = frozenset({"tvm_python", "tvm_cache", "rpc_board", "filled_pg_url", "filled_server",
                            "bench_repo", "write_config"})
 
@@ -88,10 +87,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.postgres)
         if names & SLOW_FIXTURES:
             item.add_marker(pytest.mark.slow)
-    # the longest first (real TVM, then other slow tests; in module order within each), so that
-    # the quick ones fill the workers' ends instead of one long test running alone at the end
-    items.sort(key=lambda item: (not set(getattr(item, "fixturenames", ())) & TVM_FIXTURES,
-                                 item.get_closest_marker("slow") is None))
 
 
 # The key that authenticates the shared store's manifests ([artifacts] manifest_key_env's default
