@@ -66,9 +66,8 @@ bash scripts/sandbox-user.sh .venv/bin/python
 # Three pytest workers a CPU (pytest-xdist; at most 8): a test spends much of its time waiting on
 # processes, servers, sleeps and the database, and a busy host shares its CPUs thread by thread,
 # so more workers than CPUs overlap the waits (the suite's time with 2 and with 6 workers on 2
-# cores: README, "Tests"). Every test already holds beside busy loops,
-# and each one's databases, ports, network namespaces and temporary files are its own.
-# ABWATCH_TEST_WORKERS=0 runs them in this process.
+# cores: README, "Development"). Each test's databases, ports, network namespaces and temporary
+# files are its own. ABWATCH_TEST_WORKERS=N sets the number; 0 runs them in this process.
 workers=${ABWATCH_TEST_WORKERS:-$((3 * $(nproc)))}
 [ "$workers" -le 8 ] || workers=8
 

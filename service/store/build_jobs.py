@@ -19,7 +19,7 @@ import socket
 from dataclasses import dataclass
 from datetime import UTC, timedelta
 
-from sqlalchemy import Connection, Engine, select, text
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -129,13 +129,12 @@ def requeue_dead(engine: Engine, job_id: int) -> bool:
     with engine.connect() as connection, Session(engine) as session:
         job = session.scalar(select(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING)
                              .with_for_update(skip_locked=True))
-        if job is None or not connection.execute(text("SELECT pg_try_advisory_lock(:s, :k)"),
-                                                 {"s": JOB_LOCK, "k": job_id}).scalar():
+        if job is None or not locks.try_lock(connection, JOB_LOCK, job_id):
             return False
         try:
             job.status, job.error = JobStatus.QUEUED, f"build host {job.worker} died; queued again"
             session.commit()
         finally:
-            connection.execute(text("SELECT pg_advisory_unlock(:s, :k)"), {"s": JOB_LOCK, "k": job_id})
+            locks.unlock(connection, JOB_LOCK, job_id)
             connection.commit()
         return True
