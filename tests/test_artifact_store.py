@@ -238,3 +238,32 @@ def test_a_fetch_downloads_only_what_the_host_does_not_hold(fleet):
     assert (old / "bench").read_bytes() != (new / "bench").read_bytes()
     assert hashlib.sha256((new / "bench").read_bytes()).hexdigest() in changed
     assert main(["cache", "--verify", "--config", str(host("host-b"))]) == 0
+
+
+def test_a_build_published_between_two_reads_is_fetched_not_built_again(fleet, monkeypatch):
+    """Host B reads no manifest; host A then publishes it and ends the build job; host B reads
+    the job ended. The manifest is there by then (committed before the job ended): host B
+    fetches it, it never builds the commit a second time."""
+    from abwatch.service.compare import shared
+    from abwatch.service.store import build_jobs
+
+    store, engine, host, counter = fleet
+    assert build(engine, host("host-a"))[0] == "success"
+    with Session(engine) as session:  # as host B first sees it: host A's build not yet published
+        published = session.scalars(select(ArtifactManifest)).one()
+        hidden = {column.key: getattr(published, column.key) for column in ArtifactManifest.__table__.columns}
+        session.delete(published)
+        session.commit()
+    read_status = build_jobs.status
+
+    def published_meanwhile(session, key):
+        with Session(engine) as other:  # host A's commit, from a connection of its own
+            if other.scalar(select(func.count()).select_from(ArtifactManifest)) == 0:
+                other.add(ArtifactManifest(**hidden))
+                other.commit()
+        return read_status(session, key)
+
+    monkeypatch.setattr(shared.build_jobs, "status", published_meanwhile)
+    status, said = build(engine, host("host-b"))
+    assert status == "success" and builds_run(counter) == 1, said.text()
+    assert "fetched" in said.text() and "left nothing in the store" not in said.text()

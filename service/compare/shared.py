@@ -32,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, Row, select, update
 from sqlalchemy.orm import Session
 
 from abwatch.builders import Artifact, Builder
@@ -91,22 +91,19 @@ def prepare(session: Session, builder: Builder, sha: str, progress: Progress, *,
     postgres = _engine(session).dialect.name == "postgresql"
     deadline, waiting = time.monotonic() + store.wait_s, False
     while True:
-        row = session.execute(select(ArtifactManifest.manifest, ArtifactManifest.mac)
-                              .where(ArtifactManifest.artifact_key == key)).first()
-        if row is not None:
-            try:
-                manifest = store.check(key, row.manifest, row.mac)
-            except InvalidManifest as exc:
-                plan.forged = True
-                return _note(plan, progress, f"artifact store: the manifest of {key} (commit {sha[:12]}) is not used: "
-                                             f"{exc}; {sha[:12]} is built on this host")
-            return _fetch(session, builder, plan, sha, manifest, progress)
+        stored = _from_manifest(session, builder, plan, sha, progress)
+        if stored is not None:
+            return stored
         if claimed or not postgres:
             return plan
         build_jobs.enqueue(session, sha, key)
         session.commit()
         job_id, state = build_jobs.status(session, key) or (0, JobStatus.QUEUED)
         if state in (JobStatus.DONE, JobStatus.FAILED):
+            # the job's host commits the manifest before it ends the job: one it committed after
+            # the read above is there now (each statement reads what was committed before it)
+            if _manifest(session, key) is not None:
+                continue
             return _ended(session, plan, sha, job_id, progress)
         if state is JobStatus.RUNNING:
             build_jobs.requeue_dead(_engine(session), job_id)  # its build host died: the job is free again
@@ -123,6 +120,26 @@ def prepare(session: Session, builder: Builder, sha: str, progress: Progress, *,
             waiting = True
         session.commit()  # no transaction stays open while waiting
         time.sleep(POLL_S)
+
+
+def _manifest(session: Session, key: str) -> Row | None:
+    """The stored manifest of ``key`` and its MAC, read fresh; None when nobody published it."""
+    return session.execute(select(ArtifactManifest.manifest, ArtifactManifest.mac)
+                           .where(ArtifactManifest.artifact_key == key)).first()
+
+
+def _from_manifest(session: Session, builder: Builder, plan: Plan, sha: str, progress: Progress) -> Plan | None:
+    """The artifact fetched by its stored manifest (or why not); None when nobody published one."""
+    row = _manifest(session, plan.key)
+    if row is None:
+        return None
+    try:
+        manifest = plan.store.check(plan.key, row.manifest, row.mac)
+    except InvalidManifest as exc:
+        plan.forged = True
+        return _note(plan, progress, f"artifact store: the manifest of {plan.key} (commit {sha[:12]}) is not used: "
+                                     f"{exc}; {sha[:12]} is built on this host")
+    return _fetch(session, builder, plan, sha, manifest, progress)
 
 
 def _note(plan: Plan, progress: Progress, text: str) -> Plan:
