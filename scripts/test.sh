@@ -68,11 +68,13 @@ bash scripts/sandbox-user.sh .venv/bin/python
 # so more workers than CPUs overlap the waits (the suite's time with 2 and with 6 workers on 2
 # cores: README, "Development"). Each test's databases, ports, network namespaces and temporary
 # files are its own. ABWATCH_TEST_WORKERS=N sets the number; 0 runs them in this process.
+# worksteal: a worker that runs out of tests takes queued ones from another (the longest tests
+# take minutes on a busy host, and tests handed out early would otherwise wait behind them).
 workers=${ABWATCH_TEST_WORKERS:-$((3 * $(nproc)))}
 [ "$workers" -le 8 ] || workers=8
 
 set +e
-.venv/bin/python -m pytest -n "$workers" "$@"
+.venv/bin/python -m pytest -n "$workers" --dist worksteal "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

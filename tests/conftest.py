@@ -8,11 +8,13 @@ databases). If it cannot be reached the tests that need it fail; they are never 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -304,16 +306,27 @@ threshold_pct = 5.0
     return path
 
 
-@pytest.fixture(scope="session")
-def filled_pg_url(pg_admin, pg_template, bench_repo, tmp_path_factory):
-    """A PostgreSQL database filled by real ``abwatch compare`` runs of the C benchmark:
-    base→noop (same), noop→slower (a regression, then verified), slower→faster (faster).
-    Returns ``(url, {"same": run_id, "regression": run_id, "verify": run_id, "faster": run_id})``.
-    """
+@contextlib.contextmanager
+def across_workers(tmp_path_factory, name: str) -> Iterator[Path]:
+    """This run's directory that all its pytest-xdist workers share (each worker's basetemp is a
+    folder of it; without xdist, the session's basetemp), held under the exclusive lock ``name``
+    while the block runs: what the first worker makes there, the others find and reuse."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with (shared / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield shared
+
+
+FILLED = "filled.json"  # in the run's shared directory: the filled template database and its runs
+
+
+def _fill(pg_admin, pg_template, bench_repo, work: Path) -> tuple[str, dict[str, int]]:
+    """A database filled by real compares (see :func:`filled_pg_url`), with nothing connected to
+    it (it is the template of each session's copy): its name and its runs' ids."""
     from abwatch.service.cli.main import main
 
     url = _create_database(pg_admin, pg_template)
-    work = tmp_path_factory.mktemp("filled")
     config = _filled_config(work / "abwatch.toml", bench_repo, work / "cache")
     runs = {}
 
@@ -334,8 +347,48 @@ def filled_pg_url(pg_admin, pg_template, bench_repo, tmp_path_factory):
         assert main(["verify", str(runs["regression"]), "--json", "--db", url]) == 1, buffer.getvalue()
     runs["verify"] = json.loads(buffer.getvalue())["run_id"]
     compare("faster", "slower", "faster", 0)
-    yield url, runs
+    name = make_url(url).database
+    with pg_admin.connect() as connection:  # CREATE DATABASE ... TEMPLATE wants it to itself
+        connection.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": name})
+    return name, runs
+
+
+@pytest.fixture(scope="session")
+def filled_pg_url(pg_admin, pg_template, bench_repo, tmp_path_factory):
+    """A PostgreSQL database filled by real ``abwatch compare`` runs of the C benchmark:
+    base→noop (same), noop→slower (a regression, then verified), slower→faster (faster).
+    Returns ``(url, {"same": run_id, "regression": run_id, "verify": run_id, "faster": run_id})``.
+
+    The compares run once a test run (a minute or more of CPU each time, on a busy host
+    several): the first pytest-xdist worker that needs them fills a template, dropped when the
+    run ends (:func:`pytest_sessionfinish`), and each worker's session gets a copy of its own.
+    """
+    with across_workers(tmp_path_factory, "filled") as shared:
+        made = shared / FILLED
+        if not made.exists():
+            name, runs = _fill(pg_admin, pg_template, bench_repo, tmp_path_factory.mktemp("filled"))
+            made.write_text(json.dumps({"database": name, "runs": runs}))
+        filled = json.loads(made.read_text())
+        url = _create_database(pg_admin, filled["database"])
+    yield url, filled["runs"]
     _drop_database(pg_admin, url)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The run's filled template is dropped by the process that outlives the workers (the
+    pytest-xdist controller, or the one process without xdist)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    made = session.config._tmp_path_factory.getbasetemp() / FILLED  # type: ignore[attr-defined]
+    if made.exists():
+        engine = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as connection:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{json.loads(made.read_text())["database"]}" '
+                                        "WITH (FORCE)"))
+        finally:
+            engine.dispose()
 
 
 def first_device(session) -> int:

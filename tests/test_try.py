@@ -67,13 +67,14 @@ def serving(config: str, url: str, log):
     env = dict(os.environ, ABWATCH_API_TOKEN="try-token")
     proc = subprocess.Popen([sys.executable, "-m", "abwatch.service.cli.main", "serve", "--config", config,
                              "--db", url, "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
+    # minutes on a heavily loaded host (over a minute beside six busy loops), as conftest's live_server
+    base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
     try:
         while True:
-            with contextlib.suppress(requests.ConnectionError):
+            with contextlib.suppress(requests.ConnectionError, requests.Timeout):  # not listening, or slow to answer
                 if requests.get(f"{base}/openapi.json", timeout=2).status_code == 200:
                     break
-            assert proc.poll() is None and time.monotonic() < deadline, "abwatch serve did not start"
+            assert proc.poll() is None and time.monotonic() < deadline, f"abwatch serve did not start: {log.name}"
             time.sleep(0.2)
         yield base
     finally:
