@@ -124,7 +124,7 @@ def test_two_device_hosts_each_commit_built_once(tmp_path, fleet, fresh_pg_url, 
     logs = {name: tmp_path / f"{name}.log" for name in configs}
     if build_host:
         procs.append(start(configs["builder"], fresh_pg_url, logs["builder"], "--builds"))
-        wait_for("the build host's registration", lambda: build_host_serving(engine), 60, list(logs.values()))
+        wait_for("the build host's registration", lambda: build_host_serving(engine), 180, list(logs.values()))
     procs.append(start(configs["dev-a"], fresh_pg_url, logs["dev-a"], "--device", "box-a"))
     procs.append(start(configs["dev-b"], fresh_pg_url, logs["dev-b"], "--device", "box-b"))
     wait_for("every job done", lambda: all(j.status in ("done", "failed") for j in jobs(engine)),

@@ -88,7 +88,8 @@ def wait_for(what, predicate, deadline_s: float = 400, logs: list[Path] = ()):
         if found:
             return found
         time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(p.read_text()[-3000:] for p in logs))
+    raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(
+        p.read_text()[-3000:] if p.exists() else f"({p.name}: not written yet)" for p in logs))
 
 
 def stop(proc: subprocess.Popen) -> int:
