@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,10 +219,29 @@ def session(migrated_pg_url):
     engine.dispose()
 
 
+TVM_RELEASES = ("0.26.0", "0.27.0.post1")  # the apache-tvm wheels the TVM tests compare
+
+
 @pytest.fixture(scope="session")
 def tvm_cache(tmp_path_factory):
-    """A cache directory shared by the TVM tests, so each wheel venv is built once a session."""
-    return tmp_path_factory.mktemp("tvm-cache")
+    """This session's cache directory of the TVM tests, holding a venv of each of
+    :data:`TVM_RELEASES`. The venvs are installed once a run, by the first pytest-xdist worker
+    that needs them, in the run's shared directory, and hard-linked into each worker's own
+    cache (a venv moves with its directory): installing them is a minute of CPU each on a busy
+    host. Each worker keeps a path of its own, which tells its TVM workers from the other
+    workers' (tests/test_tvm.py's ``no_workers_left``)."""
+    from abwatch.builders import TvmWheelBuilder
+    from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
+
+    cache = tmp_path_factory.mktemp("tvm-cache")
+    (cache / "artifacts").mkdir()
+    with across_workers(tmp_path_factory, "tvm-wheels") as shared:
+        config = Config(build=TvmWheelBuildConfig(), cache_dir=shared / "tvm-wheels",
+                        workloads=[TvmWorkloadConfig(name="x", model="builtin:mlp")])
+        for release in TVM_RELEASES:
+            built = TvmWheelBuilder(config).build(release).path
+            subprocess.run(["cp", "-al", str(built), str(cache / "artifacts" / built.name)], check=True)
+    return cache
 
 
 @pytest.fixture(scope="session")
