@@ -132,6 +132,15 @@ def test_importing_builders_and_runners_loads_no_service_module():
     assert "abwatch.builders.spec" in out[1] and "abwatch.runners.cpu" in out[1]
 
 
+def test_the_server_and_the_commands_start_without_scipy_stats():
+    # scipy.stats is about a second of a process's start: service/stats imports it where it
+    # judges, so `abwatch serve` and the read commands do not pay for it
+    code = ("import sys, abwatch.service.web.server, abwatch.service.cli.commands\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('scipy.stats', 'abwatch.service.stats'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "abwatch.service.stats.core" in out and "scipy.stats" not in out, out
+
+
 # The worker's side (runners/worker/) runs inside a build's own Python, where abwatch is not
 # installed: it imports nothing of abwatch (its modules load each other by path). The host
 # runs its files in the build's interpreter and never imports them: a host module that did

@@ -45,7 +45,6 @@ from typing import Any
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats as sps
 
 from abwatch.service.stats import estimates, levels
 from abwatch.service.stats.verdict import DEFAULT_EQUIVALENCE_ALPHA, Outcome, Verdict
@@ -97,6 +96,7 @@ def cs_multiplier(n: int, alpha: float, plan: int = DEFAULT_PLAN_PAIRS, min_pair
 
 @functools.lru_cache(maxsize=4096)
 def _small_sample(n: int, alpha: float) -> float:
+    from scipy import stats as sps  # when used: a second of start-up to processes that judge nothing
     q = 1.0 - alpha / 2.0
     return float(sps.t.ppf(q, n - 1) / sps.norm.ppf(q))
 
@@ -417,6 +417,7 @@ def adjust_fdr(verdicts: Sequence[Verdict]) -> list[Verdict]:
     run of many workloads does not flag more of them by chance than one workload would.
     Verdicts without a p-value (too few samples, failures) pass through unchanged.
     """
+    from scipy import stats as sps  # when used: a second of start-up to processes that judge nothing
     tested = [i for i, v in enumerate(verdicts) if v.p_value is not None]
     out = list(verdicts)
     if not tested:
@@ -463,6 +464,7 @@ def planned_repetitions(cv: float, target_pct: float, alpha: float, power: float
     sqrt(2) cv. The smallest n where the confidence sequence's half-width plus the power
     margin fits inside the target: sqrt(2) cv (m(n) + z_power) / sqrt(n) <= target.
     """
+    from scipy import stats as sps  # when used: a second of start-up to processes that judge nothing
     if cv < 0 or target_pct <= 0:
         raise ValueError("cv must be >= 0 and target_pct > 0")
     sd, target, z_power = math.sqrt(2.0) * cv, target_pct / 100.0, sps.norm.ppf(power)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
 
 from abwatch.service.stats.pooled import (
     POOLED_METHOD, QUANTILE, SMALL_POOLED_METHOD, hodges_lehmann, quantile_shift,
@@ -62,6 +61,7 @@ def sample_bootstrap(a: np.ndarray, b: np.ndarray, change: float, resamples: int
                      seed: int) -> Estimate:
     """One sample per unit with zeros among them (no log scale): the ratio of medians with a
     percentile bootstrap over samples, and Mann-Whitney's p-value."""
+    from scipy import stats as sps  # when used: a second of start-up to processes that judge nothing
     boot = sps.bootstrap(
         (a, b), _ratio_of_medians, n_resamples=resamples, confidence_level=confidence,
         method="percentile", vectorized=True, rng=np.random.default_rng(seed),
@@ -76,6 +76,7 @@ def process_bootstrap(ca: np.ndarray, cb: np.ndarray, change: float, resamples: 
                       seed: int) -> Estimate:
     """Samples grouped by process, not paired: the ratio of medians with a bootstrap over whole
     processes (the rows of ``ca`` and ``cb``), and Mann-Whitney's p-value on the process medians."""
+    from scipy import stats as sps  # when used: a second of start-up to processes that judge nothing
     low, high = _cluster_bootstrap(ca, cb, resamples, confidence, np.random.default_rng(seed))
     ci = ((low - 1.0) * 100.0, (high - 1.0) * 100.0)
     p_value = float(sps.mannwhitneyu(np.nanmedian(cb, axis=1), np.nanmedian(ca, axis=1),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats as sps
 
 MAX_PAIRWISE = 4_000_000  # Hodges-Lehmann differences computed at most (thinned beyond)
 POOLED_METHOD = ("pooled samples: shift of the 10th percentile of log times, order-statistic standard "
@@ -81,6 +80,7 @@ def quantile_shift(a: np.ndarray, b: np.ndarray, confidence: float,
     side and then ran a rank test as if the rest were a full sample). Symmetric on the log
     scale by construction.
     """
+    from scipy import stats as sps  # when used: a second of start-up to processes that judge nothing
     la, lb = np.log(a), np.log(b)
     estimate = float(np.quantile(lb, q) - np.quantile(la, q))
     variance = sum(quantile_se(x, q) ** 2 * design_effect(x, q) for x in (la, lb))
@@ -99,6 +99,7 @@ def hodges_lehmann(a: np.ndarray, b: np.ndarray, confidence: float,
     order statistics of those differences that Mann-Whitney's critical value picks), and
     Mann-Whitney's p-value. Far more efficient than a ratio of medians on the ~1 %-noisy,
     skewed samples of a busy machine, and as robust to pre-empted samples."""
+    from scipy import stats as sps  # when used: a second of start-up to processes that judge nothing
     la, lb = np.log(a), np.log(b)
     na, nb = len(la), len(lb)
     if na * nb > MAX_PAIRWISE:  # a huge import: thin both sides at random, same estimate
