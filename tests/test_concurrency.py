@@ -349,3 +349,57 @@ def test_a_queue_worker_and_a_compare_share_the_device_lock(write_config, fresh_
     assert f"device {device} is busy, measured by abwatch worker {worker.name}" in err
     assert json.loads(out)["status"] == "completed"
     engine.dispose()
+
+
+def test_a_stop_interrupts_a_jobs_handler_but_not_the_writing_of_its_outcome(fresh_pg_url):
+    """SIGTERM during a job's handler queues the job again and stops the worker (130); one that
+    comes while the worker writes a finished job's outcome (the job already done, its session
+    still closing: what a busy host's deploy saw) only ends the loop after it."""
+    import signal
+
+    from sqlalchemy import event
+
+    from abwatch.service.store.models import Job, JobStatus
+    from abwatch.service.watch import queue
+    from abwatch.service.watch.daemon import Stopper
+
+    engine = db.make_engine(fresh_pg_url)
+    with db.session_scope(engine) as session:
+        queue.enqueue(session, "quick", "dev", {}, "quick-1")
+        queue.enqueue(session, "stopped", "dev", {}, "stopped-1")
+
+    def stopped(session, job) -> dict:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at the next instruction: this sleep is cut short
+        return {}
+
+    worker = queue.Worker(engine, "dev", {"quick": lambda session, job: {"ran": True}, "stopped": stopped})
+    stopper, before = Stopper(), (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    stopper.workers.append(worker)
+    outcome_commits: list[int] = []
+
+    def signal_as_it_commits(session) -> None:  # the outcome's commit, not the claim's
+        if any(isinstance(o, Job) and o.status == JobStatus.DONE for o in session.identity_map.values()):
+            outcome_commits.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    event.listen(worker.factory, "after_commit", signal_as_it_commits)
+    stopper.install()
+    try:
+        try:
+            done = worker.run_one()
+        except KeyboardInterrupt as exc:  # failed, rather than pytest's own stop
+            pytest.fail(f"a stop while a done job's outcome was written interrupted it: {exc!r}")
+        assert done is not None and stopper.stopping and outcome_commits == [1]
+        stopper.event.clear()
+        with pytest.raises(KeyboardInterrupt):
+            worker.run_one()
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+        worker.close()
+    with db.session_scope(engine) as session:
+        jobs = {job.kind: job for job in session.scalars(select(Job))}
+        assert jobs["quick"].status == JobStatus.DONE and jobs["quick"].result == {"ran": True}
+        assert jobs["stopped"].status == JobStatus.QUEUED and "was stopped; queued again" in jobs["stopped"].error
+    engine.dispose()

@@ -72,7 +72,7 @@ class Worker:
         self.name = name or worker_name()
         self.postgres = engine.dialect.name == "postgresql"
         self.factory = sessionmaker(engine, expire_on_commit=False)
-        self.current: Job | None = None  # the job being run (a signal then interrupts it)
+        self.current: Job | None = None  # the job whose handler runs (a signal then interrupts it)
         self._locks: Connection | None = None  # opened when first needed, again after a reconnect
 
     def close(self) -> None:
@@ -147,19 +147,22 @@ class Worker:
                 self._unlock(JOB_LOCK, job.id)
             return job
 
-    def _run(self, job: Job) -> None:
+    def _handle(self, session: Session, job: Job) -> dict:
+        """Run ``job``'s handler, which a signal meanwhile interrupts (:attr:`current`). Only
+        the handler: a stop that comes while the outcome is written (a job already done, its
+        session still closing) ends the worker's loop after it, never marks it interrupted."""
         self.current = job
         try:
-            self._run_claimed(job)
+            return self.handlers[job.kind](session, job)
         finally:
             self.current = None
 
-    def _run_claimed(self, claimed: Job) -> None:
+    def _run(self, claimed: Job) -> None:
         with self.factory() as session:
             # the row exists: this worker claimed it and holds its lock
             job = session.get_one(Job, claimed.id)
             try:
-                result = self.handlers[job.kind](session, job)
+                result = self._handle(session, job)
             except KeyboardInterrupt:  # SIGTERM or Ctrl-C: the job is not done; another worker takes it
                 session.rollback()
                 job = session.get_one(Job, claimed.id)
