@@ -147,7 +147,7 @@ class GitHub(ThreadingHTTPServer):
 
 
 def deliver(url: str, secret: str | None, event: str, payload: dict | bytes, *, delivery: str | None = None,
-            signature: str | None = None) -> requests.Response:
+            signature: str | None = None, timeout_s: float = 60) -> requests.Response:
     """POST one webhook delivery as GitHub does: the JSON body, ``X-GitHub-Event``,
     ``X-GitHub-Delivery`` and ``X-Hub-Signature-256`` (HMAC-SHA256 of the body with the secret)."""
     body = payload if isinstance(payload, bytes) else json.dumps(payload, separators=(",", ":")).encode()
@@ -158,7 +158,7 @@ def deliver(url: str, secret: str | None, event: str, payload: dict | bytes, *, 
         headers["X-Hub-Signature-256"] = signature
     elif secret is not None:
         headers["X-Hub-Signature-256"] = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return requests.post(url + "/api/github/webhook", data=body, headers=headers, timeout=60)
+    return requests.post(url + "/api/github/webhook", data=body, headers=headers, timeout=timeout_s)
 
 
 def comment_event(full_name: str, number: int, login: str, text: str, comment_id: int = 777) -> dict:
