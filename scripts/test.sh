@@ -63,14 +63,14 @@ fi
 # code under test runs as its own unprivileged user (tests/test_hostile_fork.py): made here when root
 bash scripts/sandbox-user.sh .venv/bin/python
 
-# Three pytest workers a CPU (pytest-xdist; at most 8): a test spends much of its time waiting on
+# Four pytest workers a CPU (pytest-xdist; at most 8): a test spends much of its time waiting on
 # processes, servers, sleeps and the database, and a busy host shares its CPUs thread by thread,
-# so more workers than CPUs overlap the waits (the suite's time with 2 and with 6 workers on 2
+# so more workers than CPUs overlap the waits (the suite's time with 2, 6 and 8 workers on 2
 # cores: README, "Development"). Each test's databases, ports, network namespaces and temporary
 # files are its own. ABWATCH_TEST_WORKERS=N sets the number; 0 runs them in this process.
 # worksteal: a worker that runs out of tests takes queued ones from another (the longest tests
 # take minutes on a busy host, and tests handed out early would otherwise wait behind them).
-workers=${ABWATCH_TEST_WORKERS:-$((3 * $(nproc)))}
+workers=${ABWATCH_TEST_WORKERS:-$((4 * $(nproc)))}
 [ "$workers" -le 8 ] || workers=8
 
 set +e

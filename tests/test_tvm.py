@@ -129,7 +129,7 @@ def test_compile_time_is_judged_on_fresh_process_compiles(capsys, tmp_path, tvm_
     config = write(tmp_path, tvm_cache, MLP, run="repetitions = 4\nmax_repetitions = 4\ncompile_repetitions = 16")
     code, payload, err = compare(capsys, config, sqlite_url)
     compiled = payload["results"][0]["compile"]
-    assert compiled["verdict"] == "improvement", compiled
+    assert compiled["verdict"] == "improvement", (compiled["reason"], compiled["failure"], compiled["n"])
     assert compiled["change_pct"] < -20 and compiled["ci_pct"][1] < 0
     assert 8 <= compiled["n"][0] == compiled["n"][1] <= 16  # nothing is decided on fewer than 8 pairs
     assert len(compiled["control_ms"]) == compiled["n"][0] and min(compiled["control_ms"]) > 0
