@@ -28,7 +28,7 @@ from datetime import datetime
 from collections.abc import Iterator
 
 import psutil
-from sqlalchemy import Connection, Engine, select, text, update
+from sqlalchemy import Connection, Engine, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -96,12 +96,11 @@ class Worker:
     def _try_lock(self, space: int, key: int) -> bool:
         if not self.postgres:
             return True
-        return bool(self._lock_connection().execute(text("SELECT pg_try_advisory_lock(:s, :k)"),
-                                                    {"s": space, "k": key}).scalar())
+        return locks.try_lock(self._lock_connection(), space, key)
 
     def _unlock(self, space: int, key: int) -> None:
         if self.postgres and self._locks is not None:
-            self._locks.execute(text("SELECT pg_advisory_unlock(:s, :k)"), {"s": space, "k": key})
+            locks.unlock(self._locks, space, key)
 
     @contextmanager
     def _device(self) -> Iterator[bool]:
@@ -199,23 +198,22 @@ def reap(engine: Engine, device: str | None = None) -> list[int]:
     """
     postgres = engine.dialect.name == "postgresql"
     requeued: list[int] = []
-    with engine.connect() as locks, Session(engine) as session:
+    with engine.connect() as held, Session(engine) as session:
         query = select(Job).where(Job.status == JobStatus.RUNNING).with_for_update(skip_locked=True)
         if device is not None:
             query = query.where(Job.device == device)
         for job in session.scalars(query):
             if postgres:
-                if not locks.execute(text("SELECT pg_try_advisory_lock(:s, :k)"),
-                                     {"s": JOB_LOCK, "k": job.id}).scalar():
+                if not locks.try_lock(held, JOB_LOCK, job.id):
                     continue  # its worker is alive
-                locks.execute(text("SELECT pg_advisory_unlock(:s, :k)"), {"s": JOB_LOCK, "k": job.id})
+                locks.unlock(held, JOB_LOCK, job.id)
             elif _worker_alive(job.worker):
                 continue  # SQLite: a second process on this host works the job (not supported, not broken)
             _abandon_runs(session, job)
             job.status, job.error = JobStatus.QUEUED, f"worker {job.worker} died; queued again"
             requeued.append(job.id)
         session.commit()
-        locks.rollback()
+        held.rollback()
     if requeued:
         # regressions its verify run had moved to `verify` go back to `benchmark`, so the
         # job taken up again verifies them (service.compare.liveness knows which runs are dead)
