@@ -1,7 +1,7 @@
 """How decisive abwatch is on TVM run time, per workload and mode, quiet and beside busy loops.
 
     python -m benchmarks.tvm_decisive --cache .abwatch/cache [--runs 20] [--busy 0,6]
-        [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,duet]
+        [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,duet,learnt]
         [--max-seconds 300] [--out rows.jsonl]
 
 Each run is one ``abwatch compare`` of one workload of one TVM release against itself (a
@@ -11,7 +11,10 @@ on both sides, ``plus3`` the treatment's workload about 3 % larger through
 side by side (their order rotated every run): ``fresh`` (today's default: a fresh TVM worker a
 process, the two sides one after the other), ``forked`` (``[runner] processes = "forked"``: children of a fork server) and
 ``duet`` (``[run] schedule = "duet"``: the two sides at once, each pinned to its own CPU; a
-duet's TVM workers start fresh, so "forked and duet" is the duet). Every look's interval is read
+duet's TVM workers start fresh, so "forked and duet" is the duet) and ``learnt`` (forked, with
+the samples a process and children a fork server that the workload's own A/A runs on this
+host taught abwatch's noise history: what a watch's later runs of a workload take; see
+:func:`learn`). Every look's interval is read
 from the report as it is printed, timed from the start of the command, so one run with a
 ``--max-seconds`` budget gives the interval's width at 60, 120 and 300 s (a run decided sooner
 keeps its final width). Busy loops (``python3 -c "while 1: pass"``) are started for a load
@@ -27,6 +30,7 @@ import itertools
 import json
 import os
 import re
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -87,7 +91,10 @@ MODES = {
     "fresh": "",
     "forked": 'processes = "forked"\n',
     "duet": "",
+    "learnt": 'processes = "forked"\n',
 }
+TEACHING_RUNS = 3  # A/A runs a workload is given to teach its repetitions (only a `same` teaches)
+TEACHING_SECONDS = 300.0  # at least, a teaching run's budget: at a busy host's load 120 s may end `unknown`
 CONFIG = """cache_dir = {cache}
 [build]
 kind = "tvm-wheel"
@@ -111,23 +118,48 @@ def _toml(value) -> str:
     return json.dumps(value)
 
 
-def config_text(args, workload: str, truth: str, mode: str, script: Path) -> str:
-    """The config of one run."""
+def config_text(args, workload: str, truth: str, mode: str, script: Path, learnt: dict | None = None) -> str:
+    """The config of one run. ``learnt`` (the learnt mode): the workload's ``samples`` and
+    ``children_per_server`` as its A/A runs taught them; ``{}``: none set, the workload's own
+    samples (a teaching run: only a run on its own count learns one)."""
     model, plus3 = WORKLOADS[workload]
     treatment = ""
+    if learnt is not None:
+        model = re.sub(r"(?m)^samples = \d+\n", "", model)
+        treatment = "".join(f"{key} = {value}\n" for key, value in learnt.items() if value is not None)
     if truth == "plus3":
-        treatment = f"treatment_options = {_toml(plus3)}\n"
+        treatment += f"treatment_options = {_toml(plus3)}\n"
     return CONFIG.format(cache=json.dumps(str(args.cache.resolve())), runner=MODES[mode],
                          run='schedule = "duet"\n' if mode == "duet" else "", max_seconds=args.max_seconds,
                          model=model.replace("{script}", str(script)), treatment=treatment)
 
 
-def one(args, workload: str, truth: str, mode: str, work: Path) -> dict:
-    """One ``abwatch compare`` and its figures."""
+def learn(args, workload: str, work: Path) -> dict:
+    """The samples a process and children a fork server the workload's forked A/A runs teach
+    abwatch's noise history on this host (at most :data:`TEACHING_RUNS` runs, until one ends
+    `same`, the only verdict that teaches), for every later run of the learnt mode; a count
+    none taught is the workload's own (None). The teaching runs are not rows of the table."""
+    database = work / f"{workload}-teaching.db"
+    teaching = argparse.Namespace(**{**vars(args), "max_seconds": max(args.max_seconds, TEACHING_SECONDS)})
+    for _ in range(TEACHING_RUNS):
+        found = one(teaching, workload, "aa", "learnt", work, learnt={}, database=database)
+        with sqlite3.connect(database) as db:
+            taught = db.execute("SELECT samples, children FROM noise_profiles").fetchone()
+        print(json.dumps({"teaching": workload, "verdict": found["verdict"], "learnt": taught}),
+              file=sys.stderr, flush=True)
+        if taught is not None:
+            return {"samples": taught[0], "children_per_server": taught[1]}
+    return {}
+
+
+def one(args, workload: str, truth: str, mode: str, work: Path, learnt: dict | None = None,
+        database: Path | None = None) -> dict:
+    """One ``abwatch compare`` and its figures (``database``: kept between runs; default a new one)."""
     config = work / f"{workload}-{truth}-{mode}.toml"
-    config.write_text(config_text(args, workload, truth, mode, work / "attention.py"))
-    database = work / f"{workload}-{truth}-{mode}.db"
-    database.unlink(missing_ok=True)
+    config.write_text(config_text(args, workload, truth, mode, work / "attention.py", learnt))
+    if database is None:
+        database = work / f"{workload}-{truth}-{mode}.db"
+        database.unlink(missing_ok=True)
     report = work / f"{workload}-{truth}-{mode}.json"
     looks: list[tuple[float, float]] = []  # (seconds since the command started, interval width in points)
     started = time.monotonic()
@@ -163,7 +195,7 @@ def one(args, workload: str, truth: str, mode: str, work: Path) -> dict:
             "change_pct": result["change_pct"], "ci_pct": result["ci_pct"], "seconds": result["elapsed_s"],
             "pairs": pairs, "pairs_per_min": 60 * pairs / result["elapsed_s"] if result["elapsed_s"] else None,
             "widths": widths, "unit": result.get("unit"), "failure": result.get("failure"),
-            "load": os.getloadavg()[0]}
+            "load": os.getloadavg()[0], "learnt": learnt}
 
 
 def row(found: list[dict]) -> str:
@@ -200,11 +232,14 @@ def main() -> None:
         (work / "attention.py").write_text(ATTENTION)
         for busy in (int(b) for b in args.busy.split(",")):
             with busy_loops(busy):
+                # what each workload's learnt runs take, taught at this load
+                taught = {w: learn(args, w, work) for w in workloads} if "learnt" in modes else {}
                 # the modes side by side, their order rotated every run
                 for run, workload, truth, k in itertools.product(range(args.runs), workloads, truths,
                                                                   range(len(modes))):
                     mode = modes[(run + k) % len(modes)]
-                    found = {**one(args, workload, truth, mode, work), "busy": busy, "run": run}
+                    learnt = taught[workload] if mode == "learnt" else None
+                    found = {**one(args, workload, truth, mode, work, learnt), "busy": busy, "run": run}
                     rows[(busy, workload, truth, mode)].append(found)
                     print(json.dumps(found), file=sys.stderr, flush=True)
                     if args.out:

@@ -11,10 +11,13 @@ their servers (:func:`from_child`).
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from abwatch.builders.sandbox import Sandbox
@@ -129,17 +132,20 @@ LAYOUT_PAD_BYTES = 4096  # environment padding drawn per server: one page of sta
 
 class TimedServer:
     """One fork server of timed workers of one (side, build): its number in the runner's
-    sequence of servers and how many children it has served."""
+    sequence of servers, how many children it has served, when it was started (``began``,
+    monotonic) and how long it took (``start_s``: its interpreter and ``import tvm``)."""
 
     def __init__(self, artifact: Path, env: dict[str, str], sandbox: Sandbox, index: int, timeout_s: float) -> None:
         pad = "x" * random.SystemRandom().randrange(LAYOUT_PAD_BYTES)
         self.index, self.children = index, 0
+        self.began = time.monotonic()
         self.worker = Worker(artifact, {"fork": True, "timed": True}, {**env, "ABWATCH_LAYOUT_PAD": pad}, sandbox)
         try:
             self.worker.receive(timeout_s)
         except WorkerError:
             self.worker.close()
             raise
+        self.start_s = time.monotonic() - self.began
 
     @property
     def pid(self) -> int:
@@ -151,18 +157,36 @@ class TimedServer:
         self.worker.close()
 
 
+def prestarts() -> bool:
+    """Whether timed servers start their successors ahead (:class:`TimedServers`): where this
+    process may run on two CPUs or more, so a successor's ``import tvm`` has a CPU beside the
+    measured child's. On one CPU it would take the child's."""
+    return len(os.sched_getaffinity(0)) >= 2
+
+
+# A server's start (~0.7 s quiet: an interpreter and ``import tvm``) cost more than the eight
+# children it served (~0.05 s each for a small workload taking 5 samples): two thirds of a
+# forked run's time went to waiting for servers. So when a server takes its first child, its
+# successor starts in the background and is ready when the server has served its share; a
+# pair then waits only for what is left of a start its predecessor's children did not cover.
+
+
 class TimedServers:
     """The timed fork servers of one runner: one live server per (side, build, environment:
     a workload's own ``TVM_NUM_THREADS``, which its children inherit), replaced after
     ``children_per_server`` children, or at once when a child failed; at most ``KEEP`` live,
-    the least recently used closed first."""
+    the least recently used closed first. With ``prestart`` (default: :func:`prestarts`), a
+    server's successor is started when the server takes its first child."""
 
     KEEP = 4  # a run's two sides, and the next run's while a worker moves on
 
-    def __init__(self, children_per_server: int) -> None:
+    def __init__(self, children_per_server: int, prestart: bool | None = None) -> None:
         self.children_per_server = children_per_server
+        self.prestart = prestarts() if prestart is None else prestart
         self.started = 0  # servers started so far: the next one's index
         self._live: dict[tuple[str, Path, tuple], TimedServer] = {}
+        self._next: dict[tuple[str, Path, tuple], Future[TimedServer]] = {}  # successors starting or ready
+        self._starting: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     @property
@@ -171,20 +195,34 @@ class TimedServers:
         with self._lock:
             return dict(self._live)
 
+    @property
+    def successors(self) -> dict[tuple[str, Path, tuple], Future[TimedServer]]:
+        """The successors started ahead, by (side, build, environment)."""
+        with self._lock:
+            return dict(self._next)
+
+    def _start(self, artifact: Path, env: dict[str, str], sandbox: Sandbox, timeout_s: float) -> TimedServer:
+        with self._lock:
+            index, self.started = self.started, self.started + 1
+        return TimedServer(artifact, env, sandbox, index, timeout_s)
+
     @contextlib.contextmanager
     def one(self, side: str, artifact: Path, env: dict[str, str], sandbox: Sandbox,
             timeout_s: float, children: int | None = None) -> Iterator[TimedServer]:
-        """The (side, build)'s server for one child (started if there is none), held for the
-        child's whole life; closed after it if the child failed or it has served its share
-        (``children``, the workload's; default ``children_per_server``)."""
+        """The (side, build)'s server for one child (its successor started ahead, or a new
+        one, if there is none live), held for the child's whole life; closed after it if the
+        child failed or it has served its share (``children``, the workload's; default
+        ``children_per_server``)."""
         # the environment is the server's from its start: a workload on other threads needs its own
         key = (side, artifact, tuple(sorted(env.items())))
         with self._lock:
             server = self._live.pop(key, None)  # taken: no other thread forks from it meanwhile
-            if server is None:
-                index, self.started = self.started, self.started + 1
+            successor = self._next.pop(key, None) if server is None else None
         if server is None:
-            server = TimedServer(artifact, env, sandbox, index, timeout_s)
+            # a successor that failed to start raises here, as a server started now would
+            server = successor.result() if successor is not None else self._start(artifact, env, sandbox, timeout_s)
+        if server.children == 0 and self.prestart:
+            self._start_ahead(key, artifact, env, sandbox, timeout_s)
         try:
             server.children += 1
             yield server
@@ -198,16 +236,45 @@ class TimedServers:
             stale = [self._live.pop(key)] if key in self._live else []  # another thread's meanwhile
             self._live[key] = server  # the most recently used last
             while len(self._live) > self.KEEP:  # a watch's worker keeps its runner for many runs' builds
-                stale.append(self._live.pop(next(iter(self._live))))
+                gone = next(iter(self._live))
+                stale.append(self._live.pop(gone))
+                if gone in self._next:
+                    _close_when_started(self._next.pop(gone))
         for old in stale:
             old.close()
 
+    def _start_ahead(self, key: tuple, artifact: Path, env: dict[str, str], sandbox: Sandbox,
+                     timeout_s: float) -> None:
+        with self._lock:
+            if self._starting is None:
+                self._starting = ThreadPoolExecutor(max_workers=2, thread_name_prefix="abwatch-server-start")
+            stale = [self._next.pop(key)] if key in self._next else []  # another thread's meanwhile
+            self._next[key] = self._starting.submit(self._start, artifact, env, sandbox, timeout_s)
+            while len(self._next) > self.KEEP:  # successors of servers no run takes again
+                stale.append(self._next.pop(next(iter(self._next))))
+        for future in stale:
+            _close_when_started(future)
+
     def close(self) -> None:
-        """Close every live server."""
+        """Close every live server and every successor (waiting for those still starting)."""
         with self._lock:
             live, self._live = list(self._live.values()), {}
+            ahead, self._next = list(self._next.values()), {}
+            starting, self._starting = self._starting, None
         for server in live:
             server.close()
+        for future in ahead:
+            _close_when_started(future)
+        if starting is not None:
+            starting.shutdown(wait=True)
+
+
+def _close_when_started(future: Future[TimedServer]) -> None:
+    """Close a successor once it has started (at once if it has; none if its start failed)."""
+    def close(done: Future[TimedServer]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            done.result().close()
+    future.add_done_callback(close)
 
 
 def from_child(server: Worker, timeout_s: float, what: str = "counted") -> dict:

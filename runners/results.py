@@ -85,6 +85,9 @@ class InvocationResult:
     # for a fresh process
     server: int | None = None
     pid: int | None = None
+    # a server's first child: how long its server took to start (seconds, its interpreter and
+    # ``import tvm``), whether the child waited for it or it was started ahead; None otherwise
+    server_start_s: float | None = None
 
     @property
     def usage_span_s(self) -> float:

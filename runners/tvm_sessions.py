@@ -188,7 +188,7 @@ class TvmSessions:
             status = "timeout" if "timeout" in str(exc) else "error"
             return InvocationResult(status, (), time.monotonic() - start, str(exc))
         return replace(_timed(reply, TvmMetrics(), series, wall_s, threads), server=server.index,
-                       pid=child.get("child"))
+                       pid=child.get("child"), server_start_s=server.start_s if server.children == 1 else None)
 
     def compile_time(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
                      side: str, side_options: dict) -> InvocationResult:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from sqlalchemy import select
 from abwatch.builders import TvmWheelBuilder
 from abwatch.builders.spec import RunnerConfig
 from abwatch.runners import CpuRunner
+from abwatch.runners.fork_servers import prestarts
 from abwatch.service.cli.main import main
 from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
 from abwatch.service.store import db
@@ -47,10 +49,15 @@ def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact
         first = runner.run(artifact, MLP, 120, "control")  # compiles and exports: a fresh worker
         assert first.status == "ok" and first.server is None and first.metrics["compile_ms"] > 0
         children = []
+        asked: list[float] = []  # when each child was asked for
         for _ in range(5):
+            asked.append(time.monotonic())
             child = runner.run(artifact, MLP, 120, "control")
             assert child.status == "ok", child.message
             children.append(child)
+            if len(children) == 1:  # the first server's successor started when it took its first child
+                (ahead,) = runner.tvm.timed.successors.values()
+                successor = ahead.result(timeout=300)
             live = runner.tvm.timed.live
             servers.append(next(iter(live.values())).pid if live else 0)
             if servers[-1]:
@@ -71,6 +78,11 @@ def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact
     assert all(len(c.samples) == 20 and c.cpu_s and c.usage_wall_s for c in children)
     assert len({c.samples for c in children}) == 5
     assert [c.server for c in children] == [0, 0, 1, 1, 2]  # two children a server, then a new one
+    # each server after the first was started ahead, before its first child was asked for
+    assert successor.index == 1 and successor.began < asked[2], (successor.began, asked)
+    # a server's first child says how long its server took to start; its later children do not
+    assert [c.server_start_s is not None for c in children] == [True, False, True, False, True]
+    assert all(c.server_start_s > 0.05 for c in children[::2]), children  # an interpreter and import tvm
     # within a server (a pid namespace of its own under the sandbox) each child has a pid of its own
     assert len({(c.server, c.pid) for c in children}) == 5 and all(c.pid for c in children)
     # the server lived for its two children, was closed after them and replaced by a new process
@@ -78,14 +90,24 @@ def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact
     assert not alive(servers[0]) and not alive(servers[2])
     assert len(pads) == 3 and all(0 <= n < 4096 for n in pads.values())
     assert len(set(pads.values())) > 1  # drawn per server (all three alike: once in 16 million runs)
-    assert other.server is None and treated.server == 3  # the treatment side is never served by control's
-    assert not runner.tvm.timed.live  # teardown stops the servers
+    # the treatment side is never served by control's (3: control's third server's successor)
+    assert other.server is None and treated.server == 4
+    assert not runner.tvm.timed.live and not runner.tvm.timed.successors  # teardown stops the servers
+    assert not alive(successor.pid)
     assert on_two.status == "ok" and on_two.threads == 2 and on_two.server == server_of_two.index
     assert b"TVM_NUM_THREADS=2" in environ and on_two.server not in [c.server for c in children]
 
 
 def test_a_failing_or_hung_child_takes_its_server_down_and_the_next_gets_a_new_one(artifact):
-    runner = CpuRunner(RunnerConfig(threads=1, processes="forked", children_per_server=5))
+    # made on one CPU: its servers start no successors ahead (their import would take the child's CPU)
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        assert not prestarts()
+        runner = CpuRunner(RunnerConfig(threads=1, processes="forked", children_per_server=5))
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert prestarts() == (len(cpus) >= 2) and not runner.tvm.timed.prestart
     try:
         assert runner.run(artifact, MLP, 120, "control").status == "ok"
         assert runner.run(artifact, MLP, 120, "control").server == 0
@@ -103,6 +125,7 @@ def test_a_failing_or_hung_child_takes_its_server_down_and_the_next_gets_a_new_o
         assert not runner.tvm.timed.live and not alive(server.pid)
         after = runner.run(artifact, MLP, 120, "treatment")
         assert after.status == "ok" and after.server == 2
+        assert not runner.tvm.timed.successors
     finally:
         runner.teardown()
 
@@ -202,8 +225,12 @@ measure = ["time", "max_rss"]
             samples[row.side.value].append(row.runtime_ms)
             groups[row.side.value].append(rows[row.invocation_id].position)
             servers[f"{row.side.value}_servers"].append(rows[row.invocation_id].server)
-        server_s, child_s = noise.server_costs(session, first["run_id"], result["workload_id"])
-        assert server_s > 0 and child_s > 0  # a server's first child paid its start (an import of TVM)
+        costs = noise.server_costs(session, first["run_id"], result["workload_id"])
+        # each server's first child recorded its start (an import of TVM), started ahead on two CPUs
+        assert costs is not None and costs.start_s > 0 and costs.child_s > 0 and costs.ahead, costs
+        started = session.scalars(select(Invocation.server_start_s).where(
+            Invocation.run_id == first["run_id"], Invocation.server_start_s.is_not(None))).all()
+        assert len(started) == 8 and min(started) > 0.1, started  # one a server, each at least an interpreter's start
         choice = noise.choose_children(session, first["run_id"], result["workload_id"], samples, groups, servers, 2)
         assert choice is not None and "from 8 servers" in choice.reason, choice
         assert {o.children for o in choice.options} == {2}  # none above the runner's

@@ -102,6 +102,27 @@ def test_layouts_that_matter_take_fewer_children_and_none_is_ever_above_the_runn
     assert "less time to the same width than 8" in layouts.reason
 
 
+def test_a_server_started_ahead_costs_only_what_its_predecessors_children_do_not_cover():
+    """With servers started ahead (runners.fork_servers.TimedServers), a successor starts while
+    its predecessor's children and the other side's run: at 8 children of 0.05 s (0.8 s of
+    pairs) a 0.7 s start is hidden whole and a pair costs its two children; at 2 children
+    (0.2 s) most of the start is still waited for. So started ahead, a count below the one
+    that hides the start costs relatively more than where every start is paid in full."""
+    figures = _forked(np.random.default_rng(6), 8, 8, layout_sd=0.0)
+    paid = choose_children(*figures, server_s=0.7, child_s=0.05, configured=8, pairs=60)
+    ahead = choose_children(*figures, server_s=0.7, child_s=0.05, configured=8, pairs=60, ahead=True)
+    assert paid.rho == ahead.rho  # the same processes: only the costs differ
+    time_paid = {o.children: o.relative_time for o in paid.options}
+    time_ahead = {o.children: o.relative_time for o in ahead.options}
+    # relative to 8 children: paid in full, 2 a server cost (0.05 + 0.35) / (0.05 + 0.0875) of
+    # 8's a pair; ahead, (0.05 + 0.25) / 0.05 (8's start is hidden whole): both beyond 8 in cost
+    # a pair, and the widening is the same in both, so the ratios of 2's to 8's compare so
+    ratio_paid, ratio_ahead = time_paid[2] / time_paid[8], time_ahead[2] / time_ahead[8]
+    assert ratio_ahead == pytest.approx(ratio_paid * (0.30 / 0.05) / (0.40 / 0.1375), rel=1e-9)
+    assert "(started ahead)" in ahead.reason and "(started ahead)" not in paid.reason
+    assert ahead.children == 8 and paid.children == 8, (ahead.reason, paid.reason)
+
+
 def test_the_servers_share_is_estimated_without_the_sides_degree_of_freedom():
     """Each side's mean is taken out before the analysis of variance, which costs the servers'
     spread a degree of freedom: counted, a known share of 0.2 comes out about right; left

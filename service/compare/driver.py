@@ -404,7 +404,7 @@ def _invocation_writer(session: Session, run: Run, workload_id: int, name: str, 
             status=InvocationStatus(result.status), wall_s=result.wall_s, message=result.message,
             cpu_s=result.cpu_s, involuntary_switches=result.involuntary_switches,
             usage_wall_s=None if result.cpu_s is None else result.usage_span_s,
-            max_rss_kb=result.max_rss_kb, server=result.server,
+            max_rss_kb=result.max_rss_kb, server=result.server, server_start_s=result.server_start_s,
         )
         session.add(invocation)
         session.flush()

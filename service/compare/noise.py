@@ -6,6 +6,7 @@ the samples that reach an interval fastest, and each fork server serving the chi
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, cast
 
@@ -13,6 +14,7 @@ from sqlalchemy import Table, case, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from abwatch.runners.fork_servers import prestarts
 from abwatch.service import stats
 from abwatch.service.config import Config
 from abwatch.service.store.models import Invocation, InvocationStatus, NoiseProfile, utcnow
@@ -84,28 +86,38 @@ def children_per_server(session: Session, config: Config, workload: Any, workloa
     return profile.children, f"{profile.children_reason}, learnt from {profile.observations} past run(s)"
 
 
-def server_costs(session: Session, run_id: int, workload_id: int) -> tuple[float, float] | None:
-    """What starting a fork server cost and what one forked child did, in seconds, from the
-    run's forked invocations: a server's first child's life holds the server's start, its
-    later children's do not (medians; None: no child after a first, or no server started in the run).
-    Each side's first server is left out of the start: it may be one an earlier workload or
-    run left live (servers are kept per side, build and environment); every later one was
-    started in this run, when the one before it had served its share."""
-    rows = session.execute(select(Invocation.side, Invocation.server, Invocation.wall_s).where(
-        Invocation.run_id == run_id, Invocation.workload_id == workload_id, Invocation.warmup.is_(False),
-        Invocation.status == InvocationStatus.OK, Invocation.server.is_not(None))
-        .order_by(Invocation.position)).all()
+@dataclass(frozen=True)
+class ServerCosts:
+    """What a run's fork servers cost: a server's start and a child (seconds, medians), and
+    whether its servers were started ahead of need (``ahead``: this host's runners start a
+    server's successor when it takes its first child, runners.fork_servers.prestarts)."""
+
+    start_s: float
+    child_s: float
+    ahead: bool
+
+
+def server_costs(session: Session, run_id: int, workload_id: int) -> ServerCosts | None:
+    """What starting a fork server cost and what one forked child did, from the run's forked
+    invocations (None: no child after a first, or no server started in the run). A server's
+    start is what its first child recorded of it (``server_start_s``: a server left live by
+    an earlier workload or run had its first child there); a child, a server's later children's
+    wall time (a server's first child also holds its wait for the server)."""
+    rows = session.execute(select(Invocation.side, Invocation.server, Invocation.wall_s, Invocation.server_start_s)
+                           .where(Invocation.run_id == run_id, Invocation.workload_id == workload_id,
+                                  Invocation.warmup.is_(False), Invocation.status == InvocationStatus.OK,
+                                  Invocation.server.is_not(None))
+                           .order_by(Invocation.position)).all()
     served: dict[tuple, list[float]] = {}
-    first_of_side: dict = {}  # in position order: each side's first server
-    for side, server, wall in rows:
+    starts: list[float] = []
+    for side, server, wall, start in rows:
         served.setdefault((side, server), []).append(wall)
-        first_of_side.setdefault(side, (side, server))
+        if start is not None:
+            starts.append(start)
     later = [wall for walls in served.values() for wall in walls[1:]]
-    started = [walls[0] for key, walls in served.items() if key not in first_of_side.values()]
-    if not later or not started:
+    if not later or not starts:
         return None
-    child = statistics.median(later)
-    return max(0.0, statistics.median(started) - child), child
+    return ServerCosts(statistics.median(starts), statistics.median(later), prestarts())
 
 
 def choose_children(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],
@@ -129,7 +141,8 @@ def choose_children(session: Session, run_id: int, workload_id: int, samples: Ma
     pairs = min(sum(1 for side, _ in keys if side == name) for name in samples)
     try:
         return stats.choose_children([fastest[k] for k in keys], [server_of[k] for k in keys], [k[0] for k in keys],
-                                     server_s=costs[0], child_s=costs[1], configured=configured, pairs=pairs)
+                                     server_s=costs.start_s, child_s=costs.child_s, configured=configured, pairs=pairs,
+                                     ahead=costs.ahead)
     except ValueError:  # too few servers of two children, too few pairs, no time a child
         return None
 

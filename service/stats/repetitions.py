@@ -152,7 +152,8 @@ def servers_share(figures: Sequence[float], servers: Sequence[Hashable], sides: 
 
 def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides: Sequence[str], server_s: float,
                     child_s: float, configured: int, pairs: int, alpha: float = DEFAULT_ALPHA,
-                    candidates: Sequence[int] = CHILDREN_CANDIDATES, min_gain: float = MIN_GAIN) -> ChildrenChoice:
+                    candidates: Sequence[int] = CHILDREN_CANDIDATES, min_gain: float = MIN_GAIN,
+                    ahead: bool = False) -> ChildrenChoice:
     """The children a fork server to take from now on, from one forked run's processes.
 
     ``figures``: each forked process's figure (its fastest sample), ``servers`` its server (a
@@ -160,7 +161,9 @@ def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides
     costs and ``child_s`` one child (seconds); ``pairs``: where the interval is wanted (the
     pairs the run's verdict took). With ``r`` children a server the variance of the mean grows
     by ``1 + (r - 1) rho`` (rho: the servers' share of the processes' variance, each side's
-    level taken out), a pair costs ``child_s + server_s / r``, and the interval's small-sample
+    level taken out), a pair costs ``child_s + server_s / r`` (``ahead``, servers started ahead
+    of need: ``child_s + max(0, server_s - 2 r child_s) / r``, a successor starting while its
+    predecessor's ``r`` children and the other side's ``r`` run), and the interval's small-sample
     widening counts ``ceil(pairs / r)`` server pairs (taken as the units whatever rho is: a
     run's own estimate of rho is above zero about half the time even where layouts do not
     matter); the time to a given width is the product of the three, squared widening. A count
@@ -180,7 +183,8 @@ def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides
         if pairs // r + (pairs % r >= 2) < MIN_BLOCKS:  # a last block of one pair tells nothing
             return units, math.inf
         widening = cs_multiplier(pairs, alpha, units=units)
-        return units, (1.0 + (r - 1) * rho) * widening * widening * (child_s + server_s / r)
+        waited = max(0.0, server_s - 2 * r * child_s) if ahead else server_s
+        return units, (1.0 + (r - 1) * rho) * widening * widening * (child_s + waited / r)
 
     counts = sorted({r for r in (*candidates, configured) if r <= min(pairs, configured)} | {configured})
     timed = {r: seconds(r) for r in counts}
@@ -196,5 +200,6 @@ def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides
            else f"{configured} make fewer than {MIN_BLOCKS} server pairs, no interval" if math.isinf(timed[configured][1])
            else f"{gain:.0%} less time to the same width than {configured}")
     reason = (f"{chosen} children a fork server ({why}; the servers' share of the variance {rho:.2f} from "
-              f"{count} servers, a server's start {server_s:.2f} s, a child {child_s:.2f} s, at {pairs} pairs)")
+              f"{count} servers, a server's start {server_s:.2f} s{' (started ahead)' if ahead else ''}, "
+              f"a child {child_s:.2f} s, at {pairs} pairs)")
     return ChildrenChoice(children=chosen, configured=configured, rho=rho, options=table, reason=reason)

@@ -191,6 +191,9 @@ class Invocation(Base):
     # a forked TVM worker's fork server, by its number in the runner's sequence of servers (its
     # children share one memory layout: a level above the process); NULL for a fresh process
     server: Mapped[int | None] = mapped_column(Integer)
+    # a server's first child: how long that server took to start (seconds), whether the child
+    # waited for it or it was started ahead (what a server costs, service/compare/noise.py)
+    server_start_s: Mapped[float | None] = mapped_column(Float)
 
 
 class Sample(Base):
