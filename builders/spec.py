@@ -384,6 +384,10 @@ class RunnerConfig(StrictModel):
     children_per_server: int = Field(
         default=8, ge=1, le=1000, description='processes = "forked": children a fork server serves before it '
         "is restarted (each server is one memory layout its children share)")
+    servers_ahead: bool = Field(
+        default=True, description='processes = "forked": start each fork server\'s successor when the server '
+        "takes its first child, so the next child need not wait for an import of TVM (only where abwatch may run "
+        "on two CPUs or more)")
     tracker: str | None = Field(default=None, pattern=r"^[^:]+:\d+$", description="rpc: host:port")
     key: str | None = Field(default=None, description="rpc: device key at the tracker")
     target: dict[str, Any] | str | None = Field(

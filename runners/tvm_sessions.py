@@ -30,7 +30,7 @@ from abwatch.builders.workload_spec import TvmWorkloadConfig
 from abwatch.runners.results import InvocationResult, OutputTensor, TvmMetrics, WorkerReady
 from abwatch.runners import code_size, counters
 from abwatch.runners.counters import CountError, InstructionCounter
-from abwatch.runners.fork_servers import ForkServers, TimedServers, child_ended, from_child
+from abwatch.runners.fork_servers import ForkServers, TimedServers, child_ended, from_child, prestarts
 from abwatch.runners.worker_process import Worker, WorkerError
 
 # A counted worker also runs one thread: the count is then one thread's work, not the pool's
@@ -78,7 +78,7 @@ class TvmSessions:
         # counted processes run in threads (run.counted_jobs): one of them compiles a side's library
         self._libs_lock, self._ensuring = threading.Lock(), threading.Lock()
         self.forks = ForkServers()
-        self.timed = TimedServers(config.children_per_server)
+        self.timed = TimedServers(config.children_per_server, prestart=prestarts() and config.servers_ahead)
 
     def _lib_dir(self) -> Path:
         with self._libs_lock:

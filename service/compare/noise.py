@@ -89,15 +89,16 @@ def children_per_server(session: Session, config: Config, workload: Any, workloa
 @dataclass(frozen=True)
 class ServerCosts:
     """What a run's fork servers cost: a server's start and a child (seconds, medians), and
-    whether its servers were started ahead of need (``ahead``: this host's runners start a
-    server's successor when it takes its first child, runners.fork_servers.prestarts)."""
+    whether its servers were started ahead of need (``ahead``: ``[runner] servers_ahead`` where
+    this host's runners start a server's successor when it takes its first child,
+    runners.fork_servers.prestarts)."""
 
     start_s: float
     child_s: float
     ahead: bool
 
 
-def server_costs(session: Session, run_id: int, workload_id: int) -> ServerCosts | None:
+def server_costs(session: Session, run_id: int, workload_id: int, ahead: bool = True) -> ServerCosts | None:
     """What starting a fork server cost and what one forked child did, from the run's forked
     invocations (None: no child after a first, or no server started in the run). A server's
     start is what its first child recorded of it (``server_start_s``: a server left live by
@@ -117,15 +118,16 @@ def server_costs(session: Session, run_id: int, workload_id: int) -> ServerCosts
     later = [wall for walls in served.values() for wall in walls[1:]]
     if not later or not starts:
         return None
-    return ServerCosts(statistics.median(starts), statistics.median(later), prestarts())
+    return ServerCosts(statistics.median(starts), statistics.median(later), ahead and prestarts())
 
 
 def choose_children(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],
                     groups: Mapping[str, Sequence[int]], servers: Mapping[str, Sequence[Hashable]],
-                    configured: int) -> stats.ChildrenChoice | None:
+                    configured: int, ahead: bool = True) -> stats.ChildrenChoice | None:
     """The children a fork server to learn from a forked run (``servers``: each sample's fork
-    server by side, :func:`contended.server_labels`' ``<side>_servers``; None where the run
-    was not forked or too few servers served two children)."""
+    server by side, :func:`contended.server_labels`' ``<side>_servers``; ``ahead``: whether the
+    runner may start servers ahead, :func:`server_costs`; None where the run was not forked or
+    too few servers served two children)."""
     fastest: dict[tuple[str, int], float] = {}
     server_of: dict[tuple[str, int], Hashable] = {}
     for side in samples:
@@ -134,7 +136,7 @@ def choose_children(session: Session, run_id: int, workload_id: int, samples: Ma
             if label is not None:
                 fastest[(side, group)] = min(value, fastest.get((side, group), value))
                 server_of[(side, group)] = (side, label)
-    costs = server_costs(session, run_id, workload_id)
+    costs = server_costs(session, run_id, workload_id, ahead)
     if not fastest or costs is None:
         return None
     keys = list(fastest)
@@ -181,12 +183,14 @@ def choose_samples(session: Session, run_id: int, workload_id: int, samples: Map
 
 def learn(session: Session, workload_id: int, device_id: int | None, samples: dict, groups: dict,
           run_id: int | None = None, configured_samples: int | None = None,
-          servers: Mapping[str, Sequence[Hashable]] | None = None, configured_children: int | None = None) -> None:
+          servers: Mapping[str, Sequence[Hashable]] | None = None, configured_children: int | None = None,
+          servers_ahead: bool = True) -> None:
     """Fold the noise of an A/A-like (``same``) comparison into the profile, and, for a TVM
     workload (``configured_samples``: its own samples a process) whose run ``run_id`` took
     them, the samples a process that run shows to be fastest (:func:`choose_samples`); where
     its processes were forked (``servers``, each sample's), the children a fork server
-    against ``configured_children``, the runner's (:func:`choose_children`)."""
+    against ``configured_children``, the runner's (:func:`choose_children`; ``servers_ahead``: the
+    runner's, whether it starts servers ahead)."""
     if device_id is None:
         return
     try:
@@ -201,7 +205,8 @@ def learn(session: Session, workload_id: int, device_id: int | None, samples: di
     dialect = session.get_bind().dialect.name
     chosen = {} if choice is None else {"samples": choice.samples, "samples_reason": choice.reason}
     children = (None if run_id is None or not servers or configured_children is None
-                else choose_children(session, run_id, workload_id, samples, groups, servers, configured_children))
+                else choose_children(session, run_id, workload_id, samples, groups, servers, configured_children,
+                                     servers_ahead))
     if children is not None:
         chosen.update(children=children.children, children_reason=children.reason)
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
