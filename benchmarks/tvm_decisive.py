@@ -1,7 +1,7 @@
 """How decisive abwatch is on TVM run time, per workload and mode, quiet and beside busy loops.
 
     python -m benchmarks.tvm_decisive --cache .abwatch/cache [--runs 20] [--busy 0,6]
-        [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,duet,learnt]
+        [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,forked-waiting,duet,learnt]
         [--max-seconds 300] [--out rows.jsonl]
 
 Each run is one ``abwatch compare`` of one workload of one TVM release against itself (a
@@ -9,9 +9,11 @@ subprocess, its own SQLite database, one thread a measured process): ``aa`` the 
 on both sides, ``plus3`` the treatment's workload about 3 % larger through
 ``treatment_options`` (an outer dimension of each model below). The modes, run
 side by side (their order rotated every run): ``fresh`` (today's default: a fresh TVM worker a
-process, the two sides one after the other), ``forked`` (``[runner] processes = "forked"``: children of a fork server) and
-``duet`` (``[run] schedule = "duet"``: the two sides at once, each pinned to its own CPU; a
-duet's TVM workers start fresh, so "forked and duet" is the duet) and ``learnt`` (forked, with
+process, the two sides one after the other), ``forked`` (``[runner] processes = "forked"``: children
+of a fork server, each server's successor started ahead), ``forked-waiting`` (the same, each server
+started when its first child is asked for: ``servers_ahead = false``), ``duet`` (``[run]
+schedule = "duet"``: the two sides at once, each pinned to its own CPU; a duet's TVM workers
+start fresh, so "forked and duet" is the duet) and ``learnt`` (forked, with
 the samples a process and children a fork server that the workload's own A/A runs on this
 host taught abwatch's noise history: what a watch's later runs of a workload take; see
 :func:`learn`). Every look's interval is read
@@ -90,6 +92,7 @@ WORKLOADS = {
 MODES = {
     "fresh": "",
     "forked": 'processes = "forked"\n',
+    "forked-waiting": 'processes = "forked"\nservers_ahead = false\n',
     "duet": "",
     "learnt": 'processes = "forked"\n',
 }

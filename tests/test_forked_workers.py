@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,8 @@ def test_a_failing_or_hung_child_takes_its_server_down_and_the_next_gets_a_new_o
     finally:
         os.sched_setaffinity(0, cpus)
     assert prestarts() == (len(cpus) >= 2) and not runner.tvm.timed.prestart
+    # and where the runner says so (servers_ahead = false), on any number of CPUs
+    assert not CpuRunner(RunnerConfig(processes="forked", servers_ahead=False)).tvm.timed.prestart
     try:
         assert runner.run(artifact, MLP, 120, "control").status == "ok"
         assert runner.run(artifact, MLP, 120, "control").server == 0
@@ -228,6 +231,8 @@ measure = ["time", "max_rss"]
         costs = noise.server_costs(session, first["run_id"], result["workload_id"])
         # each server's first child recorded its start (an import of TVM), started ahead on two CPUs
         assert costs is not None and costs.start_s > 0 and costs.child_s > 0 and costs.ahead, costs
+        assert noise.server_costs(session, first["run_id"], result["workload_id"], ahead=False) == replace(
+            costs, ahead=False)  # a runner told not to start them ahead: every start is paid
         started = session.scalars(select(Invocation.server_start_s).where(
             Invocation.run_id == first["run_id"], Invocation.server_start_s.is_not(None))).all()
         assert len(started) == 8 and min(started) > 0.1, started  # one a server, each at least an interpreter's start
