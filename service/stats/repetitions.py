@@ -103,6 +103,7 @@ def choose_samples(processes: Sequence[Sequence[float]], fixed_s: float, sample_
 
 CHILDREN_CANDIDATES = (2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 MIN_SERVERS = 4  # servers of two children or more: fewer give no usable between-server variance
+HORIZON = 10  # a count's pairs to the width are sought up to this many times the run's
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class ChildrenOption:
     """One candidate count of children a fork server, and what it would cost."""
 
     children: int
-    server_pairs: int  # the independent units at the planned pairs (the interval's widening counts them)
+    server_pairs: int  # the independent units at the pairs it needs (the interval's widening counts them)
     relative_time: float  # time to a given interval width, against the best option's (1.0); inf: no interval
 
 
@@ -158,19 +159,22 @@ def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides
 
     ``figures``: each forked process's figure (its fastest sample), ``servers`` its server (a
     label unique across sides) and ``sides`` its side; ``server_s``: what starting a server
-    costs and ``child_s`` one child (seconds); ``pairs``: where the interval is wanted (the
-    pairs the run's verdict took). With ``r`` children a server the variance of the mean grows
-    by ``1 + (r - 1) rho`` (rho: the servers' share of the processes' variance, each side's
-    level taken out), a pair costs ``child_s + server_s / r`` (``ahead``, servers started ahead
-    of need: ``child_s + max(0, server_s - 2 r child_s) / r``, a successor starting while its
-    predecessor's ``r`` children and the other side's ``r`` run), and the interval's small-sample
-    widening counts ``ceil(pairs / r)`` server pairs (taken as the units whatever rho is: a
-    run's own estimate of rho is above zero about half the time even where layouts do not
-    matter); the time to a given width is the product of the three, squared widening. A count
-    whose server pairs of two pairs or more are fewer than :data:`levels.MIN_BLOCKS` gives no
-    interval. The configured count stays unless another is at least ``min_gain`` cheaper, and
-    none above it is taken: the server level's A/A rate was simulated up to 8 children a server
-    (docs/statistics.md), and a count chosen from one run's low estimate of rho would lean on it.
+    costs and ``child_s`` one child (seconds); ``pairs``: the pairs the run's verdict took.
+    With ``r`` children a server the variance of the mean grows by ``1 + (r - 1) rho`` (rho:
+    the servers' share of the processes' variance, each side's level taken out), a pair costs
+    ``child_s + server_s / r`` (``ahead``, servers started ahead of need: ``child_s + max(0,
+    server_s - 2 r child_s) / r``, a successor starting while its predecessor's ``r`` children
+    and the other side's ``r`` run), and the interval's small-sample widening counts ``ceil(n
+    / r)`` server pairs at ``n`` pairs (taken as the units whatever rho is: a run's own
+    estimate of rho is above zero about half the time even where layouts do not matter); a
+    count whose server pairs of two pairs or more are fewer than :data:`levels.MIN_BLOCKS`
+    gives no interval. The width to reach is the narrowest any count gives at ``pairs``; each
+    count's time is the pairs it needs to reach that width (up to :data:`HORIZON` times
+    ``pairs``: a count with more children a server needs more pairs for as many server
+    pairs, but each pair may cost less) times what a pair costs. The configured count stays
+    unless another is at least ``min_gain`` faster, and none above it is taken: the server
+    level's A/A rate was simulated up to 8 children a server (docs/statistics.md), and a
+    count chosen from one run's low estimate of rho would lean on it.
     """
     if server_s < 0 or child_s <= 0 or pairs < 1 or configured < 1:
         raise ValueError("server_s must be >= 0, child_s > 0, pairs and configured >= 1")
@@ -178,26 +182,35 @@ def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides
         raise ValueError(f"choose_children: {pairs} pairs give no interval at any count ({MIN_PAIRS} are needed)")
     rho, count = servers_share(figures, servers, sides)
 
-    def seconds(r: int) -> tuple[int, float]:
-        units = math.ceil(pairs / r)
-        if pairs // r + (pairs % r >= 2) < MIN_BLOCKS:  # a last block of one pair tells nothing
-            return units, math.inf
-        widening = cs_multiplier(pairs, alpha, units=units)
-        waited = max(0.0, server_s - 2 * r * child_s) if ahead else server_s
-        return units, (1.0 + (r - 1) * rho) * widening * widening * (child_s + waited / r)
+    def width(r: int, n: int) -> float:  # the interval's half-width at n pairs, in the processes' sd
+        if n // r + (n % r >= 2) < MIN_BLOCKS:  # a last block of one pair tells nothing
+            return math.inf
+        return math.sqrt((1.0 + (r - 1) * rho) / n) * cs_multiplier(n, alpha, units=math.ceil(n / r))
 
-    counts = sorted({r for r in (*candidates, configured) if r <= min(pairs, configured)} | {configured})
+    def pair_s(r: int) -> float:
+        waited = max(0.0, server_s - 2 * r * child_s) if ahead else server_s
+        return child_s + waited / r
+
+    counts = sorted({r for r in (*candidates, configured) if r <= configured})
+    target = min(width(r, pairs) for r in counts)
+    if math.isinf(target):
+        raise ValueError(f"choose_children: {pairs} pairs make fewer than {MIN_BLOCKS} server pairs at any count")
+
+    def seconds(r: int) -> tuple[int, float]:
+        for n in range(MIN_PAIRS, HORIZON * pairs + 1):
+            if width(r, n) <= target * (1.0 + 1e-9):
+                return math.ceil(n / r), n * pair_s(r)
+        return math.ceil(HORIZON * pairs / r), math.inf
+
     timed = {r: seconds(r) for r in counts}
     best = min(counts, key=lambda r: (timed[r][1], r))
     base = timed[best][1]
-    if math.isinf(base):
-        raise ValueError(f"choose_children: {pairs} pairs make fewer than {MIN_BLOCKS} server pairs at any count")
     table = tuple(ChildrenOption(r, units, t / base) for r, (units, t) in timed.items())
     gain = 1.0 - base / timed[configured][1]  # 1.0 where the configured count gives no interval
     keep = gain < min_gain
     chosen = configured if keep else best
     why = (f"configured; no count reaches the same width in {1 - min_gain:.0%} of the time" if keep
-           else f"{configured} make fewer than {MIN_BLOCKS} server pairs, no interval" if math.isinf(timed[configured][1])
+           else f"{configured} do not reach that width within {HORIZON}x the pairs" if math.isinf(timed[configured][1])
            else f"{gain:.0%} less time to the same width than {configured}")
     reason = (f"{chosen} children a fork server ({why}; the servers' share of the variance {rho:.2f} from "
               f"{count} servers, a server's start {server_s:.2f} s{' (started ahead)' if ahead else ''}, "
