@@ -151,6 +151,33 @@ def servers_share(figures: Sequence[float], servers: Sequence[Hashable], sides: 
     return intraclass(logs, group, fitted=len(names)), len(index)
 
 
+def _times_to_width(counts: Sequence[int], rho: float, pairs: int, alpha: float, server_s: float, child_s: float,
+                    ahead: bool) -> dict[int, tuple[int, float]]:
+    """Each count of children a server: the server pairs and seconds it takes to reach the
+    narrowest interval any count gives at ``pairs`` (inf: not within :data:`HORIZON` times
+    ``pairs``); :func:`choose_children` says how."""
+    def width(r: int, n: int) -> float:  # the interval's half-width at n pairs, in the processes' sd
+        if n // r + (n % r >= 2) < MIN_BLOCKS:  # a last block of one pair tells nothing
+            return math.inf
+        return math.sqrt((1.0 + (r - 1) * rho) / n) * cs_multiplier(n, alpha, units=math.ceil(n / r))
+
+    def pair_s(r: int) -> float:
+        waited = max(0.0, server_s - 2 * r * child_s) if ahead else server_s
+        return child_s + waited / r
+
+    target = min(width(r, pairs) for r in counts)
+    if math.isinf(target):
+        raise ValueError(f"choose_children: {pairs} pairs make fewer than {MIN_BLOCKS} server pairs at any count")
+
+    def seconds(r: int) -> tuple[int, float]:
+        for n in range(MIN_PAIRS, HORIZON * pairs + 1):
+            if width(r, n) <= target * (1.0 + 1e-9):
+                return math.ceil(n / r), n * pair_s(r)
+        return math.ceil(HORIZON * pairs / r), math.inf
+
+    return {r: seconds(r) for r in counts}
+
+
 def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides: Sequence[str], server_s: float,
                     child_s: float, configured: int, pairs: int, alpha: float = DEFAULT_ALPHA,
                     candidates: Sequence[int] = CHILDREN_CANDIDATES, min_gain: float = MIN_GAIN,
@@ -181,28 +208,8 @@ def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides
     if pairs < MIN_PAIRS:
         raise ValueError(f"choose_children: {pairs} pairs give no interval at any count ({MIN_PAIRS} are needed)")
     rho, count = servers_share(figures, servers, sides)
-
-    def width(r: int, n: int) -> float:  # the interval's half-width at n pairs, in the processes' sd
-        if n // r + (n % r >= 2) < MIN_BLOCKS:  # a last block of one pair tells nothing
-            return math.inf
-        return math.sqrt((1.0 + (r - 1) * rho) / n) * cs_multiplier(n, alpha, units=math.ceil(n / r))
-
-    def pair_s(r: int) -> float:
-        waited = max(0.0, server_s - 2 * r * child_s) if ahead else server_s
-        return child_s + waited / r
-
     counts = sorted({r for r in (*candidates, configured) if r <= configured})
-    target = min(width(r, pairs) for r in counts)
-    if math.isinf(target):
-        raise ValueError(f"choose_children: {pairs} pairs make fewer than {MIN_BLOCKS} server pairs at any count")
-
-    def seconds(r: int) -> tuple[int, float]:
-        for n in range(MIN_PAIRS, HORIZON * pairs + 1):
-            if width(r, n) <= target * (1.0 + 1e-9):
-                return math.ceil(n / r), n * pair_s(r)
-        return math.ceil(HORIZON * pairs / r), math.inf
-
-    timed = {r: seconds(r) for r in counts}
+    timed = _times_to_width(counts, rho, pairs, alpha, server_s, child_s, ahead)
     best = min(counts, key=lambda r: (timed[r][1], r))
     base = timed[best][1]
     table = tuple(ChildrenOption(r, units, t / base) for r, (units, t) in timed.items())

@@ -53,7 +53,7 @@ def config_hash(config: Config) -> str:
     payload["run"].pop("seed", None)
     if payload["stats"].get("contention_share") == 0.5:  # added later at its default: the same watch as before
         del payload["stats"]["contention_share"]
-    for added in ("processes", "children_per_server"):  # the same: how a timed worker starts
+    for added in ("processes", "children_per_server", "servers_ahead"):  # the same: how a timed worker starts
         if payload["runner"].get(added) == RunnerConfig.model_fields[added].default:
             del payload["runner"][added]
     if payload["run"].get("schedule") == "interleaved":  # added later at its default: the same watch
