@@ -171,3 +171,75 @@ deadline_s = 300
     assert stopped < 60, f"SIGTERM took {stopped:.1f} s"
     (row,) = _deliveries(url, trickler)
     assert row.status == DeliveryStatus.PENDING  # not lost: the next round sends it
+
+
+class Recorder(BaseHTTPRequestHandler):
+    """Answers each POST after ``delays`` (its seconds, in arrival order) with ``codes`` (200 by
+    default); ``done`` lists the bodies' ``text`` in the order their answers were given."""
+
+    delays: list[float] = []
+    codes: list[int] = []
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        import json
+
+        text = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["text"]
+        with Recorder.lock:
+            delay = Recorder.delays.pop(0) if Recorder.delays else 0.0
+            code = Recorder.codes.pop(0) if Recorder.codes else 200
+        time.sleep(delay)
+        with Recorder.lock:
+            Recorder.done.append(text)
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_one_destinations_deliveries_arrive_in_the_order_they_were_made(fresh_pg_url):
+    """A commit's "pending" status must not land after its "success": deliveries to one
+    destination are sent one after another in the order they were recorded (the first answered
+    slowly, so deliveries sent at once would be answered out of order), and one that was not
+    delivered holds the later ones back, this round and the next, until it is."""
+    Recorder.delays, Recorder.codes, Recorder.done = [0.6], [], []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    config = AlertsConfig(webhooks=[url], attempts=1, backoff_s=30)
+    engine = db.make_engine(fresh_pg_url)
+    try:
+        def record(*texts: str) -> None:
+            with Session(engine) as session:
+                for text in texts:
+                    alerts.enqueue_device(session, "stale", {"name": "board"}, text, config)
+                session.commit()
+
+        record("first", "second", "third")
+        sent = alerts.deliver_pending(engine, config)
+        assert [s.ok for s in sent] == [True, True, True] and Recorder.done == ["first", "second", "third"]
+
+        Recorder.codes, Recorder.done = [500], []  # the next one fails: the two after it wait
+        record("fourth", "fifth", "sixth")
+        sent = alerts.deliver_pending(engine, config)
+        assert Recorder.done == ["fourth"], Recorder.done
+        assert [(s.ok, s.attempts) for s in sent] == [(False, 1), (False, 0), (False, 0)], sent
+        assert "held: delivery" in sent[1].error
+        with Session(engine) as session:  # held ones are due before the failed one: still held
+            session.execute(update(AlertDelivery).where(AlertDelivery.attempts == 0).values(next_at=utcnow()))
+            session.commit()
+        assert alerts.deliver_pending(engine, config) == [] and Recorder.done == ["fourth"]
+        with Session(engine) as session:  # the failed one due again: it goes first, then the rest
+            session.execute(update(AlertDelivery).where(AlertDelivery.status == DeliveryStatus.PENDING)
+                            .values(next_at=utcnow()))
+            session.commit()
+        assert [s.ok for s in alerts.deliver_pending(engine, config)] == [True, True, True]
+        assert Recorder.done == ["fourth", "fourth", "fifth", "sixth"]
+    finally:
+        engine.dispose()
+        server.shutdown()
+        server.server_close()

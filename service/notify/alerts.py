@@ -53,7 +53,7 @@ import uuid
 from datetime import timedelta, UTC
 from collections.abc import Collection, Iterable
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, object_session, sessionmaker
 
 from abwatch.core.redact import redact_endpoint
@@ -293,6 +293,14 @@ def deliver_pending(engine: Engine, destinations: Destinations | AlertsConfig, *
         if session.get_bind().dialect.name == "postgresql":
             query = query.with_for_update(skip_locked=True)
         rows = session.scalars(query).all()
+        # Deliveries to one destination go in the order they were made (a commit's "pending"
+        # status must not land after its "success"): none is sent while an earlier one to the
+        # same destination waits for a later round or is another process's to send now.
+        held: dict[str, int] = dict(session.execute(
+            select(AlertDelivery.webhook, func.min(AlertDelivery.id))
+            .where(AlertDelivery.status == DeliveryStatus.PENDING, AlertDelivery.next_at > utcnow())
+            .group_by(AlertDelivery.webhook)).all())
+        rows = [row for row in rows if row.id < held.get(row.webhook, row.id + 1)]
         senders, unknown = [], []
         for row in rows:
             sender = channel_for(row.webhook).sender(row, destinations, deadline)
@@ -305,16 +313,34 @@ def deliver_pending(engine: Engine, destinations: Destinations | AlertsConfig, *
             row.error = (f"{row.webhook}: not among this process's webhooks or [github] (or its variable is "
                          "unset); a process whose config names it sends it")
         session.commit()
+    chains: dict[str, list[Sender]] = {}  # one destination's deliveries, sent one after another
     for sender in senders:
-        sender.start()
-    for sender in senders:
-        while sender.is_alive() and time.monotonic() < deadline and not (stop and stop.is_set()):
-            sender.join(timeout=0.2)
+        chains.setdefault(sender.webhook, []).append(sender)
+    threads = [threading.Thread(target=_send_in_order, args=(chain,), daemon=True, name=f"alerts-{chain[0].row_id}")
+               for chain in chains.values()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive() and time.monotonic() < deadline and not (stop and stop.is_set()):
+            thread.join(timeout=0.2)
     results = [s.result or Sent(s.row_id, s.webhook, False, 1, None,
                                 f"no answer within the delivery deadline ({config.deadline_s:g} s)", False)
                for s in senders if not (stop and stop.is_set() and s.result is None)]
     _store(sessions, results, config)
     return results
+
+
+def _send_in_order(chain: list[Sender]) -> None:
+    """Send one destination's deliveries in order, in this thread; after one that was not
+    delivered, the rest wait for a later round (sent after it, never before)."""
+    for number, sender in enumerate(chain):
+        sender.run()
+        if sender.result is None or not sender.result.ok:
+            for later in chain[number + 1:]:
+                later.result = Sent(later.row_id, later.webhook, False, 0, None,
+                                    f"held: delivery {sender.row_id} to the same destination is not delivered yet",
+                                    False)
+            return
 
 
 def _store(sessions: sessionmaker, results: list[Sent], config: AlertsConfig) -> None:
