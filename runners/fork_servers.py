@@ -133,7 +133,9 @@ LAYOUT_PAD_BYTES = 4096  # environment padding drawn per server: one page of sta
 class TimedServer:
     """One fork server of timed workers of one (side, build): its number in the runner's
     sequence of servers, how many children it has served, when it was started (``began``,
-    monotonic) and how long it took (``start_s``: its interpreter and ``import tvm``)."""
+    monotonic), how long it took (``start_s``: its interpreter and ``import tvm``) and the TVM
+    libraries it mapped (``libraries``: ``libtvm_runtime.so`` alone where its environment has
+    ``TVM_USE_RUNTIME_LIB=1``)."""
 
     def __init__(self, artifact: Path, env: dict[str, str], sandbox: Sandbox, index: int, timeout_s: float) -> None:
         pad = "x" * random.SystemRandom().randrange(LAYOUT_PAD_BYTES)
@@ -141,11 +143,13 @@ class TimedServer:
         self.began = time.monotonic()
         self.worker = Worker(artifact, {"fork": True, "timed": True}, {**env, "ABWATCH_LAYOUT_PAD": pad}, sandbox)
         try:
-            self.worker.receive(timeout_s)
+            ready = self.worker.receive(timeout_s)
         except WorkerError:
             self.worker.close()
             raise
         self.start_s = time.monotonic() - self.began
+        # which of TVM's libraries it loaded: the runtime's alone, or the compiler's too
+        self.libraries = tuple(str(name) for name in ready.get("libraries", ()))
 
     @property
     def pid(self) -> int:
@@ -157,11 +161,12 @@ class TimedServer:
         self.worker.close()
 
 
-def prestarts() -> bool:
-    """Whether timed servers start their successors ahead (:class:`TimedServers`): where this
-    process may run on two CPUs or more, so a successor's ``import tvm`` has a CPU beside the
-    measured child's. On one CPU it would take the child's."""
-    return len(os.sched_getaffinity(0)) >= 2
+def prestarts(wanted: bool = True) -> bool:
+    """Whether timed servers start their successors ahead (:class:`TimedServers`): where
+    ``wanted`` (``[runner] servers_ahead``) and this process may run on two CPUs or more, so a
+    successor's ``import tvm`` has a CPU beside the measured child's. On one CPU it would take
+    the child's."""
+    return wanted and len(os.sched_getaffinity(0)) >= 2
 
 
 # A server's start (~0.7 s quiet: an interpreter and ``import tvm``) cost more than the eight

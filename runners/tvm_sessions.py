@@ -15,6 +15,7 @@ few children (``TimedServers``). One worker process and its conversation: ``Work
 
 from __future__ import annotations
 
+import logging
 import math
 import tempfile
 import threading
@@ -38,6 +39,8 @@ from abwatch.runners.worker_process import Worker, WorkerError
 COUNTED_ENV = {**counters.COUNTED_ENV, "TVM_NUM_THREADS": "1"}
 
 COMPILE_TIMEOUT_S = 900.0
+
+log = logging.getLogger(__name__)
 
 
 def _series(reply: dict) -> dict[str, tuple[float, ...]]:
@@ -78,7 +81,10 @@ class TvmSessions:
         # counted processes run in threads (run.counted_jobs): one of them compiles a side's library
         self._libs_lock, self._ensuring = threading.Lock(), threading.Lock()
         self.forks = ForkServers()
-        self.timed = TimedServers(config.children_per_server, prestart=prestarts() and config.servers_ahead)
+        self.timed = TimedServers(config.children_per_server, prestart=prestarts(config.servers_ahead))
+        # the (build, workload)s whose runtime library failed to start a fork server or to run
+        # a child, and why (forked): served with the compiler loaded from then on
+        self.runtime_refused: dict[tuple[Path, str], str] = {}
 
     def _lib_dir(self) -> Path:
         with self._libs_lock:
@@ -128,6 +134,8 @@ class TvmSessions:
         if not first and self.forks_timed() and placement is None:
             return self.forked(artifact, workload, timeout_s, side, side_options)
         spec = dict(self.spec(workload, side_options), **({"export": str(lib)} if first else {"load": str(lib)}))
+        if first and self.forks_timed():  # its forked successors load the inputs rather than build them
+            spec["save"] = str(self._saved(artifact, workload, side))
         threads = self.threads(workload)
         if placement is not None:  # more threads than its CPUs would wait for each other there
             threads = len(placement.cpus)
@@ -165,12 +173,25 @@ class TvmSessions:
         """One invocation as a child of the (side, build)'s fork server: it loads the library
         the compiling worker exported, answers one timing batch and exits, as a fresh worker
         would; its result names its server (``server``). A child that fails takes its server
-        down with it (the next child gets a new one)."""
+        down with it (the next child gets a new one).
+
+        Where the compiling worker saved the workload's inputs (``runners/worker/saved.py``),
+        the server imports TVM's runtime library alone (``TVM_USE_RUNTIME_LIB=1``: about half
+        the start of one with the compiler) and its children load them. Where that server fails
+        to start or its child fails (a library may call a function only the compiler's library
+        registers), the invocation is run again by a server with the compiler, which serves the
+        (build, workload) from then on (:attr:`runtime_refused`): only that one's failure is
+        the build's."""
         spec = dict(self.spec(workload, side_options), load=str(self._lib(artifact, workload, side)))
-        threads = self.threads(workload)
+        saved = self._saved(artifact, workload, side)
+        runtime = saved.exists() and (artifact, workload.name) not in self.runtime_refused
+        env = {"TVM_NUM_THREADS": str(threads := self.threads(workload))}
+        if runtime:
+            spec["saved"], env["TVM_USE_RUNTIME_LIB"] = str(saved), "1"
         start = time.monotonic()
+        server = None
         try:
-            with self.timed.one(side, artifact, {"TVM_NUM_THREADS": str(threads)}, self._sandbox(),
+            with self.timed.one(side, artifact, env, self._sandbox(),
                                 max(COMPILE_TIMEOUT_S, timeout_s), workload.children_per_server) as server:
                 server.worker.send({"cmd": "fork"})
                 child = from_child(server.worker, timeout_s, "forked")
@@ -185,6 +206,12 @@ class TvmSessions:
                     raise WorkerError(child_ended(ended, server.worker, "forked"))
                 wall_s = time.monotonic() - start  # a server closed after its last child is not this child's
         except WorkerError as exc:
+            if runtime and "timeout" not in str(exc):  # a hung child is the workload's, on any library
+                self.runtime_refused[(artifact, workload.name)] = str(exc)
+                log.warning("%s, %s: %s on TVM's runtime library alone (%s); its timed children are served "
+                            "with the compiler loaded", artifact.name, workload.name,
+                            "a fork server failed to start" if server is None else "a child failed", exc)
+                return self.forked(artifact, workload, timeout_s, side, side_options)
             status = "timeout" if "timeout" in str(exc) else "error"
             return InvocationResult(status, (), time.monotonic() - start, str(exc))
         return replace(_timed(reply, TvmMetrics(), series, wall_s, threads), server=server.index,
@@ -278,6 +305,10 @@ class TvmSessions:
 
     def _lib(self, artifact: Path, workload: TvmWorkloadConfig, side: str) -> Path:
         return self._lib_dir() / f"{side}-{artifact.name}-{workload.name}.so"
+
+    def _saved(self, artifact: Path, workload: TvmWorkloadConfig, side: str) -> Path:
+        """Where the compiling worker saves the inputs its library's forked children load."""
+        return self._lib(artifact, workload, side).with_suffix(".inputs.npz")
 
     def _ensure_compiled(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float, side: str,
                          side_options: dict) -> InvocationResult | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,10 @@ pytestmark = pytest.mark.slow  # real TVM processes (each test ~10-20 s on 2 bus
 
 NEW = "0.27.0.post1"
 MLP = TvmWorkloadConfig(name="mlp", model="builtin:mlp", input_shape=[1, 64], options={"hidden": 64}, samples=20)
+# a small model that generates tokens (tests/test_llm_decode.py's): compiles in seconds
+LLM = TvmWorkloadConfig(name="llm", model="builtin:llm-decode", samples=5, options={
+    "layers": 2, "hidden": 64, "heads": 4, "prompt_tokens": 16, "decode_steps": 8, "vocab": 256})
+COMPILER = {"libtvm.so", "libtvm_compiler.so"}  # TVM's compiler library, as source builds and wheels name it
 
 
 def alive(pid: int) -> bool:
@@ -46,6 +51,7 @@ def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact
     runner = CpuRunner(RunnerConfig(threads=1, processes="forked", children_per_server=2))
     servers: list[int] = []  # the live server's pid after each child
     pads: dict[int, int] = {}  # each server's environment padding (the sandbox's process holds it)
+    libraries: dict[int, tuple[str, ...]] = {}  # the TVM libraries each server mapped
     try:
         first = runner.run(artifact, MLP, 120, "control")  # compiles and exports: a fresh worker
         assert first.status == "ok" and first.server is None and first.metrics["compile_ms"] > 0
@@ -61,6 +67,7 @@ def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact
                 successor = ahead.result(timeout=300)
             live = runner.tvm.timed.live
             servers.append(next(iter(live.values())).pid if live else 0)
+            libraries.update({s.pid: s.libraries for s in live.values()})
             if servers[-1]:
                 environ = Path(f"/proc/{servers[-1]}/environ").read_bytes().split(b"\0")
                 (pad,) = [v for v in environ if v.startswith(b"ABWATCH_LAYOUT_PAD=")]
@@ -77,6 +84,11 @@ def test_forked_children_are_processes_of_their_own_and_servers_restart(artifact
         runner.teardown()
     # every child timed its own batch: its samples, its usage figures, its process
     assert all(len(c.samples) == 20 and c.cpu_s and c.usage_wall_s for c in children)
+    # on the inputs the compiling worker saved, through TVM's runtime library alone: the same
+    # operators on the same shapes as the compiling worker's, from servers without the compiler
+    assert all(c.metrics["op_features"] == first.metrics["op_features"] for c in children)
+    assert libraries and all("libtvm_runtime.so" in names and not COMPILER & set(names)
+                             for names in libraries.values()), libraries
     assert len({c.samples for c in children}) == 5
     assert [c.server for c in children] == [0, 0, 1, 1, 2]  # two children a server, then a new one
     # each server after the first was started ahead, before its first child was asked for
@@ -119,18 +131,76 @@ def test_a_failing_or_hung_child_takes_its_server_down_and_the_next_gets_a_new_o
         failed = runner.run(artifact, MLP, 120, "control")
         assert failed.status == "error" and "failed" in failed.message and failed.server is None, failed
         assert not runner.tvm.timed.live and not alive(server.pid)
+        # tried on the runtime library alone (server 0), then again with the compiler (server 1)
+        assert (artifact, MLP.name) in runner.tvm.runtime_refused and runner.tvm.timed.started == 2
         # a child past its time limit is killed with its server, and the next child has a new one
         assert runner.run(artifact, MLP, 120, "treatment").status == "ok"  # compiles the treatment's
-        assert runner.run(artifact, MLP, 120, "treatment").server == 1
+        assert runner.run(artifact, MLP, 120, "treatment").server == 2
         (server,) = runner.tvm.timed.live.values()
         hung = runner.run(artifact, MLP, 0.001, "treatment")
         assert hung.status == "timeout" and "killed after" in hung.message, hung
         assert not runner.tvm.timed.live and not alive(server.pid)
+        assert runner.tvm.timed.started == 3  # a hung child is not run again on another library
         after = runner.run(artifact, MLP, 120, "treatment")
-        assert after.status == "ok" and after.server == 2
+        assert after.status == "ok" and after.server == 3
         assert not runner.tvm.timed.successors
     finally:
         runner.teardown()
+
+
+def test_a_generating_model_forked_from_a_runtime_only_server_times_its_generations(artifact):
+    """A model that generates tokens: its children load the prompt, the decode steps' tokens
+    and the weights the compiling worker saved, and time generations through the runtime's VM."""
+    runner = CpuRunner(RunnerConfig(threads=1, processes="forked", children_per_server=2))
+    try:
+        first = runner.run(artifact, LLM, 300, "control")
+        assert first.status == "ok", first.message
+        child = runner.run(artifact, LLM, 300, "control")
+        (server,) = runner.tvm.timed.live.values()
+    finally:
+        runner.teardown()
+    assert child.status == "ok" and child.server == 0, child.message
+    assert "libtvm_runtime.so" in server.libraries and not COMPILER & set(server.libraries)
+    assert set(child.series) == set(first.series) and all(len(v) == 5 for v in child.series.values())
+    # a generation is its prefill and eight decode steps, as in the compiling worker
+    assert min(child.samples) > 8 * min(child.series["decode_latency"]) * 0.5
+
+
+def test_a_build_whose_runtime_library_cannot_serve_is_forked_with_its_compiler(artifact, tmp_path):
+    """A build that fails to start with ``TVM_USE_RUNTIME_LIB=1`` (a stand-in: a copy of the
+    wheel's venv whose interpreter refuses to start so), or a child that fails on the runtime
+    library alone, is told once, and the invocation runs again on a fork server with the
+    compiler loaded, which serves the workload from then on; its runs go on."""
+    broken = tmp_path / artifact.name
+    subprocess.run(["cp", "-al", str(artifact), str(broken)], check=True)
+    (site,) = broken.glob("lib/python3*/site-packages")
+    (site / "sitecustomize.py").write_text(
+        "import os\nif os.environ.get('TVM_USE_RUNTIME_LIB') == '1':\n"
+        "    raise SystemExit('no runtime library alone in this build')\n")
+    tmp_path.chmod(0o755)  # the sandbox's user runs the copy
+    runner = CpuRunner(RunnerConfig(threads=1, processes="forked", children_per_server=2))
+    try:
+        assert runner.run(broken, MLP, 120, "control").status == "ok"  # compiles: no runtime library asked for
+        children = [runner.run(broken, MLP, 120, "control") for _ in range(3)]
+        servers = list(runner.tvm.timed.live.values())
+    finally:
+        runner.teardown()
+    assert all(c.status == "ok" for c in children), [c.message for c in children]
+    assert "no runtime library alone" in runner.tvm.runtime_refused[(broken, MLP.name)]
+    assert [c.server for c in children] == [1, 1, 2]  # 0: the runtime-only start that failed
+    assert servers and all(COMPILER & set(s.libraries) for s in servers)
+    # a child that fails on its saved inputs (here made unreadable) is run again, with the compiler
+    runner = CpuRunner(RunnerConfig(threads=1, processes="forked", children_per_server=2))
+    try:
+        assert runner.run(artifact, MLP, 120, "control").status == "ok"
+        runner.tvm._saved(artifact, MLP, "control").write_bytes(b"not an npz file")
+        again = runner.run(artifact, MLP, 120, "control")
+        (server,) = runner.tvm.timed.live.values()
+    finally:
+        runner.teardown()
+    assert again.status == "ok" and len(again.samples) == 20, again.message
+    assert "ValueError" in runner.tvm.runtime_refused[(artifact, MLP.name)]  # numpy's, reading the file
+    assert COMPILER & set(server.libraries) and again.server == server.index
 
 
 def test_each_forked_child_moves_its_stack_and_heap_by_its_own_draw(artifact):

@@ -8,7 +8,10 @@ model's own imports): never abwatch, which lives in another environment. Protoco
         "device": "cpu"|"cuda", "number": N, "repeat": R, "seed": S, "rpc": null|{...},
         "compile_only": bool, "count": null|"valgrind"|"perf"}
         (compile_only: report compile_ms, touch no device, then exit; count: count the
-        instructions of the compile call, or with "count_run" of the timed calls)
+        instructions of the compile call, or with "count_run" of the timed calls; "export":
+        where to write the compiled library, "load": the library to load instead; "save": where
+        to write the inputs and weights too, "saved": take them from there, building nothing:
+        saved.py)
     <- {"ready": true, "compile_ms": ..., "tvm_version": ..., "inputs": {...},
         "instructions": {...} (compile_only with count), "max_rss_kb": (compile_only)} | {"error": ...}
     -> {"cmd": "run"}      <- {"samples": [ms, ...], "ops": {name: us},
@@ -24,9 +27,10 @@ model's own imports): never abwatch, which lives in another environment. Protoco
 
 A fork server (counted workers) is started with ``{"fork": true}`` instead of a workload
 (timed workers: ``{"fork": true, "timed": true}``, which also imports what workloads use and
-shifts each child's stack and heap by a random amount):
+shifts each child's stack and heap by a random amount; started with ``TVM_USE_RUNTIME_LIB=1``,
+it imports TVM's runtime library alone, for children given ``"saved"``):
 
-    <- {"forking": true, "tvm_version": ...}
+    <- {"forking": true, "tvm_version": ..., "libraries": [the libtvm*.so files it mapped]}
     -> {"cmd": "fork"}  <- {"child": pid, "layout": {"stack_depth": n, "heap_bytes": n} (timed)}
        then the conversation above with the forked child, from its spec to its "exit";
        <- {"forked": true, "status": exit status}
@@ -81,9 +85,55 @@ class Workload:
 
     def __init__(self, spec: dict) -> None:
         import tvm
-        from tvm import relax
 
         self.tvm, self.spec = tvm, spec
+        self.compile_ms: float | None = None
+        self.region, self.instructions, self.remote, self.device = None, None, None, None
+        self.reference: tuple | None = None  # (the CPU module, the device module): the device's output checked
+        self.target: str | None = None
+        self.reports: dict = {}
+        if spec.get("saved"):  # a forked child of a runtime-only server: nothing here may need the compiler
+            model, generative = _sibling("saved").load(spec["saved"], _sibling("sources").Model)
+            on_device = None
+            self._take(model, _sibling(generative) if generative else None)
+            lib = tvm.runtime.load_module(spec["load"])
+        else:
+            lib, on_device = self._build(spec)
+        if spec.get("compile_only"):  # timing the compiler: no device, nothing to run
+            return
+        if spec.get("rpc"):
+            lib = self._upload(lib, spec.get("load") or spec.get("export"))
+        self.dev = self.remote.device(spec["device"]) if self.remote else tvm.device(spec["device"])
+        self.device = on_device.describe(self.dev) if on_device is not None else None
+        self.args = [tvm.runtime.tensor(x, self.dev) for x in self.inputs + list(self.params)]
+        if self.is_vm:
+            from tvm.runtime import vm  # relax's VM, in TVM's runtime library
+
+            self.vm = vm.VirtualMachine(lib, self.dev)
+            self.call = self.callable(self.vm, self.dev)
+            self.timer = (None if self.generative is not None else
+                          self.vm.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"]))
+        else:
+            if self.out_array is not None:  # the output array the model came with (a script's)
+                self.out = tvm.runtime.tensor(self.out_array, self.dev)
+            else:
+                self.out = tvm.runtime.empty(self.out_shape, spec["dtype"], self.dev)
+            self.args.append(self.out)
+            lib = getattr(lib, "mod", lib)  # an Executable wraps the runtime module
+            self.call = lib[self.entry]
+            self.timer = lib.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"])
+
+    def _take(self, model, generative) -> None:
+        """Keep what one call of ``model`` (a ``sources.Model``) takes; ``generative``: the module
+        that times its generation, or None."""
+        self.operator, self.generative = model.operator, generative
+        self.inputs, self.params, self.entry, self.is_vm = model.inputs, model.params, model.entry, model.is_vm
+        self.out_array, self.out_shape = model.out, model.out_shape
+
+    def _build(self, spec: dict):
+        """Build ``spec``'s model, compile it (or load the library an earlier worker compiled)
+        and keep what one call takes; the library and the device module (None on the CPU)."""
+        tvm = self.tvm
         rng = np.random.default_rng(spec.get("seed", 0))
         # a dict, or the string of a target an earlier worker resolved (a counted worker under
         # Valgrind would otherwise resolve "native" to Valgrind's own CPU model)
@@ -103,10 +153,15 @@ class Workload:
         source = sources[kind](_sibling)  # builtin, te, onnx, script: sources.py
         load, export = spec.get("load"), spec.get("export")
         model = source.build(spec, rng, target)
-        self.reports, self.operator, self.generative = source.reports(model), model.operator, model.generative
-        mod, self.inputs, self.params, self.entry, self.is_vm = (model.mod, model.inputs, model.params,
-                                                                 model.entry, model.is_vm)
-        self.out_array, self.out_shape = model.out, model.out_shape
+        self.reports = source.reports(model)
+        self._take(model, model.generative)
+        if spec.get("save"):  # for forked children that load it rather than build (saved.py)
+            generative = model.generative.__name__.removeprefix("abwatch_") if model.generative else None
+            try:
+                _sibling("saved").save(spec["save"], model, generative)
+            except Exception as exc:  # noqa: BLE001 - inputs numpy cannot save: children build them as before
+                print(f"inputs not saved for forked children: {type(exc).__name__}: {exc}", file=sys.stderr)
+        mod = model.mod
         # the device's output is checked against this build's CPU output of the module before
         # any GPU schedule (a script that scheduled its kernels itself is checked against the
         # other side's output only, as every workload is)
@@ -116,8 +171,7 @@ class Workload:
         self.reference = ((cpu_module, on_device) if on_device is not None and not load
                           and (self.is_vm or mod is not cpu_module) else None)
         start = time.perf_counter()
-        self.compile_ms = None
-        self.region, self.instructions = _region(spec["count"]) if spec.get("count") else None, None
+        self.region = _region(spec["count"]) if spec.get("count") else None
         if load:  # compiled by this build's first worker: every later process just loads it
             lib = tvm.runtime.load_module(load)
         elif self.region is not None and spec.get("compile_only"):  # the compiler's instructions
@@ -130,28 +184,7 @@ class Workload:
             self.compile_ms = (time.perf_counter() - start) * 1000.0
             if export:
                 lib.export_library(export)
-        self.remote, self.device = None, None
-        if spec.get("compile_only"):  # timing the compiler: no device, nothing to run
-            return
-        if spec.get("rpc"):
-            lib = self._upload(lib, load or export)
-        self.dev = self.remote.device(spec["device"]) if self.remote else tvm.device(spec["device"])
-        self.device = on_device.describe(self.dev) if on_device is not None else None
-        self.args = [tvm.runtime.tensor(x, self.dev) for x in self.inputs + list(self.params)]
-        if self.is_vm:
-            self.vm = relax.VirtualMachine(lib, self.dev)
-            self.call = self.callable(self.vm, self.dev)
-            self.timer = (None if self.generative is not None else
-                          self.vm.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"]))
-        else:
-            if self.out_array is not None:  # the output array the model came with (a script's)
-                self.out = tvm.runtime.tensor(self.out_array, self.dev)
-            else:
-                self.out = tvm.runtime.empty(self.out_shape, spec["dtype"], self.dev)
-            self.args.append(self.out)
-            lib = getattr(lib, "mod", lib)  # an Executable wraps the runtime module
-            self.call = lib[self.entry]
-            self.timer = lib.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"])
+        return lib, on_device
 
     def callable(self, vm, dev):
         """What one call of the workload is on the Relax VM ``vm`` of device ``dev``: its entry
@@ -280,19 +313,24 @@ def fork_server(out, send, timed: bool = False) -> int:
     so do timed workers (``timed``), whose start is then a fork rather than an interpreter's
     start and ``import tvm`` (about 0.55 s of a 0.9 s invocation of builtin:mlp)."""
     import tvm
-    from tvm import relax  # noqa: F401 - what every workload imports, imported before the forks
 
+    # Started with TVM_USE_RUNTIME_LIB=1, TVM loads its runtime library alone: the server of
+    # children given their saved inputs (saved.py), which never need the compiler.
+    runtime_only = os.environ.get("TVM_USE_RUNTIME_LIB") == "1"
+    if not runtime_only:
+        from tvm import relax  # noqa: F401 - what every workload imports, imported before the forks
     if timed:
         # what a timed child would import or load next, imported once here; a counted child
         # counts only a region, and its server keeps to the import its counts always had
-        from tvm.relax.frontend import nn  # noqa: F401
         from tvm.runtime import vm  # noqa: F401
 
-        for sibling in ("sources", "builtin_models", "ops", "usage"):
+        if not runtime_only:
+            from tvm.relax.frontend import nn  # noqa: F401
+        for sibling in ("sources", "saved", "ops", "usage", *(() if runtime_only else ("builtin_models",))):
             _sibling(sibling)
     fork_line, exit_line = (json.dumps({"cmd": cmd}).encode() + b"\n" for cmd in ("fork", "exit"))
     first = _fork(out, send, warm_up=True)  # the loop below, once, before any counted child
-    send({"forking": True, "tvm_version": tvm.__version__, "warm_up": first})
+    send({"forking": True, "tvm_version": tvm.__version__, "warm_up": first, "libraries": _tvm_libraries()})
     while True:
         # Every child starts from the same state of this process, whatever came before: the
         # same few bytes read the same way (the spec goes to the child), nothing left to
@@ -304,6 +342,17 @@ def fork_server(out, send, timed: bool = False) -> int:
                 continue
             return 0
         send({"forked": True, "status": _fork(out, send, shift=timed)})
+
+
+def _tvm_libraries() -> list[str]:
+    """The file names of the TVM libraries this process has mapped (``libtvm_runtime.so``,
+    and the compiler's where it was loaded)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if len(line.split()) >= 6}
+    except OSError:  # no procfs: nothing to say
+        return []
+    return sorted({os.path.basename(p) for p in paths if os.path.basename(p).startswith("libtvm")})
 
 
 def _read_line() -> bytes:

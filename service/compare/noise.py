@@ -118,7 +118,7 @@ def server_costs(session: Session, run_id: int, workload_id: int, ahead: bool = 
     later = [wall for walls in served.values() for wall in walls[1:]]
     if not later or not starts:
         return None
-    return ServerCosts(statistics.median(starts), statistics.median(later), ahead and prestarts())
+    return ServerCosts(statistics.median(starts), statistics.median(later), prestarts(ahead))
 
 
 def choose_children(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],
