@@ -267,10 +267,10 @@ def test_long_modules_are_named():
 # A function is one step: what was measured -> what it decides, apart from the writing of it;
 # a loop's body, a group of routes or options, its own function. Past LONG_FUNCTION lines a
 # function is usually two steps. A soft ratchet: LONG_FUNCTIONS is the count of such functions
-# in the service, the runners and the builders today (runners/worker/tvm_worker.py's session
-# __init__ and runners/worker/builtin_models.py's builtin); a new one fails here, to be split by
-# meaning (never by re-wrapping lines), and the count lowered when one is split.
-LONG_FUNCTION, LONG_FUNCTIONS = 60, 2
+# in the service, the runners and the builders today (runners/worker/builtin_models.py's
+# builtin); a new one fails here, to be split by meaning (never by re-wrapping lines), and the
+# count lowered when one is split.
+LONG_FUNCTION, LONG_FUNCTIONS = 60, 1
 
 
 def long_functions() -> list[str]:
