@@ -9,7 +9,9 @@ that fails to compile, crashes or exceeds its time is killed and reported as tha
 build's failure. Counted workers are forked from a per-build fork server that has imported
 TVM (``ForkServers``, ``runners/fork_servers.py``); so are timed workers after the compiling
 one, with ``[runner] processes = "forked"``, from a per-build, per-side server restarted every
-few children (``TimedServers``). One worker process and its conversation: ``Worker``
+few children (``TimedServers``). On this host's CPU, a timed worker after the compiling one runs
+the library on TVM's runtime library alone, with the inputs the compiling worker saved
+(``runners/worker/saved.py``). One worker process and its conversation: ``Worker``
 (``runners/worker_process.py``).
 """
 
@@ -117,7 +119,7 @@ class TvmSessions:
     def forks_timed(self) -> bool:
         """Whether timed workers after the compiling one are forked (``[runner] processes``):
         on this host's CPU only. A GPU's driver and an RPC session are a fresh process's."""
-        return self.config.processes == "forked" and self.device == "cpu" and not self.rpc
+        return self.config.processes == "forked" and self.on_host()
 
     def run(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
             side: str, side_options: dict, placement: Placement | None = None) -> InvocationResult:
@@ -126,7 +128,12 @@ class TvmSessions:
         With ``processes = "forked"`` every later one is a child of the side's fork server
         (:meth:`forked`). With ``placement`` (a duet's side) the worker runs pinned, on as many
         threads as it has CPUs, and starts its timing batch when the other side's worker does;
-        a duet's workers start fresh, pinned before their first instruction."""
+        a duet's workers start fresh, pinned before their first instruction.
+
+        On this host's CPU the compiling worker saves the workload's inputs beside the library,
+        and a later worker (a duet's excepted) loads them on TVM's runtime library alone
+        (``TVM_USE_RUNTIME_LIB=1``: half an ``import tvm``); one that fails so is run again with
+        the compiler, which serves the (build, workload) from then on (:attr:`runtime_refused`)."""
         # Per side even when both sides are the same build (an A/A run).
         key = (side, artifact, workload.name)
         lib = self._lib(artifact, workload, side)
@@ -134,16 +141,21 @@ class TvmSessions:
         if not first and self.forks_timed() and placement is None:
             return self.forked(artifact, workload, timeout_s, side, side_options)
         spec = dict(self.spec(workload, side_options), **({"export": str(lib)} if first else {"load": str(lib)}))
-        if first and self.forks_timed():  # its forked successors load the inputs rather than build them
-            spec["save"] = str(self._saved(artifact, workload, side))
         threads = self.threads(workload)
         if placement is not None:  # more threads than its CPUs would wait for each other there
             threads = len(placement.cpus)
+        env = {"TVM_NUM_THREADS": str(threads)}
+        if first and self.on_host():  # later workers load the inputs rather than build them
+            spec["save"] = str(self._saved(artifact, workload, side))
+        # a duet's worker waits for the other side's: it is never run a second time
+        saved = self._runtime_inputs(artifact, workload, side) if not first and placement is None else None
+        if saved is not None:
+            spec["saved"], env["TVM_USE_RUNTIME_LIB"] = str(saved), "1"
         start = time.monotonic()
         metrics = TvmMetrics()
         worker = None
         try:
-            worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)}, self._sandbox(),
+            worker = Worker(artifact, spec, env, self._sandbox(),
                             cpus=placement.cpus if placement is not None else None)
             ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s) if first else timeout_s)
             self._resolved(artifact, ready)
@@ -161,6 +173,11 @@ class TvmSessions:
             reply = worker.receive(timeout_s)
             series = _series(reply)
         except WorkerError as exc:
+            if saved is not None and "timeout" not in str(exc):  # a hung worker is the workload's, on any library
+                self._refuse(artifact, workload, "a fresh worker failed", exc)
+                if worker is not None:
+                    worker.close()
+                return self.run(artifact, workload, timeout_s, side, side_options)
             status = "timeout" if "timeout" in str(exc) else "error"
             return InvocationResult(status, (), time.monotonic() - start, str(exc))
         finally:
@@ -183,10 +200,9 @@ class TvmSessions:
         (build, workload) from then on (:attr:`runtime_refused`): only that one's failure is
         the build's."""
         spec = dict(self.spec(workload, side_options), load=str(self._lib(artifact, workload, side)))
-        saved = self._saved(artifact, workload, side)
-        runtime = saved.exists() and (artifact, workload.name) not in self.runtime_refused
+        saved = self._runtime_inputs(artifact, workload, side)
         env = {"TVM_NUM_THREADS": str(threads := self.threads(workload))}
-        if runtime:
+        if saved is not None:
             spec["saved"], env["TVM_USE_RUNTIME_LIB"] = str(saved), "1"
         start = time.monotonic()
         server = None
@@ -206,11 +222,9 @@ class TvmSessions:
                     raise WorkerError(child_ended(ended, server.worker, "forked"))
                 wall_s = time.monotonic() - start  # a server closed after its last child is not this child's
         except WorkerError as exc:
-            if runtime and "timeout" not in str(exc):  # a hung child is the workload's, on any library
-                self.runtime_refused[(artifact, workload.name)] = str(exc)
-                log.warning("%s, %s: %s on TVM's runtime library alone (%s); its timed children are served "
-                            "with the compiler loaded", artifact.name, workload.name,
-                            "a fork server failed to start" if server is None else "a child failed", exc)
+            if saved is not None and "timeout" not in str(exc):  # a hung child is the workload's, on any library
+                self._refuse(artifact, workload, "a fork server failed to start" if server is None
+                             else "a child failed", exc)
                 return self.forked(artifact, workload, timeout_s, side, side_options)
             status = "timeout" if "timeout" in str(exc) else "error"
             return InvocationResult(status, (), time.monotonic() - start, str(exc))
@@ -307,8 +321,28 @@ class TvmSessions:
         return self._lib_dir() / f"{side}-{artifact.name}-{workload.name}.so"
 
     def _saved(self, artifact: Path, workload: TvmWorkloadConfig, side: str) -> Path:
-        """Where the compiling worker saves the inputs its library's forked children load."""
+        """Where the compiling worker saves the inputs its library's later workers load."""
         return self._lib(artifact, workload, side).with_suffix(".inputs.npz")
+
+    def on_host(self) -> bool:
+        """Whether workers run the workload on this host's CPU (not a GPU's, not a board's)."""
+        return self.device == "cpu" and not self.rpc
+
+    def _runtime_inputs(self, artifact: Path, workload: TvmWorkloadConfig, side: str) -> Path | None:
+        """The inputs the compiling worker saved for workers on TVM's runtime library alone,
+        where a later worker may use them: on this host's CPU, for a (build, workload) that has
+        not failed so (:attr:`runtime_refused`); None otherwise."""
+        saved = self._saved(artifact, workload, side)
+        if not self.on_host() or (artifact, workload.name) in self.runtime_refused or not saved.exists():
+            return None
+        return saved
+
+    def _refuse(self, artifact: Path, workload: TvmWorkloadConfig, what: str, exc: WorkerError) -> None:
+        """Serve the (build, workload) with the compiler loaded from now on: ``what`` failed on
+        TVM's runtime library alone."""
+        self.runtime_refused[(artifact, workload.name)] = str(exc)
+        log.warning("%s, %s: %s on TVM's runtime library alone (%s); its later workers load the compiler too",
+                    artifact.name, workload.name, what, exc)
 
     def _ensure_compiled(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float, side: str,
                          side_options: dict) -> InvocationResult | None:

@@ -166,18 +166,45 @@ def test_a_generating_model_forked_from_a_runtime_only_server_times_its_generati
     assert min(child.samples) > 8 * min(child.series["decode_latency"]) * 0.5
 
 
-def test_a_build_whose_runtime_library_cannot_serve_is_forked_with_its_compiler(artifact, tmp_path):
+@pytest.fixture
+def broken(artifact, tmp_path) -> Path:
     """A build that fails to start with ``TVM_USE_RUNTIME_LIB=1`` (a stand-in: a copy of the
-    wheel's venv whose interpreter refuses to start so), or a child that fails on the runtime
-    library alone, is told once, and the invocation runs again on a fork server with the
-    compiler loaded, which serves the workload from then on; its runs go on."""
-    broken = tmp_path / artifact.name
-    subprocess.run(["cp", "-al", str(artifact), str(broken)], check=True)
-    (site,) = broken.glob("lib/python3*/site-packages")
+    wheel's venv whose interpreter refuses to start so)."""
+    copy = tmp_path / artifact.name
+    subprocess.run(["cp", "-al", str(artifact), str(copy)], check=True)
+    (site,) = copy.glob("lib/python3*/site-packages")
     (site / "sitecustomize.py").write_text(
         "import os\nif os.environ.get('TVM_USE_RUNTIME_LIB') == '1':\n"
         "    raise SystemExit('no runtime library alone in this build')\n")
     tmp_path.chmod(0o755)  # the sandbox's user runs the copy
+    return copy
+
+
+def test_a_later_fresh_worker_runs_on_the_runtime_library_and_falls_back_where_it_cannot(artifact, broken):
+    """``processes = "fresh"``: every worker after the compiling one loads the saved inputs on
+    TVM's runtime library alone; where that fails it runs again with the compiler, which then
+    serves the (build, workload)."""
+    results = {}
+    for build in (artifact, broken):
+        runner = CpuRunner(RunnerConfig(threads=1, processes="fresh"))
+        try:
+            results[build] = [runner.run(build, MLP, 120, "control") for _ in range(3)]
+        finally:
+            runner.teardown()
+        assert all(r.status == "ok" and r.server is None for r in results[build]), results[build]
+        # the same operators on the same shapes as the compiling worker's
+        assert all(r.metrics["op_features"] == results[build][0].metrics["op_features"] for r in results[build])
+        refused = runner.tvm.runtime_refused
+        if build == artifact:
+            assert refused == {}  # the wheel's runtime library served them
+        else:  # asked for the runtime library alone once, refused, then run with the compiler
+            assert list(refused) == [(broken, MLP.name)] and "no runtime library alone" in refused[(broken, MLP.name)]
+
+
+def test_a_build_whose_runtime_library_cannot_serve_is_forked_with_its_compiler(artifact, broken):
+    """A build that fails to start with ``TVM_USE_RUNTIME_LIB=1``, or a child that fails on the
+    runtime library alone, is told once, and the invocation runs again on a fork server with
+    the compiler loaded, which serves the workload from then on; its runs go on."""
     runner = CpuRunner(RunnerConfig(threads=1, processes="forked", children_per_server=2))
     try:
         assert runner.run(broken, MLP, 120, "control").status == "ok"  # compiles: no runtime library asked for
