@@ -260,6 +260,17 @@ class TimedServers:
         for future in stale:
             _close_when_started(future)
 
+    def discard(self, side: str, artifact: Path, env: dict[str, str]) -> None:
+        """Close the (side, build, environment)'s live server and successor, if any: no child
+        will be asked of them."""
+        key = (side, artifact, tuple(sorted(env.items())))
+        with self._lock:
+            server, successor = self._live.pop(key, None), self._next.pop(key, None)
+        if server is not None:
+            server.close()
+        if successor is not None:
+            _close_when_started(successor)
+
     def close(self) -> None:
         """Close every live server and every successor (waiting for those still starting)."""
         with self._lock:

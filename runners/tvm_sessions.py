@@ -84,9 +84,10 @@ class TvmSessions:
         self._libs_lock, self._ensuring = threading.Lock(), threading.Lock()
         self.forks = ForkServers()
         self.timed = TimedServers(config.children_per_server, prestart=prestarts(config.servers_ahead))
-        # the (build, workload)s whose runtime library failed to start a fork server or to run
-        # a child, and why (forked): served with the compiler loaded from then on
-        self.runtime_refused: dict[tuple[Path, str], str] = {}
+        # the workloads a worker, fork server or child failed on TVM's runtime library alone,
+        # and why: every build's later workers of them load the compiler too, so the two sides
+        # of a pair never differ in what their processes loaded (their peak memory would)
+        self.runtime_refused: dict[str, str] = {}
 
     def _lib_dir(self) -> Path:
         with self._libs_lock:
@@ -133,7 +134,7 @@ class TvmSessions:
         On this host's CPU the compiling worker saves the workload's inputs beside the library,
         and a later worker (a duet's excepted) loads them on TVM's runtime library alone
         (``TVM_USE_RUNTIME_LIB=1``: half an ``import tvm``); one that fails so is run again with
-        the compiler, which serves the (build, workload) from then on (:attr:`runtime_refused`)."""
+        the compiler, which serves the workload from then on (:attr:`runtime_refused`)."""
         # Per side even when both sides are the same build (an A/A run).
         key = (side, artifact, workload.name)
         lib = self._lib(artifact, workload, side)
@@ -174,7 +175,7 @@ class TvmSessions:
             series = _series(reply)
         except WorkerError as exc:
             if saved is not None and "timeout" not in str(exc):  # a hung worker is the workload's, on any library
-                self._refuse(artifact, workload, "a fresh worker failed", exc)
+                self._refuse(workload, "a fresh worker failed", exc)
                 if worker is not None:
                     worker.close()
                 return self.run(artifact, workload, timeout_s, side, side_options)
@@ -197,8 +198,7 @@ class TvmSessions:
         the start of one with the compiler) and its children load them. Where that server fails
         to start or its child fails (a library may call a function only the compiler's library
         registers), the invocation is run again by a server with the compiler, which serves the
-        (build, workload) from then on (:attr:`runtime_refused`): only that one's failure is
-        the build's."""
+        workload from then on (:attr:`runtime_refused`): only that one's failure is the build's."""
         spec = dict(self.spec(workload, side_options), load=str(self._lib(artifact, workload, side)))
         saved = self._runtime_inputs(artifact, workload, side)
         env = {"TVM_NUM_THREADS": str(threads := self.threads(workload))}
@@ -223,8 +223,8 @@ class TvmSessions:
                 wall_s = time.monotonic() - start  # a server closed after its last child is not this child's
         except WorkerError as exc:
             if saved is not None and "timeout" not in str(exc):  # a hung child is the workload's, on any library
-                self._refuse(artifact, workload, "a fork server failed to start" if server is None
-                             else "a child failed", exc)
+                self._refuse(workload, "a fork server failed to start" if server is None else "a child failed", exc)
+                self.timed.discard(side, artifact, env)  # its successor, started ahead, serves no one
                 return self.forked(artifact, workload, timeout_s, side, side_options)
             status = "timeout" if "timeout" in str(exc) else "error"
             return InvocationResult(status, (), time.monotonic() - start, str(exc))
@@ -333,16 +333,16 @@ class TvmSessions:
         where a later worker may use them: on this host's CPU, for a (build, workload) that has
         not failed so (:attr:`runtime_refused`); None otherwise."""
         saved = self._saved(artifact, workload, side)
-        if not self.on_host() or (artifact, workload.name) in self.runtime_refused or not saved.exists():
+        if not self.on_host() or workload.name in self.runtime_refused or not saved.exists():
             return None
         return saved
 
-    def _refuse(self, artifact: Path, workload: TvmWorkloadConfig, what: str, exc: WorkerError) -> None:
-        """Serve the (build, workload) with the compiler loaded from now on: ``what`` failed on
-        TVM's runtime library alone."""
-        self.runtime_refused[(artifact, workload.name)] = str(exc)
-        log.warning("%s, %s: %s on TVM's runtime library alone (%s); its later workers load the compiler too",
-                    artifact.name, workload.name, what, exc)
+    def _refuse(self, workload: TvmWorkloadConfig, what: str, exc: WorkerError) -> None:
+        """Serve ``workload`` with the compiler loaded from now on, on both sides: ``what``
+        failed on TVM's runtime library alone."""
+        self.runtime_refused[workload.name] = str(exc)
+        log.warning("%s: %s on TVM's runtime library alone (%s); its later workers load the compiler too",
+                    workload.name, what, exc)
 
     def _ensure_compiled(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float, side: str,
                          side_options: dict) -> InvocationResult | None:
@@ -361,3 +361,4 @@ class TvmSessions:
             self._libs.cleanup()
             self._libs = None
         self.compiled.clear()
+        self.runtime_refused.clear()

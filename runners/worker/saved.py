@@ -23,16 +23,25 @@ def save(path: str, model, generative: str | None) -> None:
     sibling module that times a generation (``llm``), where the model generates tokens."""
     import numpy as np
 
-    arrays: dict[str, Any] = {f"input_{i}": np.ascontiguousarray(x) for i, x in enumerate(model.inputs)}
-    arrays.update({f"param_{i}": np.ascontiguousarray(p) for i, p in enumerate(model.params)})
+    arrays: dict[str, Any] = {f"input_{i}": np.asarray(x) for i, x in enumerate(model.inputs)}
+    arrays.update({f"param_{i}": np.asarray(p) for i, p in enumerate(model.params)})
     if model.out is not None:
-        arrays["out"] = np.ascontiguousarray(model.out)
+        arrays["out"] = np.asarray(model.out)
+    for name, array in arrays.items():
+        # numpy's own dtypes only: an object array would need pickle, and an extension type
+        # (ml_dtypes' bfloat16) comes back as raw bytes; such a model's workers build it again
+        if array.dtype.hasobject or not array.dtype.isbuiltin:
+            raise ValueError(f"{name} has dtype {array.dtype}, which numpy cannot save as is")
     meta = {"entry": model.entry, "is_vm": model.is_vm, "inputs": len(model.inputs), "params": len(model.params),
             "out_shape": model.out_shape, "operator": model.operator, "generative": generative}
-    partial = f"{path}.partial"
-    with open(partial, "wb") as handle:
-        np.savez(handle, meta=np.array(json.dumps(meta)), **arrays)
-    os.replace(partial, path)  # a child never reads half a file
+    partial = f"{path}.{os.getpid()}.partial"  # each writer its own: a build's two compiling workers may race
+    try:
+        with open(partial, "wb") as handle:
+            np.savez(handle, meta=np.array(json.dumps(meta)), **arrays)
+        os.replace(partial, path)  # a child never reads half a file
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
 
 
 def load(path: str, model_class):
