@@ -330,7 +330,7 @@ class TvmSessions:
 
     def _runtime_inputs(self, artifact: Path, workload: TvmWorkloadConfig, side: str) -> Path | None:
         """The inputs the compiling worker saved for workers on TVM's runtime library alone,
-        where a later worker may use them: on this host's CPU, for a (build, workload) that has
+        where a later worker may use them: on this host's CPU, for a workload that has
         not failed so (:attr:`runtime_refused`); None otherwise."""
         saved = self._saved(artifact, workload, side)
         if not self.on_host() or workload.name in self.runtime_refused or not saved.exists():
