@@ -18,7 +18,9 @@ The workload's library is compiled and exported once (as a build's first worker 
 * **ops**: the per-operator times of one instrumented call (each invocation reports them).
 
 Then the same number of real invocations through the runner (``TvmSessions.run``: the sandbox,
-the protocol, the exit) with ``processes = "fresh"`` and ``"forked"``, for their wall time each.
+the protocol, the exit) with ``processes = "fresh"`` and ``"forked"``, for their wall time each,
+on TVM's runtime library alone with the inputs the compiling worker saved (abwatch's way) and,
+as before it, with the compiler loaded (``TvmSessions.runtime_refused``), the four in turn.
 Medians over the processes, milliseconds. Nothing here runs in CI.
 """
 
@@ -105,25 +107,29 @@ def main() -> None:
     assert python is not None
     env = child_env(build_environment(artifact), {"TVM_NUM_THREADS": "1"})
     fresh = CpuRunner(RunnerConfig(threads=1, processes="fresh"))
-    forked = CpuRunner(RunnerConfig(threads=1, processes="forked"))
+    runners = {f"{processes}, {libraries}": CpuRunner(RunnerConfig(threads=1, processes=processes))
+               for processes in ("fresh", "forked") for libraries in ("runtime alone", "compiler too")}
     try:
         first = fresh.run(artifact, workload, 600)  # compiles and exports the library once
         assert first.status == "ok", first.message
         lib = fresh.tvm._lib(artifact, workload, "control")
         spec = dict(fresh.tvm.spec(workload, {}), load=str(lib))
         rows = [phases(python, env, spec) for _ in range(args.processes)]
-        walls = {}
-        for name, runner in (("fresh", fresh), ("forked", forked)):
-            runner.run(artifact, workload, 600)  # its first: compiles (and, forked, starts a server)
-            times = []
-            for _ in range(args.processes):
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for name, runner in runners.items():
+            runner.run(artifact, workload, 600)  # its first: compiles and saves the inputs
+            if name.endswith("compiler too"):
+                runner.tvm.runtime_refused[workload.name] = "measured with the compiler loaded"
+        for _ in range(args.processes):
+            for name, runner in runners.items():  # in turn: each sees the same load
                 result = runner.run(artifact, workload, 600)
                 assert result.status == "ok", result.message
-                times.append(result.wall_s * 1000)
-            walls[name] = statistics.median(times)
+                times[name].append(result.wall_s * 1000)
+        walls = {name: statistics.median(t) for name, t in times.items()}
     finally:
         fresh.teardown()
-        forked.teardown()
+        for runner in runners.values():
+            runner.teardown()
     print(f"{args.model}, TVM {args.version}, {args.processes} processes, load {os.getloadavg()[0]:.1f}, "
           f"{os.cpu_count()} CPUs; medians, ms")
     total = 0.0
