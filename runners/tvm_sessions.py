@@ -141,17 +141,10 @@ class TvmSessions:
         first = key not in self.compiled
         if not first and self.forks_timed() and placement is None:
             return self.forked(artifact, workload, timeout_s, side, side_options)
-        spec = dict(self.spec(workload, side_options), **({"export": str(lib)} if first else {"load": str(lib)}))
         threads = self.threads(workload)
         if placement is not None:  # more threads than its CPUs would wait for each other there
             threads = len(placement.cpus)
-        env = {"TVM_NUM_THREADS": str(threads)}
-        if first and self.on_host():  # later workers load the inputs rather than build them
-            spec["save"] = str(self._saved(artifact, workload, side))
-        # a duet's worker waits for the other side's: it is never run a second time
-        saved = self._runtime_inputs(artifact, workload, side) if not first and placement is None else None
-        if saved is not None:
-            spec["saved"], env["TVM_USE_RUNTIME_LIB"] = str(saved), "1"
+        spec, env, saved = self._fresh(artifact, workload, side, side_options, first, threads, placement)
         start = time.monotonic()
         metrics = TvmMetrics()
         worker = None
@@ -185,6 +178,21 @@ class TvmSessions:
             if worker is not None:
                 worker.close()
         return _timed(reply, metrics, series, time.monotonic() - start, threads)
+
+    def _fresh(self, artifact: Path, workload: TvmWorkloadConfig, side: str, side_options: dict, first: bool,
+               threads: int, placement: Placement | None) -> tuple[dict, dict[str, str], Path | None]:
+        """A fresh worker's spec and environment, and the saved inputs it loads on TVM's runtime
+        library alone (None: it builds its model, or compiles it, with the compiler loaded)."""
+        lib = self._lib(artifact, workload, side)
+        spec = dict(self.spec(workload, side_options), **({"export": str(lib)} if first else {"load": str(lib)}))
+        env = {"TVM_NUM_THREADS": str(threads)}
+        if first and self.on_host():  # later workers load the inputs rather than build them
+            spec["save"] = str(self._saved(artifact, workload, side))
+        # a duet's worker waits for the other side's: it is never run a second time
+        saved = self._runtime_inputs(artifact, workload, side) if not first and placement is None else None
+        if saved is not None:
+            spec["saved"], env["TVM_USE_RUNTIME_LIB"] = str(saved), "1"
+        return spec, env, saved
 
     def forked(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
                side: str, side_options: dict) -> InvocationResult:
