@@ -189,9 +189,7 @@ class TvmSessions:
         if first and self.on_host():  # later workers load the inputs rather than build them
             spec["save"] = str(self._saved(artifact, workload, side))
         # a duet's worker waits for the other side's: it is never run a second time
-        saved = self._runtime_inputs(artifact, workload, side) if not first and placement is None else None
-        if saved is not None:
-            spec["saved"], env["TVM_USE_RUNTIME_LIB"] = str(saved), "1"
+        saved = self._on_runtime(spec, env, artifact, workload, side) if not first and placement is None else None
         return spec, env, saved
 
     def forked(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
@@ -208,10 +206,8 @@ class TvmSessions:
         registers), the invocation is run again by a server with the compiler, which serves the
         workload from then on (:attr:`runtime_refused`): only that one's failure is the build's."""
         spec = dict(self.spec(workload, side_options), load=str(self._lib(artifact, workload, side)))
-        saved = self._runtime_inputs(artifact, workload, side)
         env = {"TVM_NUM_THREADS": str(threads := self.threads(workload))}
-        if saved is not None:
-            spec["saved"], env["TVM_USE_RUNTIME_LIB"] = str(saved), "1"
+        saved = self._on_runtime(spec, env, artifact, workload, side)
         start = time.monotonic()
         server = None
         try:
@@ -336,13 +332,16 @@ class TvmSessions:
         """Whether workers run the workload on this host's CPU (not a GPU's, not a board's)."""
         return self.device == "cpu" and not self.rpc
 
-    def _runtime_inputs(self, artifact: Path, workload: TvmWorkloadConfig, side: str) -> Path | None:
-        """The inputs the compiling worker saved for workers on TVM's runtime library alone,
-        where a later worker may use them: on this host's CPU, for a workload that has
-        not failed so (:attr:`runtime_refused`); None otherwise."""
+    def _on_runtime(self, spec: dict, env: dict[str, str], artifact: Path, workload: TvmWorkloadConfig,
+                    side: str) -> Path | None:
+        """Point a later worker's ``spec`` and ``env`` at TVM's runtime library alone and the
+        inputs the compiling worker saved, where it may use them: on this host's CPU, for a
+        workload that has not failed so (:attr:`runtime_refused`); those inputs, or None (the
+        worker then loads the compiler and builds its inputs)."""
         saved = self._saved(artifact, workload, side)
         if not self.on_host() or workload.name in self.runtime_refused or not saved.exists():
             return None
+        spec["saved"], env["TVM_USE_RUNTIME_LIB"] = str(saved), "1"
         return saved
 
     def _refuse(self, workload: TvmWorkloadConfig, what: str, exc: WorkerError) -> None:

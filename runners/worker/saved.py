@@ -1,11 +1,12 @@
 """A workload's inputs and weights, saved beside its exported library by the compiling worker,
-so a forked timed child can run the library with TVM's runtime library alone.
+so a later timed worker (fresh, or a fork server's child) can run the library with TVM's
+runtime library alone.
 
-A child of a timed fork server used to build its model again through the compiler's Python
+A later worker used to build its model again through the compiler's Python
 (``relax.frontend``, ``te``, the user's script) only to make the same seeded inputs; a server
 that imports the compiler takes about twice as long to start as one that imports the runtime
 (``TVM_USE_RUNTIME_LIB=1``). So the compiling worker, asked to (``"save"`` in its spec), writes
-what one call of the model takes into one ``.npz`` file, and children given that file
+what one call of the model takes into one ``.npz`` file, and workers given that file
 (``"saved"``) load it instead of building. Loaded by path in the build's Python: numpy and the
 standard library only.
 """

@@ -92,7 +92,7 @@ class Workload:
         self.reference: tuple | None = None  # (the CPU module, the device module): the device's output checked
         self.target: str | None = None
         self.reports: dict = {}
-        if spec.get("saved"):  # a forked child of a runtime-only server: nothing here may need the compiler
+        if spec.get("saved"):  # a later worker on the runtime library alone: nothing here may need the compiler
             model, generative = _sibling("saved").load(spec["saved"], _sibling("sources").Model)
             on_device = None
             self._take(model, _sibling(generative) if generative else None)
