@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import tempfile
 import threading
 import time
@@ -77,6 +78,7 @@ class TvmSessions:
         self.config, self.target, self.device, self.rpc, self.nodes = config, target, device, rpc, nodes
         # made at the first compile: a runner made only to name its device leaves nothing behind
         self._libs: tempfile.TemporaryDirectory | None = None
+        self._dirs: dict[tuple[str, Path], Path] = {}  # each (side, build)'s, under self._libs
         self.compiled: set[tuple[str, Path, str]] = set()
         # the target string each build's workers resolved ("native" made this host's CPU)
         self.resolved: dict[Path, str] = {}
@@ -89,16 +91,27 @@ class TvmSessions:
         # of a pair never differ in what their processes loaded (their peak memory would)
         self.runtime_refused: dict[str, str] = {}
 
-    def _lib_dir(self) -> Path:
+    def _lib_dir(self, side: str, artifact: Path) -> Path:
+        """The (side, build)'s own directory of libraries and saved inputs, made at its first use.
+
+        One directory per (side, build), under a root its workers may cross but not list
+        (mode 0711) and with a name drawn at random: a worker may write its own directory
+        only, and only while it compiles (:meth:`_sandbox`), so one side's code (a pull
+        request's build) cannot replace or add to what the other side's workers load."""
         with self._libs_lock:
             if self._libs is None:
                 self._libs = tempfile.TemporaryDirectory(prefix="abwatch-tvm-libs-")
-            return Path(self._libs.name)
+                os.chmod(self._libs.name, 0o711)  # the sandbox's user enters it, to its own directory
+            if (side, artifact) not in self._dirs:
+                self._dirs[side, artifact] = Path(tempfile.mkdtemp(prefix=f"{side}-", dir=self._libs.name))
+            return self._dirs[side, artifact]
 
-    def _sandbox(self) -> Sandbox:
-        """Where a worker runs: it writes the compiled libraries; an RPC worker needs the network
-        (the tracker and the board), a GPU one its device nodes."""
-        return Sandbox(writable=(self._lib_dir(),), network=True if self.rpc else None, devices=self.nodes)
+    def _sandbox(self, side: str, artifact: Path, compiles: bool = False) -> Sandbox:
+        """Where a worker of ``side``'s ``artifact`` runs: a compiling worker writes its (side,
+        build)'s directory of libraries, every other worker writes none; an RPC worker needs
+        the network (the tracker and the board), a GPU one its device nodes."""
+        return Sandbox(writable=(self._lib_dir(side, artifact),) if compiles else (),
+                       network=True if self.rpc else None, devices=self.nodes)
 
     def spec(self, workload: TvmWorkloadConfig, side_options: dict) -> dict:
         """What the worker compiles: the workload, with any side-specific options."""
@@ -149,7 +162,7 @@ class TvmSessions:
         metrics = TvmMetrics()
         worker = None
         try:
-            worker = Worker(artifact, spec, env, self._sandbox(),
+            worker = Worker(artifact, spec, env, self._sandbox(side, artifact, compiles=first),
                             cpus=placement.cpus if placement is not None else None)
             ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s) if first else timeout_s)
             self._resolved(artifact, ready)
@@ -211,7 +224,7 @@ class TvmSessions:
         start = time.monotonic()
         server = None
         try:
-            with self.timed.one(side, artifact, env, self._sandbox(),
+            with self.timed.one(side, artifact, env, self._sandbox(side, artifact),
                                 max(COMPILE_TIMEOUT_S, timeout_s), workload.children_per_server) as server:
                 server.worker.send({"cmd": "fork"})
                 child = from_child(server.worker, timeout_s, "forked")
@@ -245,7 +258,7 @@ class TvmSessions:
         start = time.monotonic()
         worker = None
         try:
-            worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)}, self._sandbox())
+            worker = Worker(artifact, spec, {"TVM_NUM_THREADS": str(threads)}, self._sandbox(side, artifact))
             ready = worker.receive(max(COMPILE_TIMEOUT_S, timeout_s))
         except WorkerError as exc:
             status = "timeout" if "timeout" in str(exc) else "error"
@@ -322,7 +335,7 @@ class TvmSessions:
         return None if named.status == "ok" else named
 
     def _lib(self, artifact: Path, workload: TvmWorkloadConfig, side: str) -> Path:
-        return self._lib_dir() / f"{side}-{artifact.name}-{workload.name}.so"
+        return self._lib_dir(side, artifact) / f"{workload.name}.so"
 
     def _saved(self, artifact: Path, workload: TvmWorkloadConfig, side: str) -> Path:
         """Where the compiling worker saves the inputs its library's later workers load."""
@@ -367,5 +380,6 @@ class TvmSessions:
         if self._libs is not None:
             self._libs.cleanup()
             self._libs = None
+            self._dirs.clear()
         self.compiled.clear()
         self.runtime_refused.clear()

@@ -249,7 +249,8 @@ def test_each_forked_child_moves_its_stack_and_heap_by_its_own_draw(artifact):
         assert runner.run(artifact, MLP, 120, "control").status == "ok"  # compiles and exports
         spec = dict(tvm.spec(MLP, {}), load=str(tvm._lib(artifact, MLP, "control")))
         layouts = []
-        with tvm.timed.one("control", artifact, {"TVM_NUM_THREADS": "1"}, tvm._sandbox(), 300) as server:
+        sandbox = tvm._sandbox("control", artifact)
+        with tvm.timed.one("control", artifact, {"TVM_NUM_THREADS": "1"}, sandbox, 300) as server:
             for _ in range(4):
                 server.worker.send({"cmd": "fork"})
                 layouts.append(from_child(server.worker, 60)["layout"])
