@@ -123,12 +123,14 @@ def _toml(value) -> str:
 
 def config_text(args, workload: str, truth: str, mode: str, script: Path, learnt: dict | None = None) -> str:
     """The config of one run. ``learnt`` (the learnt mode): the workload's ``samples`` and
-    ``children_per_server`` as its A/A runs taught them; ``{}``: none set, the workload's own
-    samples (a teaching run: only a run on its own count learns one)."""
+    ``children_per_server`` as its A/A runs taught them; ``{}``: a teaching run, with no count
+    set (only a run on the default count learns one); None: the workload's own, as in every
+    other mode (a learnt run of a workload none of whose teaching runs taught anything)."""
     model, plus3 = WORKLOADS[workload]
     treatment = ""
     if learnt is not None:
-        model = re.sub(r"(?m)^samples = \d+\n", "", model)
+        if not learnt or learnt.get("samples") is not None:  # the learnt count replaces the workload's own
+            model = re.sub(r"(?m)^samples = \d+\n", "", model)
         treatment = "".join(f"{key} = {value}\n" for key, value in learnt.items() if value is not None)
     if truth == "plus3":
         treatment += f"treatment_options = {_toml(plus3)}\n"
@@ -137,7 +139,7 @@ def config_text(args, workload: str, truth: str, mode: str, script: Path, learnt
                          model=model.replace("{script}", str(script)), treatment=treatment)
 
 
-def learn(args, workload: str, work: Path) -> dict:
+def learn(args, workload: str, work: Path) -> dict | None:
     """The samples a process and children a fork server the workload's forked A/A runs teach
     abwatch's noise history on this host (at most :data:`TEACHING_RUNS` runs, until one ends
     `same`, the only verdict that teaches), for every later run of the learnt mode; a count
@@ -152,7 +154,7 @@ def learn(args, workload: str, work: Path) -> dict:
               file=sys.stderr, flush=True)
         if taught is not None:
             return {"samples": taught[0], "children_per_server": taught[1]}
-    return {}
+    return None
 
 
 def one(args, workload: str, truth: str, mode: str, work: Path, learnt: dict | None = None,
