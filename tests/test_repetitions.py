@@ -190,3 +190,25 @@ def test_bad_input_to_the_children_choice_is_named(servers, children, kwargs, me
     options = {"server_s": 1.0, "child_s": 0.2, "configured": 8, "pairs": 16, **kwargs}
     with pytest.raises(ValueError, match=message):
         choose_children(figures, labels, sides, **options)
+
+
+def test_the_children_are_weighed_at_the_samples_chosen_with_them():
+    """One run teaches both counts: 100 samples of 1.7 ms after a 30 ms fixed part make a child
+    of 0.2 s, and few samples reach the same width sooner. Weighed at 0.2 s, a child of each of
+    2 servers hides most of a 0.63 s start started ahead, so 2 children a server look cheapest;
+    but the children will take the few samples, a child then costs ~0.04 s, most of a start
+    every 2 children would be waited for, and the runner's 8 are kept."""
+    from abwatch.service.compare.noise import child_at
+
+    processes = _processes(np.random.default_rng(11), 40, 100, process_sd=0.01, sample_tail=0.002)
+    samples = choose_samples(processes, fixed_s=0.03, sample_s=0.0017, configured=100)
+    assert samples.samples < 20
+    child = child_at(0.2, samples)
+    by = {o.samples: o.seconds for o in samples.options}
+    assert child == pytest.approx(0.2 - (by[100] - by[samples.samples])) and child < 0.05
+    assert child_at(0.2, None) == 0.2  # no count learnt: the child as measured
+    for seed in range(3):  # the servers' share of the variance about 0.15, as the quickstart's MLP showed
+        figures = _forked(np.random.default_rng(20 + seed), 21, 8, layout_sd=0.0044)
+        as_measured = choose_children(*figures, server_s=0.63, child_s=0.2, configured=8, pairs=168, ahead=True)
+        as_it_will_be = choose_children(*figures, server_s=0.63, child_s=child, configured=8, pairs=168, ahead=True)
+        assert as_measured.children == 2 and as_it_will_be.children == 8, (as_measured.reason, as_it_will_be.reason)

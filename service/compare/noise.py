@@ -6,7 +6,7 @@ the samples that reach an interval fastest, and each fork server serving the chi
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, cast
 
@@ -26,6 +26,7 @@ MEMORY = 20  # observations a profile averages over before it starts to follow d
 # samples than a count can show what that count costs, so this is how a choice is re-learnt
 # when the host or the workload changes.
 RECHECK = 10
+MIN_CHILD_S = 0.001  # a forked child's least cost (seconds): its fork, load and reply are never free
 
 
 def starting_repetitions(session: Session, config: Config, workload_id: int, device_id: int | None,
@@ -121,13 +122,27 @@ def server_costs(session: Session, run_id: int, workload_id: int, ahead: bool = 
     return ServerCosts(statistics.median(starts), statistics.median(later), prestarts(ahead))
 
 
+def child_at(child_s: float, samples: stats.SamplesChoice | None) -> float:
+    """What a forked child costs (seconds) once it takes the samples a process just chosen:
+    ``child_s``, measured at the run's own count, moved by what the choice's own table says the
+    two counts' processes differ by. A child's cost is what a server's start is weighed against
+    (:func:`stats.choose_children`), and a child of 5 samples may cost a sixth of one of 100: the
+    server's start is then hidden behind far fewer seconds of children."""
+    if samples is None or samples.samples == samples.configured:
+        return child_s
+    seconds = {option.samples: option.seconds for option in samples.options}
+    return max(MIN_CHILD_S, child_s + seconds[samples.samples] - seconds[samples.configured])
+
+
 def choose_children(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],
                     groups: Mapping[str, Sequence[int]], servers: Mapping[str, Sequence[Hashable]],
-                    configured: int, ahead: bool = True) -> stats.ChildrenChoice | None:
+                    configured: int, ahead: bool = True,
+                    chosen: stats.SamplesChoice | None = None) -> stats.ChildrenChoice | None:
     """The children a fork server to learn from a forked run (``servers``: each sample's fork
     server by side, :func:`contended.server_labels`' ``<side>_servers``; ``ahead``: whether the
-    runner may start servers ahead, :func:`server_costs`; None where the run was not forked or
-    too few servers served two children)."""
+    runner may start servers ahead, :func:`server_costs`; ``chosen``: the samples a process
+    learnt from the same run, which the children will take, :func:`child_at`; None where the
+    run was not forked or too few servers served two children)."""
     fastest: dict[tuple[str, int], float] = {}
     server_of: dict[tuple[str, int], Hashable] = {}
     for side in samples:
@@ -142,11 +157,15 @@ def choose_children(session: Session, run_id: int, workload_id: int, samples: Ma
     keys = list(fastest)
     pairs = min(sum(1 for side, _ in keys if side == name) for name in samples)
     try:
-        return stats.choose_children([fastest[k] for k in keys], [server_of[k] for k in keys], [k[0] for k in keys],
-                                     server_s=costs.start_s, child_s=costs.child_s, configured=configured, pairs=pairs,
-                                     ahead=costs.ahead)
+        choice = stats.choose_children([fastest[k] for k in keys], [server_of[k] for k in keys],
+                                       [k[0] for k in keys], server_s=costs.start_s,
+                                       child_s=child_at(costs.child_s, chosen), configured=configured, pairs=pairs,
+                                       ahead=costs.ahead)
     except ValueError:  # too few servers of two children, too few pairs, no time a child
         return None
+    if chosen is not None and chosen.samples != chosen.configured:
+        return replace(choice, reason=f"{choice.reason[:-1]}, a child costed at its {chosen.samples} samples)")
+    return choice
 
 
 def process_costs(session: Session, run_id: int, workload_id: int, samples_each: int) -> tuple[float, float] | None:
@@ -206,7 +225,7 @@ def learn(session: Session, workload_id: int, device_id: int | None, samples: di
     chosen = {} if choice is None else {"samples": choice.samples, "samples_reason": choice.reason}
     children = (None if run_id is None or not servers or configured_children is None
                 else choose_children(session, run_id, workload_id, samples, groups, servers, configured_children,
-                                     servers_ahead))
+                                     servers_ahead, choice))
     if children is not None:
         chosen.update(children=children.children, children_reason=children.reason)
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
