@@ -376,7 +376,9 @@ class RunnerConfig(StrictModel):
     # invocation of builtin:mlp here: benchmarks/tvm_worker_phases.py) and is still a process
     # of its own with its own samples; runners/fork_servers.py, TimedServers, says how it stays
     # independent (servers restarted, each child's layout randomised).
-    # fresh by default until forked servers' A/A false-positive rate is measured (docs/statistics.md)
+    # Fresh by default though forked ones' A/A rate is measured (538 runs, none false:
+    # docs/statistics.md): a forked verdict needs three server pairs (17 pairs or more at 8
+    # children a server), which a run of a few fixed repetitions never reaches.
     processes: Literal["fresh", "forked"] = Field(
         default="fresh", description="tvm, on this host's CPU: how each timed worker starts: forked (a "
         "child of a per-build, per-side fork server that has imported TVM) or fresh (a new interpreter "
