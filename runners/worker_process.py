@@ -26,6 +26,9 @@ from abwatch.builders.spec import ARTIFACT_INFO
 WORKER_DIR = Path(__file__).with_name("worker")
 WORKER = WORKER_DIR / "tvm_worker.py"
 MAX_LINE = 64 * 2**20  # the longest reply line a worker may send (per-operator tables, output tensors)
+# How long an ended worker's stderr is waited for: its end of the pipe closes when its process
+# (and, sandboxed, every process of its sandbox) is gone, at once unless a process it left holds it.
+STDERR_DRAIN_S = 5.0
 
 
 class WorkerError(Exception):
@@ -70,7 +73,8 @@ class Worker:
         self.closed = False
         self.stderr: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
         self.send(spec)
 
     def _pump(self) -> None:
@@ -92,7 +96,7 @@ class Worker:
             self.stdin.write(json.dumps(obj) + "\n")
             self.stdin.flush()
         except (OSError, ValueError):  # a broken pipe, or one closed by kill()
-            raise WorkerError(f"worker exited: {self.tail()}") from None
+            raise WorkerError(f"worker exited: {self.tail(ended=True)}") from None
 
     def receive(self, timeout_s: float) -> dict:
         """Read one reply, or raise WorkerError (hung: killed; crashed; error reply)."""
@@ -103,7 +107,7 @@ class Worker:
             raise WorkerError(f"killed after {timeout_s:g}s timeout") from None
         if line is None:
             self.proc.wait(5)
-            raise WorkerError(f"worker {self._ending()}: {self.tail()}")
+            raise WorkerError(f"worker {self._ending()}: {self.tail(ended=True)}")
         try:
             reply = json.loads(line)
         except json.JSONDecodeError:
@@ -126,8 +130,12 @@ class Worker:
         except ValueError:
             return f"exited with status {code}"
 
-    def tail(self) -> str:
-        """The last lines the worker wrote to stderr."""
+    def tail(self, ended: bool = False) -> str:
+        """The last lines the worker wrote to stderr; ``ended``: the worker is gone, so first
+        let its stderr be read to the end (its last words, why it failed, are written just
+        before it exits, and the reading thread may not have them yet)."""
+        if ended:
+            self._drainer.join(STDERR_DRAIN_S)
         return mask_secrets("".join(self.stderr[-10:]).strip()[-2000:])
 
     def close(self, wait_s: float = 10.0) -> None:

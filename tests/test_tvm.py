@@ -198,6 +198,37 @@ treatment_options = {options = {heads = 3}}   # 32 is not divisible by 3: reshap
     assert no_workers_left(tvm_cache)
 
 
+def test_a_worker_that_dies_at_start_says_why_even_when_its_stderr_is_read_late(tmp_path, tvm_cache,
+                                                                               monkeypatch):
+    """A worker's last words (why it failed) come just before it exits; on a busy host the
+    thread reading its stderr may not have them yet when its stdout ends. The failure waits for
+    them. The dying build is a stand-in, said so: a hard-linked copy of the wheel's venv whose
+    ``sitecustomize`` says why and exits; the late reader, a reading thread held back a second."""
+    import time
+
+    from abwatch.builders.spec import RunnerConfig
+    from abwatch.runners import CpuRunner
+    from abwatch.runners.worker_process import Worker
+
+    workload = TvmWorkloadConfig(name="mlp", model="builtin:mlp", input_shape=[1, 64], samples=5)
+    artifact = TvmWheelBuilder(Config(build=TvmWheelBuildConfig(), cache_dir=tvm_cache,
+                                      workloads=[workload])).build(NEW).path
+    dying = tmp_path / artifact.name
+    subprocess.run(["cp", "-al", str(artifact), str(dying)], check=True)
+    (site,) = dying.glob("lib/python3*/site-packages")
+    (site / "sitecustomize.py").write_text("import sys\nsys.exit('this build cannot start: libfoo.so is missing')\n")
+    tmp_path.chmod(0o755)  # the sandbox's user runs the copy
+    drain = Worker._drain
+    monkeypatch.setattr(Worker, "_drain", lambda self: (time.sleep(1.0), drain(self)))
+    runner = CpuRunner(RunnerConfig(threads=1))
+    try:
+        result = runner.run(dying, workload, 120, "control")
+    finally:
+        runner.teardown()
+    assert result.status == "error" and result.message.startswith("worker exited with status 1: "), result.message
+    assert result.message.endswith("this build cannot start: libfoo.so is missing"), result.message
+
+
 def test_hung_worker_is_killed_and_not_a_regression(capsys, tmp_path, tvm_cache, sqlite_url):
     slow = '''
 [[workloads]]
