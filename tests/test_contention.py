@@ -47,6 +47,27 @@ def test_assess_calls_heavy_only_a_low_share_with_preemptions():
     assert not assess([0.45] * 6, [0.054] * 6, [16] * 6, max_share=0.0).heavy  # contention_share = 0: never
 
 
+def test_long_samples_each_preempted_are_heavy_contention_at_a_high_share():
+    # measured (builtin:mlp at batch 128, a fork server's child beside six busy loops): 92 % of
+    # its wall time on a CPU, 95 preemptions per CPU second, 55 ms samples: ~5 preemptions in
+    # each sample, so the fastest of 5 is no clean sample
+    long = assess([0.30] * 6, [0.276] * 6, [26] * 6, fastest_s=[0.055] * 6, samples=[5] * 6)
+    assert long.cpu_share > 0.9 and long.heavy and 4.5 < long.preemptions_per_sample < 5.5 and long.unclean > 0.9
+    assert "5.2 times a sample" in long.describe() and "no sample left alone" in long.describe()
+    assert Contention.from_dict(long.to_dict()) == long
+    # the same rate for the quickstart's 0.8 ms samples: most samples ran clean
+    short = assess([0.30] * 6, [0.276] * 6, [26] * 6, fastest_s=[0.0008] * 6, samples=[5] * 6)
+    assert not short.heavy and short.unclean < 1e-4 and "times a sample" not in short.describe()
+    # a quiet host's few preemptions: among 20 samples of 55 ms one is clean
+    quiet = assess([1.1] * 6, [1.09] * 6, [11] * 6, fastest_s=[0.055] * 6, samples=[20] * 6)
+    assert not quiet.heavy and quiet.unclean < 0.01
+    # but one sample a process, however long, is clean only by luck
+    assert assess([1.1] * 6, [1.09] * 6, [11] * 6, fastest_s=[0.3] * 6, samples=[1] * 6).heavy
+    assert not assess([0.30] * 6, [0.276] * 6, [26] * 6, fastest_s=[0.055] * 6, samples=[5] * 6, max_share=0.0).heavy
+    with pytest.raises(ValueError, match="parallel"):
+        assess([0.3] * 6, [0.2] * 6, [2] * 6, fastest_s=[0.05] * 5, samples=[5] * 6)
+
+
 @pytest.mark.parametrize("sandboxed", [False, True], ids=["bare", "sandboxed"])
 def test_a_real_process_reports_its_cpu_time_and_preemptions(sandboxed):
     # sandboxed, the child reaped is bubblewrap: its figures must include the workload it waited for
@@ -108,6 +129,26 @@ def test_without_heavy_contention_wall_time_decides_as_before():
     calm = config(contention_share=0.0)  # never heavy: the wall-time look, unchanged
     step = contended.look(m, calm, look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12)
     assert step.verdict.unit == "ms" and not step.verdict.caveat and step.verdict.control_n == 100
+
+
+def test_long_preempted_samples_are_judged_on_cpu_time_at_a_high_share():
+    # the measured shape: 55 ms samples kept 92 % of their wall time, each preempted ~5 times
+    # (~1 ms each), so a fastest sample carries 2-8 of them: wall time spreads, CPU time does not
+    rng = random.Random(7)
+    m = Measurement({CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []}, {CONTROL: [], TREATMENT: []})
+    for position in range(40):
+        side = (CONTROL, TREATMENT)[position % 2]
+        samples = [55.0 + rng.randint(2, 8) * 1.0 for _ in range(5)]
+        cpu_s = 0.33 * rng.uniform(0.995, 1.005)
+        m.samples[side].extend(samples)
+        m.groups[side].extend([position] * 5)
+        m.processes[side].append(ProcessFigures(position, wall_s=cpu_s / 0.92, cpu_s=cpu_s,
+                                                involuntary_switches=int(95 * cpu_s)))
+    assessed = contended.assessed(m, config())
+    assert assessed.heavy and assessed.cpu_share > 0.9 and assessed.unclean > 0.9
+    v = contended.look(m, config(), look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12).verdict
+    assert v.unit == CPU_UNIT and "times a sample" in v.caveat
+    assert v.ci_pct[1] - v.ci_pct[0] < 2.0
 
 
 def test_heavy_contention_without_cpu_times_is_refused_not_sized():

@@ -28,11 +28,22 @@ SIDES = (CONTROL, TREATMENT)
 
 
 def assessed(m: Measurement, config: Config) -> stats.Contention:
-    """The contention of the measured processes of both sides of ``m``."""
+    """The contention of the measured processes of both sides of ``m``, with each process's
+    fastest sample and number of samples (how likely its fastest was a clean one)."""
     figures = [f for side in SIDES for f in m.processes[side]]
+    fastest: dict[tuple[str, int], float] = {}
+    taken: dict[tuple[str, int], int] = {}
+    for side in SIDES:
+        for ms, group in zip(m.samples[side], m.groups[side], strict=True):
+            key = (side, group)
+            fastest[key] = min(fastest.get(key, ms), ms)
+            taken[key] = taken.get(key, 0) + 1
+    keys = [(side, f.position) for side in SIDES for f in m.processes[side]]
+    fastest_s = [fastest[k] / 1000.0 if k in fastest else None for k in keys]
     # a process on n threads can use n seconds of CPU a second: its share is per thread
     return stats.assess([f.wall_s * f.threads for f in figures], [f.cpu_s for f in figures],
-                        [f.involuntary_switches for f in figures], max_share=config.stats.contention_share)
+                        [f.involuntary_switches for f in figures], max_share=config.stats.contention_share,
+                        fastest_s=fastest_s, samples=[taken.get(k, 0) for k in keys])
 
 
 def server_labels(m: Measurement, groups: Mapping[Any, Sequence[int]]) -> dict[str, Any]:

@@ -7,7 +7,10 @@ time slices: at load 8 on 2 cores a 4 ms sample waits one or two slices of other
 against its wall time (``cpu_share``: 1.0 alone on a core, ~0.12 at load 8 on 2 cores) and
 the involuntary context switches per CPU second (the kernel taking the CPU from it: near 0
 alone, ~300 at load 8). A process that waits on I/O or sleeps also has a low share, but
-gives the CPU up voluntarily; only both signs together are contention.
+gives the CPU up voluntarily; only both signs together are contention. A long sample is
+contended at a high share too: a fork server's child beside six busy loops kept 92 % of its
+wall time but was preempted ~5 times in each 55 ms sample, so none of its samples was the
+clean one its fastest sample stands for (:func:`unclean_chance`).
 
 Under heavy contention (:func:`assess`) a verdict is judged on the CPU time of each process
 instead (:func:`on_cpu_time`), which waiting for a CPU does not inflate; where the workload's
@@ -17,6 +20,7 @@ kind does not measure CPU time the verdict is refused as ``unknown`` with the re
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -26,6 +30,9 @@ from abwatch.service.stats.verdict import Outcome, Verdict
 
 HEAVY_SHARE = 0.5  # a process that ran less than half of its life on a CPU ...
 HEAVY_PREEMPTIONS = 10.0  # ... and was taken off it at least this often per CPU second
+# ... or was preempted so often for its samples' length that it most likely had no sample the
+# scheduler left alone (the chance that none was, median across processes, at least this)
+HEAVY_UNCLEAN = 0.5
 MIN_PROCESSES = 3  # fewer processes with figures than this: contention is not assessed
 CPU_UNIT = "cpu ms"  # a verdict's unit when it was judged on CPU time per process
 CPU_ESTIMATOR = ("CPU time (user + system) per process, median across the control's processes; "
@@ -42,14 +49,22 @@ class Contention:
     heavy: bool
     max_share: float = HEAVY_SHARE  # the rule it was judged by
     min_preemptions: float = HEAVY_PREEMPTIONS
+    # preemptions expected in a process's fastest sample, and the chance that none of its
+    # samples ran unpreempted (medians; None: the samples were not given)
+    preemptions_per_sample: float | None = None
+    unclean: float | None = None
 
     def describe(self) -> str:
         """One phrase for a report: the figures and whether they count as heavy."""
         if self.cpu_share is None or self.preemptions_per_cpu_s is None:
             return "contention not measured"
         word = "heavy contention" if self.heavy else "contention"
-        return (f"{word}: the processes ran {self.cpu_share:.0%} of their wall time on a CPU and were "
+        said = (f"{word}: the processes ran {self.cpu_share:.0%} of their wall time on a CPU and were "
                 f"preempted {self.preemptions_per_cpu_s:.0f} times per CPU second")
+        if self.unclean is not None and self.preemptions_per_sample is not None and self.unclean >= HEAVY_UNCLEAN:
+            said += (f", {self.preemptions_per_sample:.1f} times a sample (a process had no sample left alone, "
+                     f"{self.unclean:.0%} likely)")
+        return said
 
     def to_dict(self) -> dict[str, Any]:
         """As stored in a comparison's details and shown in ``--json`` and alerts."""
@@ -59,26 +74,50 @@ class Contention:
     def from_dict(cls, data: dict[str, Any]) -> Contention:
         """The contention :meth:`to_dict` gave."""
         return cls(**{key: data[key] for key in ("processes", "cpu_share", "preemptions_per_cpu_s", "heavy",
-                                                 "max_share", "min_preemptions") if key in data})
+                                                 "max_share", "min_preemptions", "preemptions_per_sample",
+                                                 "unclean") if key in data})
+
+
+def unclean_chance(preemptions_per_cpu_s: float, sample_s: float, samples: int) -> float:
+    """The chance that none of a process's ``samples`` samples of ``sample_s`` seconds of CPU
+    ran without a preemption, where preemptions come at ``preemptions_per_cpu_s`` per CPU
+    second (a Poisson process): the fastest sample is then not a clean one, and how many time
+    slices of others it carries is a draw."""
+    return (-math.expm1(-preemptions_per_cpu_s * sample_s)) ** samples
 
 
 def assess(wall_s: Sequence[float], cpu_s: Sequence[float | None], switches: Sequence[int | None], *,
-           max_share: float = HEAVY_SHARE, min_preemptions: float = HEAVY_PREEMPTIONS) -> Contention:
+           max_share: float = HEAVY_SHARE, min_preemptions: float = HEAVY_PREEMPTIONS,
+           fastest_s: Sequence[float | None] | None = None, samples: Sequence[int] | None = None) -> Contention:
     """The contention of processes given as parallel sequences of wall time, CPU time and
-    involuntary switches (None: not measured). Heavy when the median share of wall time on a
-    CPU is below ``max_share`` and the median rate of preemptions at least ``min_preemptions``
-    per CPU second; processes without figures are left out, and fewer than
-    :data:`MIN_PROCESSES` with figures are never heavy."""
-    if not len(wall_s) == len(cpu_s) == len(switches):
-        raise ValueError("wall_s, cpu_s and switches must be parallel sequences")
-    measured = [(w, c, n) for w, c, n in zip(wall_s, cpu_s, switches, strict=True) if c is not None and n is not None and w > 0]
+    involuntary switches (None: not measured), and optionally each one's fastest sample
+    (seconds) and number of samples. Heavy when the median rate of preemptions is at least
+    ``min_preemptions`` per CPU second and either the median share of wall time on a CPU is
+    below ``max_share`` or, median across processes, a process most likely had no sample
+    without a preemption (:data:`HEAVY_UNCLEAN`, :func:`unclean_chance`); processes without
+    figures are left out, fewer than :data:`MIN_PROCESSES` with figures are never heavy, and
+    ``max_share`` 0 is never heavy."""
+    count = len(wall_s)
+    if not len(cpu_s) == len(switches) == count or any(s is not None and len(s) != count for s in (fastest_s, samples)):
+        raise ValueError("wall_s, cpu_s, switches, fastest_s and samples must be parallel sequences")
+    fastest = list(fastest_s) if fastest_s is not None else [None] * count
+    taken = list(samples) if samples is not None else [0] * count
+    measured = [(w, c, n, f, k) for w, c, n, f, k in zip(wall_s, cpu_s, switches, fastest, taken, strict=True)
+                if c is not None and n is not None and w > 0]
     if len(measured) < MIN_PROCESSES:
         return Contention(len(measured), None, None, False, max_share, min_preemptions)
-    share = statistics.median(c / w for w, c, _ in measured)
+    share = statistics.median(c / w for w, c, *_ in measured)
     # a CPU time of 0 (a process that did nothing measurable) counts as one millisecond
-    rate = statistics.median(n / max(c, 1e-3) for _, c, n in measured)
-    return Contention(len(measured), share, rate, share < max_share and rate >= min_preemptions,
-                      max_share, min_preemptions)
+    rates = [n / max(c, 1e-3) for _, c, n, *_ in measured]
+    rate = statistics.median(rates)
+    per_sample = unclean = None
+    timed = [(r, f, k) for r, (*_, f, k) in zip(rates, measured, strict=True) if f is not None and k > 0]
+    if len(timed) == len(measured):
+        per_sample = statistics.median(r * f for r, f, _ in timed)
+        unclean = statistics.median(unclean_chance(r, f, k) for r, f, k in timed)
+    crowded = share < max_share or (max_share > 0 and unclean is not None and unclean >= HEAVY_UNCLEAN)
+    return Contention(len(measured), share, rate, crowded and rate >= min_preemptions,
+                      max_share, min_preemptions, per_sample, unclean)
 
 
 def on_cpu_time(verdict: Verdict, contention: Contention) -> Verdict:
