@@ -114,7 +114,7 @@ def fill(session: Session, nights: int, workloads: int, rng: random.Random) -> d
                     for k in range(SAMPLES):
                         value = base * rng.gauss(1.0, 0.01)
                         values.append(value)
-                        samples.append((iid, rid, wid, side, position * SAMPLES + k, value, False))
+                        samples.append((iid, rid, wid, side, position * SAMPLES + k, value, False, None))
                 medians[side] = statistics.median(values)
             change = (after / before - 1) * 100
             verdict = "regression" if step and change > 0 else "improvement" if step else "same"

@@ -109,6 +109,7 @@ class ProcessFigures:
     # the figures of each token generation it timed, by metric name (InvocationResult.series)
     series: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     server: int | None = None  # the fork server it was a child of (InvocationResult.server)
+    cpu_samples: tuple[float, ...] = ()  # each sample's CPU time, ms (InvocationResult.cpu_samples)
 
 
 @dataclass
@@ -153,7 +154,7 @@ def take(into: Measurement, slot: Slot, result: InvocationResult) -> bool:
         into.records[slot.side].extend(result.records)
         into.processes[slot.side].append(ProcessFigures(
             slot.position, result.usage_span_s, result.cpu_s, result.involuntary_switches,
-            result.threads, result.max_rss_kb, result.series, result.server))
+            result.threads, result.max_rss_kb, result.series, result.server, result.cpu_samples))
     if result.metrics:
         into.metrics[slot.side].append(result.metrics)
     return True

@@ -88,6 +88,9 @@ class InvocationResult:
     # a server's first child: how long its server took to start (seconds, its interpreter and
     # ``import tvm``), whether the child waited for it or it was started ahead; None otherwise
     server_start_s: float | None = None
+    # each sample's own CPU time (ms), where the worker marked them (TVM workers on the host
+    # CPU: runners/worker/usage.py); empty where not measured
+    cpu_samples: tuple[float, ...] = ()
 
     @property
     def usage_span_s(self) -> float:

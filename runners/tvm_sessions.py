@@ -58,6 +58,18 @@ def _series(reply: dict) -> dict[str, tuple[float, ...]]:
     return out
 
 
+def _cpu_samples(usage: dict, count: int) -> tuple[float, ...]:
+    """Each sample's CPU time (ms) in a timing batch's ``usage``, checked: one finite,
+    non-negative number per sample, or none at all."""
+    values = usage.get("cpu_samples")
+    if values is None:
+        return ()
+    if not (isinstance(values, list) and len(values) == count and all(
+            isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values)):
+        raise WorkerError("worker broke the protocol: cpu_samples is not one non-negative number a sample")
+    return tuple(float(v) for v in values)
+
+
 def _timed(reply: dict, metrics: TvmMetrics, series: dict[str, tuple[float, ...]], wall_s: float,
            threads: int) -> InvocationResult:
     """The result of a timed worker's ``run`` reply."""
@@ -67,7 +79,7 @@ def _timed(reply: dict, metrics: TvmMetrics, series: dict[str, tuple[float, ...]
     return InvocationResult("ok", tuple(reply["samples"]), wall_s, "", (), metrics,
                             cpu_s=usage.get("cpu_s"), involuntary_switches=usage.get("involuntary_switches"),
                             usage_wall_s=usage.get("wall_s"), threads=threads, max_rss_kb=usage.get("max_rss_kb"),
-                            series=series)
+                            series=series, cpu_samples=_cpu_samples(usage, len(reply["samples"])))
 
 
 class TvmSessions:

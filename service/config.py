@@ -106,8 +106,8 @@ class StatsConfig(StrictModel):
     bootstrap_resamples: int = Field(default=2000, ge=200)
     contention_share: float = Field(
         default=0.5, ge=0, le=1, description="heavy contention: measured processes that ran less than this share "
-        "of their wall time on a CPU (and were preempted); then the verdict is judged on CPU time per process "
-        "(0: never)")
+        "of their wall time on a CPU (and were preempted), or whose samples were each likely preempted; then the "
+        "verdict is judged on CPU time per process (0: never)")
 
 
 class AlertsConfig(StrictModel):

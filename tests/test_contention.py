@@ -147,8 +147,25 @@ def test_long_preempted_samples_are_judged_on_cpu_time_at_a_high_share():
     assessed = contended.assessed(m, config())
     assert assessed.heavy and assessed.cpu_share > 0.9 and assessed.unclean > 0.9
     v = contended.look(m, config(), look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12).verdict
-    assert v.unit == CPU_UNIT and "times a sample" in v.caveat
+    assert v.unit == CPU_UNIT and "times a sample" in v.caveat and "CPU time per process" in v.caveat
     assert v.ci_pct[1] - v.ci_pct[0] < 2.0
+    assert contended.judged_samples(m, v) == (m.samples, m.groups)  # no sample's own CPU time to teach from
+    # where each sample's CPU time was marked, a process is judged by its fastest in CPU time
+    for side in (CONTROL, TREATMENT):
+        m.processes[side] = [replace(f, cpu_samples=tuple(50.0 * rng.uniform(0.999, 1.001) for _ in range(5)))
+                             for f in m.processes[side]]
+    v = contended.look(m, config(), look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12).verdict
+    assert v.unit == CPU_UNIT and "fastest sample in CPU time" in v.caveat and v.estimator.startswith("fastest")
+    assert 49.9 < v.control_ms < 50.1 and v.ci_pct[1] - v.ci_pct[0] < 0.5
+    judged, groups = contended.judged_samples(m, v)
+    assert len(judged[CONTROL]) == len(m.samples[CONTROL]) and judged[CONTROL][0] == m.processes[CONTROL][0].cpu_samples[0]
+    assert groups == m.groups
+    # one process short of a mark: the batch's CPU time again, for every process
+    f = m.processes[TREATMENT][3]
+    m.processes[TREATMENT][3] = replace(f, cpu_samples=f.cpu_samples[:4])
+    assert not contended.has_cpu_samples(m)
+    assert "CPU time per process" in contended.look(m, config(), look=1, elapsed_s=5, budget=BUDGET, seed=1,
+                                                    plan_pairs=12).verdict.caveat
 
 
 def test_heavy_contention_without_cpu_times_is_refused_not_sized():

@@ -18,7 +18,7 @@ from abwatch.builders import TvmWheelBuilder
 from abwatch.service.store import db
 from abwatch.service.cli.main import main
 from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
-from abwatch.service.store.models import Invocation, Record, Regression
+from abwatch.service.store.models import Invocation, Record, Regression, Sample
 
 from tests.conftest import first_device, free_port, no_nvidia
 
@@ -161,7 +161,16 @@ def test_peak_memory_and_cpu_time_of_the_run_and_the_compile(capsys, tmp_path, t
     assert cpu["unit"] == "cpu ms" and 0 < cpu["control"] < 1000  # per call: an MLP call is well under a second
     with db.session_scope(db.make_engine(sqlite_url)) as session:
         kept = session.scalars(select(Invocation.max_rss_kb).where(Invocation.warmup.is_(False))).all()
+        batches = session.execute(select(Invocation.id, Invocation.cpu_s).where(Invocation.warmup.is_(False))).all()
+        marked = {i: session.execute(select(Sample.runtime_ms, Sample.cpu_ms).where(Sample.invocation_id == i)).all()
+                  for i, _ in batches}
     assert kept and all(k is not None and k > 50 * 1024 for k in kept)
+    # each sample's own CPU time, marked by the time evaluator: within its batch's, and never
+    # more than its wall time by more than the marks' and the clock's slack
+    for invocation, cpu_s in batches:
+        samples = marked[invocation]
+        assert samples and all(cpu is not None and 0 < cpu < wall * 1.5 + 1.0 for wall, cpu in samples), samples
+        assert sum(cpu for _, cpu in samples) <= 1000 * cpu_s + 1.0
     assert "mlp: max_rss (compile-time)" in err and no_workers_left(tvm_cache)
 
 

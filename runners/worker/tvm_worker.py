@@ -106,13 +106,16 @@ class Workload:
         self.dev = self.remote.device(spec["device"]) if self.remote else tvm.device(spec["device"])
         self.device = on_device.describe(self.dev) if on_device is not None else None
         self.args = [tvm.runtime.tensor(x, self.dev) for x in self.inputs + list(self.params)]
+        self.clock = self._clock(spec)
+        marked = {"f_preproc": _sibling("usage").MARK} if self.clock is not None else {}
         if self.is_vm:
             from tvm.runtime import vm  # relax's VM, in TVM's runtime library
 
             self.vm = vm.VirtualMachine(lib, self.dev)
             self.call = self.callable(self.vm, self.dev)
             self.timer = (None if self.generative is not None else
-                          self.vm.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"]))
+                          self.vm.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"],
+                                                 **marked))
         else:
             if self.out_array is not None:  # the output array the model came with (a script's)
                 self.out = tvm.runtime.tensor(self.out_array, self.dev)
@@ -121,7 +124,18 @@ class Workload:
             self.args.append(self.out)
             lib = getattr(lib, "mod", lib)  # an Executable wraps the runtime module
             self.call = lib[self.entry]
-            self.timer = lib.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"])
+            self.timer = lib.time_evaluator(self.entry, self.dev, number=spec["number"], repeat=spec["repeat"],
+                                            **marked)
+
+    def _clock(self, spec: dict):
+        """Each sample's CPU time (usage.SampleClock) where the samples run on this host's CPU;
+        None on a board, a GPU, or a TVM that cannot register the mark."""
+        if spec["device"] != "cpu" or spec.get("rpc") or spec.get("compile_only"):
+            return None
+        try:
+            return _sibling("usage").SampleClock(self.tvm)
+        except (AttributeError, TypeError):  # an older TVM: no Python global functions, no f_preproc
+            return None
 
     def _take(self, model, generative) -> None:
         """Keep what one call of ``model`` (a ``sources.Model``) takes; ``generative``: the module
@@ -217,8 +231,12 @@ class Workload:
         if self.timer is None:  # a model that generates: one generation a sample, and its figures (ttft, ...)
             samples, series = self.call.time(self.args, self.spec["repeat"])
         else:
+            if self.clock is not None:
+                self.clock.begin()
             samples, series = [t * 1000.0 for t in self.timer(*self.args).results], None
         usage = usage_of.figures(*before) if self.spec["device"] == "cpu" and not self.spec.get("rpc") else None
+        if usage is not None and self.clock is not None and self.timer is not None:
+            usage["cpu_samples"] = self.clock.samples_ms(len(samples))
         if not self.is_vm:  # a single operator: the whole call is the operator
             name = self.operator
             return {"samples": samples, "ops": {name: float(np.median(samples)) * 1000},

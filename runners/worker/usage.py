@@ -5,6 +5,9 @@ The figures cover the timing batch alone: the import, compile and load before it
 change. The peak resident memory is Linux's high-water mark (``VmHWM``), reset before the batch
 by writing 5 to ``/proc/self/clear_refs`` (Linux 4.0 and later), so it is the batch's own peak;
 where it cannot be reset (another kernel) no peak is reported rather than the compile's.
+Each sample's own CPU time is marked too (:class:`SampleClock`): on a busy host a long sample
+is preempted several times, so its wall time carries other processes' time slices and no
+sample of a process may be a clean one; its CPU time does not.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import resource
 import time
 
 CLEAR_REFS = "/proc/self/clear_refs"
+MARK = "abwatch.usage.mark_sample"  # the time evaluator's f_preproc: called before each timed repeat
 STATUS = "/proc/self/status"
 
 
@@ -50,3 +54,32 @@ def peak_kb() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+class SampleClock:
+    """Each timed sample's CPU time (this process's, every thread), from marks that TVM's time
+    evaluator makes before each repeat (its ``f_preproc``, :data:`MARK`) and one after the last.
+    A mark's own cost (a call into Python, a few microseconds) is in every sample alike; the
+    last sample also carries the evaluator's return, the same on both sides of a comparison."""
+
+    def __init__(self, tvm) -> None:
+        self.marks: list[int] = []
+        tvm.register_global_func(MARK, self._mark, override=True)
+        # the evaluator's result is summed up in Python after the last sample, with numpy, whose
+        # first use of those functions in a process cost ~13 ms of CPU: paid here instead
+        tvm.runtime.module.BenchmarkResult([0.0, 1.0])
+
+    def _mark(self, *_args) -> None:
+        self.marks.append(time.process_time_ns())
+
+    def begin(self) -> None:
+        """Before the timer is called: forget earlier marks."""
+        self.marks.clear()
+
+    def samples_ms(self, count: int) -> list[float] | None:
+        """Right after the timer returned ``count`` samples: each one's CPU time in ms (None
+        where the evaluator did not mark every repeat)."""
+        marks = [*self.marks, time.process_time_ns()]
+        if len(marks) != count + 1:
+            return None
+        return [(after - before) / 1e6 for before, after in zip(marks[:-1], marks[1:], strict=True)]

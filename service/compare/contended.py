@@ -46,6 +46,35 @@ def assessed(m: Measurement, config: Config) -> stats.Contention:
                         fastest_s=fastest_s, samples=[taken.get(k, 0) for k in keys])
 
 
+def has_cpu_samples(m: Measurement) -> bool:
+    """Whether every measured process of ``m`` marked each of its samples' CPU time."""
+    counts: dict[tuple[str, int], int] = {}
+    for side in SIDES:
+        for group in m.groups[side]:
+            counts[side, group] = counts.get((side, group), 0) + 1
+    return all(len(f.cpu_samples) == counts.get((side, f.position), -1) for side in SIDES for f in m.processes[side])
+
+
+def on_cpu(m: Measurement) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """The CPU-time values of ``m`` and their processes: each sample's own where every process
+    marked them (:func:`has_cpu_samples`: a process is then judged by its fastest sample in
+    CPU time, as by its fastest in wall time), else one value a process, its timing batch's."""
+    if has_cpu_samples(m):
+        return ({side: [ms for f in m.processes[side] for ms in f.cpu_samples] for side in SIDES},
+                {side: [f.position for f in m.processes[side] for _ in f.cpu_samples] for side in SIDES})
+    return ({side: [1000.0 * (f.cpu_s or 0.0) for f in m.processes[side]] for side in SIDES},
+            {side: [f.position for f in m.processes[side]] for side in SIDES})
+
+
+def judged_samples(m: Measurement, verdict: stats.Verdict) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """The samples ``verdict`` was judged on and their processes: each sample's CPU time where
+    it was judged so, sample by sample; else the wall-time samples (what a run teaches the
+    noise history, service.compare.noise.learn, is then what its verdict rested on)."""
+    if verdict.unit == stats.CPU_UNIT and has_cpu_samples(m):
+        return on_cpu(m)
+    return m.samples, m.groups
+
+
 def server_labels(m: Measurement, groups: Mapping[Any, Sequence[int]]) -> dict[str, Any]:
     """``control_servers`` and ``treatment_servers`` for :func:`stats.compare` of values from the
     timed processes of ``m``, each labelled by ``groups`` with its process's position: each
@@ -88,13 +117,13 @@ def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget:
     # CPU time stands in for wall time only for one thread: the threads of a pool that wait for
     # a preempted sibling spin, and waiting would inflate CPU time as much as wall time
     if contention.heavy and all(f.cpu_s is not None and f.threads == 1 for f in processes):
-        cpu = {side: [1000.0 * (f.cpu_s or 0.0) for f in m.processes[side]] for side in SIDES}
-        groups = {side: [f.position for f in m.processes[side]] for side in SIDES}
+        cpu, groups = on_cpu(m)
         step = stats.sequential_look(cpu[CONTROL], cpu[TREATMENT], groups[CONTROL], groups[TREATMENT], **options,
                                      **server_labels(m, groups))
         # n and the plain medians stay the timing samples' (the report's n, the history's series),
         # whatever the verdict was judged by
-        verdict = replace(stats.on_cpu_time(step.verdict, contention), control_n=len(m.samples[CONTROL]),
+        per_sample = has_cpu_samples(m)
+        verdict = replace(stats.on_cpu_time(step.verdict, contention, per_sample), control_n=len(m.samples[CONTROL]),
                           treatment_n=len(m.samples[TREATMENT]),
                           control_median_ms=statistics.median(m.samples[CONTROL]),
                           treatment_median_ms=statistics.median(m.samples[TREATMENT]))

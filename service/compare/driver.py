@@ -409,8 +409,9 @@ def _invocation_writer(session: Session, run: Run, workload_id: int, name: str, 
         session.add(invocation)
         session.flush()
         # raw samples go through the bulk path (COPY on PostgreSQL): they are most of the data
-        write_samples(session, [(invocation.id, run.id, workload_id, side.value, next(order), value, slot.warmup)
-                                for value in result.samples])
+        cpu = result.cpu_samples or (None,) * len(result.samples)
+        write_samples(session, [(invocation.id, run.id, workload_id, side.value, next(order), value, slot.warmup, ms)
+                                for value, ms in zip(result.samples, cpu, strict=True)])
         # One short transaction per invocation: a kill loses at most the one running now,
         # and no transaction stays open while the next process runs.
         session.commit()

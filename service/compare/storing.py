@@ -86,9 +86,10 @@ def store_result(session: Session, config: Config, run: Run, workload: WorkloadS
         correctness_id = lifecycle.open_regression(session, run, comparison, kind=RegressionKind.CORRECTNESS,
                                                    reason=decision.correctness).id
     if decision.learn_noise:
-        noise.learn(session, row.id, run.device_id, m.samples, m.groups, run_id=run.id,
+        judged, groups = contended.judged_samples(m, verdict)  # CPU time where the verdict was judged so
+        noise.learn(session, row.id, run.device_id, judged, groups, run_id=run.id,
                     configured_samples=getattr(workload, "samples", None),  # a TVM workload's own
-                    servers=contended.server_labels(m, m.groups), configured_children=config.runner.children_per_server,
+                    servers=contended.server_labels(m, groups), configured_children=config.runner.children_per_server,
                     servers_ahead=config.runner.servers_ahead)
     counts, compile_counts = shown.get("instructions"), shown.get("compile_instructions")
     # a metric of processes of its own shown with the others (none of today's: time and instructions have keys)

@@ -216,6 +216,8 @@ class Sample(Base):
     order_index: Mapped[int] = mapped_column(Integer)
     runtime_ms: Mapped[float] = mapped_column(Float)
     warmup: Mapped[bool] = mapped_column(Boolean, default=False)
+    # its own CPU time where the worker marked it (TVM workers on the host CPU), else NULL
+    cpu_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 # What a workload's series reads from each comparison: kept in its index on PostgreSQL, so

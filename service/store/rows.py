@@ -242,7 +242,7 @@ def copy_rows(session: Session, table: str, columns: Sequence[str], rows: Iterab
 
 
 _NULL = r"\N"
-SAMPLE_COLUMNS = ("invocation_id", "run_id", "workload_id", "side", "order_index", "runtime_ms", "warmup")
+SAMPLE_COLUMNS = ("invocation_id", "run_id", "workload_id", "side", "order_index", "runtime_ms", "warmup", "cpu_ms")
 
 
 def write_samples(session: Session, rows: Iterable[Sequence]) -> int:
