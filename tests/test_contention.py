@@ -4,6 +4,7 @@ verdict is judged on CPU time per process (or refused), never on inflated wall t
 from __future__ import annotations
 
 import random
+import statistics
 import sys
 from dataclasses import replace
 
@@ -149,17 +150,17 @@ def test_long_preempted_samples_are_judged_on_cpu_time_at_a_high_share():
     v = contended.look(m, config(), look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12).verdict
     assert v.unit == CPU_UNIT and "times a sample" in v.caveat and "CPU time per process" in v.caveat
     assert v.ci_pct[1] - v.ci_pct[0] < 2.0
-    assert contended.judged_samples(m, v) == (m.samples, m.groups)  # no sample's own CPU time to teach from
-    # where each sample's CPU time was marked, a process is judged by its fastest in CPU time
+    assert contended.judged_samples(m, v) == (m.samples, m.groups, min)  # no sample's own CPU time to teach from
+    # where each sample's CPU time was marked, a process is judged by their mean (its timed calls alone)
     for side in (CONTROL, TREATMENT):
-        m.processes[side] = [replace(f, cpu_samples=tuple(50.0 * rng.uniform(0.999, 1.001) for _ in range(5)))
+        m.processes[side] = [replace(f, cpu_samples=(49.0, 51.0, *(50.0 * rng.uniform(0.999, 1.001) for _ in range(3))))
                              for f in m.processes[side]]
     v = contended.look(m, config(), look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12).verdict
-    assert v.unit == CPU_UNIT and "fastest sample in CPU time" in v.caveat and v.estimator.startswith("fastest")
-    assert 49.9 < v.control_ms < 50.1 and v.ci_pct[1] - v.ci_pct[0] < 0.5
-    judged, groups = contended.judged_samples(m, v)
-    assert len(judged[CONTROL]) == len(m.samples[CONTROL]) and judged[CONTROL][0] == m.processes[CONTROL][0].cpu_samples[0]
-    assert groups == m.groups
+    assert v.unit == CPU_UNIT and "mean sample in CPU time" in v.caveat and v.estimator.startswith("mean")
+    assert 49.9 < v.control_ms < 50.1 and v.ci_pct[1] - v.ci_pct[0] < 0.5  # the mean: not the fastest, 49
+    judged, groups, typical = contended.judged_samples(m, v)
+    assert len(judged[CONTROL]) == len(m.samples[CONTROL]) and judged[CONTROL][0] == 49.0
+    assert groups == m.groups and typical is statistics.fmean
     # one process short of a mark: the batch's CPU time again, for every process
     f = m.processes[TREATMENT][3]
     m.processes[TREATMENT][3] = replace(f, cpu_samples=f.cpu_samples[:4])

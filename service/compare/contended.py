@@ -13,7 +13,7 @@ are judged with the server as a level (:mod:`service.stats.levels`).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -56,23 +56,30 @@ def has_cpu_samples(m: Measurement) -> bool:
 
 
 def on_cpu(m: Measurement) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
-    """The CPU-time values of ``m`` and their processes: each sample's own where every process
-    marked them (:func:`has_cpu_samples`: a process is then judged by its fastest sample in
-    CPU time, as by its fastest in wall time), else one value a process, its timing batch's."""
+    """The CPU time of each process of ``m``, one value a process, and their processes: the
+    mean of its samples' own where every process marked them (:func:`has_cpu_samples`; its
+    timed calls alone), else its timing batch's. Not the fastest sample, as in wall time:
+    a sample's CPU time is not stretched by waiting, only moved both ways by what the
+    neighbours leave in the caches, and on builtin:mlp beside six busy loops the processes'
+    fastest spread 2.3-2.9 % where their mean spread 2.1-2.2 % (docs/statistics.md)."""
     if has_cpu_samples(m):
-        return ({side: [ms for f in m.processes[side] for ms in f.cpu_samples] for side in SIDES},
-                {side: [f.position for f in m.processes[side] for _ in f.cpu_samples] for side in SIDES})
+        return ({side: [statistics.fmean(f.cpu_samples) for f in m.processes[side]] for side in SIDES},
+                {side: [f.position for f in m.processes[side]] for side in SIDES})
     return ({side: [1000.0 * (f.cpu_s or 0.0) for f in m.processes[side]] for side in SIDES},
             {side: [f.position for f in m.processes[side]] for side in SIDES})
 
 
-def judged_samples(m: Measurement, verdict: stats.Verdict) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
-    """The samples ``verdict`` was judged on and their processes: each sample's CPU time where
-    it was judged so, sample by sample; else the wall-time samples (what a run teaches the
-    noise history, service.compare.noise.learn, is then what its verdict rested on)."""
+def judged_samples(m: Measurement, verdict: stats.Verdict) -> tuple[dict[str, list[float]], dict[str, list[int]],
+                                                                    Callable[[Sequence[float]], float]]:
+    """What ``verdict`` judged: the samples, their processes, and what a process was judged by
+    of its samples, for what the run teaches the noise history (service.compare.noise.learn):
+    each sample's CPU time and their mean where it was judged on them, else the wall-time
+    samples and their fastest."""
     if verdict.unit == stats.CPU_UNIT and has_cpu_samples(m):
-        return on_cpu(m)
-    return m.samples, m.groups
+        return ({side: [ms for f in m.processes[side] for ms in f.cpu_samples] for side in SIDES},
+                {side: [f.position for f in m.processes[side] for _ in f.cpu_samples] for side in SIDES},
+                statistics.fmean)
+    return m.samples, m.groups, min
 
 
 def server_labels(m: Measurement, groups: Mapping[Any, Sequence[int]]) -> dict[str, Any]:

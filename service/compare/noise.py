@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Table, case, select
@@ -136,21 +136,23 @@ def child_at(child_s: float, samples: stats.SamplesChoice | None) -> float:
 
 def choose_children(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],
                     groups: Mapping[str, Sequence[int]], servers: Mapping[str, Sequence[Hashable]],
-                    configured: int, ahead: bool = True,
-                    chosen: stats.SamplesChoice | None = None) -> stats.ChildrenChoice | None:
+                    configured: int, ahead: bool = True, chosen: stats.SamplesChoice | None = None,
+                    typical: Callable[[Sequence[float]], float] = min) -> stats.ChildrenChoice | None:
     """The children a fork server to learn from a forked run (``servers``: each sample's fork
     server by side, :func:`contended.server_labels`' ``<side>_servers``; ``ahead``: whether the
     runner may start servers ahead, :func:`server_costs`; ``chosen``: the samples a process
     learnt from the same run, which the children will take, :func:`child_at`; None where the
-    run was not forked or too few servers served two children)."""
-    fastest: dict[tuple[str, int], float] = {}
+    run was not forked or too few servers served two children; ``typical``: what the verdict
+    judged a process by, of its samples)."""
+    taken: dict[tuple[str, int], list[float]] = {}
     server_of: dict[tuple[str, int], Hashable] = {}
     for side in samples:
         labels = servers.get(f"{side}_servers") or []
         for value, group, label in zip(samples[side], groups[side], labels, strict=False):
             if label is not None:
-                fastest[(side, group)] = min(value, fastest.get((side, group), value))
+                taken.setdefault((side, group), []).append(value)
                 server_of[(side, group)] = (side, label)
+    fastest = {key: typical(values) for key, values in taken.items()}
     costs = server_costs(session, run_id, workload_id, ahead)
     if not fastest or costs is None:
         return None
@@ -182,9 +184,11 @@ def process_costs(session: Session, run_id: int, workload_id: int, samples_each:
 
 
 def choose_samples(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],
-                   groups: Mapping[str, Sequence[int]], own: int) -> stats.SamplesChoice | None:
+                   groups: Mapping[str, Sequence[int]], own: int,
+                   typical: Callable[[Sequence[float]], float] = min) -> stats.SamplesChoice | None:
     """The samples a process to learn from a run whose processes took ``own`` samples each
-    (None: not learnable from it: another count, too few processes, no timing figures)."""
+    (None: not learnable from it: another count, too few processes, no timing figures);
+    ``typical``: what its verdict judged a process by, of its samples."""
     processes: dict[tuple[str, int], list[float]] = {}
     for side in samples:
         for value, group in zip(samples[side], groups[side], strict=True):
@@ -195,7 +199,8 @@ def choose_samples(session: Session, run_id: int, workload_id: int, samples: Map
     if costs is None:
         return None
     try:
-        return stats.choose_samples(list(processes.values()), fixed_s=costs[0], sample_s=costs[1], configured=own)
+        return stats.choose_samples(list(processes.values()), fixed_s=costs[0], sample_s=costs[1], configured=own,
+                                    typical=typical)
     except ValueError:  # too few processes, or no time a sample
         return None
 
@@ -203,13 +208,14 @@ def choose_samples(session: Session, run_id: int, workload_id: int, samples: Map
 def learn(session: Session, workload_id: int, device_id: int | None, samples: dict, groups: dict,
           run_id: int | None = None, configured_samples: int | None = None,
           servers: Mapping[str, Sequence[Hashable]] | None = None, configured_children: int | None = None,
-          servers_ahead: bool = True) -> None:
+          servers_ahead: bool = True, typical: Callable[[Sequence[float]], float] = min) -> None:
     """Fold the noise of an A/A-like (``same``) comparison into the profile, and, for a TVM
     workload (``configured_samples``: its own samples a process) whose run ``run_id`` took
     them, the samples a process that run shows to be fastest (:func:`choose_samples`); where
     its processes were forked (``servers``, each sample's), the children a fork server
     against ``configured_children``, the runner's (:func:`choose_children`; ``servers_ahead``: the
-    runner's, whether it starts servers ahead)."""
+    runner's, whether it starts servers ahead). ``typical``: what the verdict judged a process
+    by, of its samples (its fastest; the mean of its samples' CPU times under contention)."""
     if device_id is None:
         return
     try:
@@ -217,7 +223,7 @@ def learn(session: Session, workload_id: int, device_id: int | None, samples: di
     except ValueError:
         return
     choice = (None if run_id is None or configured_samples is None
-              else choose_samples(session, run_id, workload_id, samples, groups, configured_samples))
+              else choose_samples(session, run_id, workload_id, samples, groups, configured_samples, typical))
     # One statement that reads and writes the row: two runs that finish at once both count
     # (a read-then-write in Python would lose one of them).
     table = cast(Table, NoiseProfile.__table__)
@@ -225,7 +231,7 @@ def learn(session: Session, workload_id: int, device_id: int | None, samples: di
     chosen = {} if choice is None else {"samples": choice.samples, "samples_reason": choice.reason}
     children = (None if run_id is None or not servers or configured_children is None
                 else choose_children(session, run_id, workload_id, samples, groups, servers, configured_children,
-                                     servers_ahead, choice))
+                                     servers_ahead, choice, typical))
     if children is not None:
         chosen.update(children=children.children, children_reason=children.reason)
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(

@@ -86,11 +86,11 @@ def store_result(session: Session, config: Config, run: Run, workload: WorkloadS
         correctness_id = lifecycle.open_regression(session, run, comparison, kind=RegressionKind.CORRECTNESS,
                                                    reason=decision.correctness).id
     if decision.learn_noise:
-        judged, groups = contended.judged_samples(m, verdict)  # CPU time where the verdict was judged so
+        judged, groups, typical = contended.judged_samples(m, verdict)  # CPU time where judged so
         noise.learn(session, row.id, run.device_id, judged, groups, run_id=run.id,
                     configured_samples=getattr(workload, "samples", None),  # a TVM workload's own
                     servers=contended.server_labels(m, groups), configured_children=config.runner.children_per_server,
-                    servers_ahead=config.runner.servers_ahead)
+                    servers_ahead=config.runner.servers_ahead, typical=typical)
     counts, compile_counts = shown.get("instructions"), shown.get("compile_instructions")
     # a metric of processes of its own shown with the others (none of today's: time and instructions have keys)
     others = tuple(r for r in metrics.own_results(own) if Metric(r.metric) not in SHOWN_APART)

@@ -37,7 +37,7 @@ MIN_PROCESSES = 3  # fewer processes with figures than this: contention is not a
 CPU_UNIT = "cpu ms"  # a verdict's unit when it was judged on CPU time per process
 CPU_ESTIMATOR = ("CPU time (user + system) per process, median across the control's processes; "
                  "treatment = control x (1 + judged change)")
-CPU_SAMPLE_ESTIMATOR = ("fastest sample's CPU time (user + system) per process, median across the control's "
+CPU_SAMPLE_ESTIMATOR = ("mean sample's CPU time (user + system) per process, median across the control's "
                         "processes; treatment = control x (1 + judged change)")
 
 
@@ -124,8 +124,8 @@ def assess(wall_s: Sequence[float], cpu_s: Sequence[float | None], switches: Seq
 
 def on_cpu_time(verdict: Verdict, contention: Contention, per_sample: bool = False) -> Verdict:
     """A verdict judged on CPU time, saying why (its unit is :data:`CPU_UNIT`): per process, or
-    with ``per_sample`` on each process's fastest sample in CPU time."""
-    what = "each process's fastest sample in CPU time" if per_sample else "CPU time per process"
+    with ``per_sample`` on the mean of each process's samples in CPU time."""
+    what = "each process's mean sample in CPU time" if per_sample else "CPU time per process"
     caveat = f"{contention.describe()}: judged on {what}, which waiting for a CPU does not inflate"
     return replace(verdict, unit=CPU_UNIT, estimator=CPU_SAMPLE_ESTIMATOR if per_sample else CPU_ESTIMATOR,
                    caveat=caveat, reason=f"{caveat}; {verdict.reason}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,7 +60,8 @@ def _cv(values: Sequence[float]) -> float:
 
 
 def choose_samples(processes: Sequence[Sequence[float]], fixed_s: float, sample_s: float, configured: int,
-                   candidates: Sequence[int] = CANDIDATES, min_gain: float = MIN_GAIN) -> SamplesChoice:
+                   candidates: Sequence[int] = CANDIDATES, min_gain: float = MIN_GAIN,
+                   typical: Callable[[Sequence[float]], float] = min) -> SamplesChoice:
     """The samples a process to take from now on, from earlier processes' samples.
 
     ``processes``: each process's samples in the order it took them (any unit), all taken
@@ -69,7 +70,8 @@ def choose_samples(processes: Sequence[Sequence[float]], fixed_s: float, sample_
     Candidates above the fewest samples any process took cannot be measured and are left
     out. The configured count stays unless another is at least ``min_gain`` cheaper: the
     spread of a few processes is itself uncertain, and a changed count moves a process's
-    fastest sample (so the series' level) a little.
+    fastest sample (so the series' level) a little. ``typical``: what a process is judged
+    by, of its first ``n`` samples (its fastest; the mean where it is judged on CPU time).
     """
     if len(processes) < MIN_PROCESSES:
         raise ValueError(f"choose_samples needs at least {MIN_PROCESSES} processes, got {len(processes)}")
@@ -81,7 +83,7 @@ def choose_samples(processes: Sequence[Sequence[float]], fixed_s: float, sample_
         raise ValueError(f"every process needs the configured {configured} samples, the fewest took {most}")
     options = []
     for n in counts:
-        cv = _cv([min(p[:n]) for p in processes])
+        cv = _cv([typical(p[:n]) for p in processes])
         options.append((n, cv, fixed_s + n * sample_s))
     base_cv, base_s = next((cv, seconds) for n, cv, seconds in options if n == configured)
 
