@@ -161,17 +161,35 @@ def test_peak_memory_and_cpu_time_of_the_run_and_the_compile(capsys, tmp_path, t
     assert cpu["unit"] == "cpu ms" and 0 < cpu["control"] < 1000  # per call: an MLP call is well under a second
     with db.session_scope(db.make_engine(sqlite_url)) as session:
         kept = session.scalars(select(Invocation.max_rss_kb).where(Invocation.warmup.is_(False))).all()
-        batches = session.execute(select(Invocation.id, Invocation.cpu_s).where(Invocation.warmup.is_(False))).all()
-        marked = {i: session.execute(select(Sample.runtime_ms, Sample.cpu_ms).where(Sample.invocation_id == i)).all()
-                  for i, _ in batches}
     assert kept and all(k is not None and k > 50 * 1024 for k in kept)
-    # each sample's own CPU time, marked by the time evaluator: within its batch's, and never
-    # more than its wall time by more than the marks' and the clock's slack
-    for invocation, cpu_s in batches:
-        samples = marked[invocation]
-        assert samples and all(cpu is not None and 0 < cpu < wall * 1.5 + 1.0 for wall, cpu in samples), samples
-        assert sum(cpu for _, cpu in samples) <= 1000 * cpu_s + 1.0
     assert "mlp: max_rss (compile-time)" in err and no_workers_left(tvm_cache)
+
+
+def test_a_long_sample_keeps_its_own_cpu_time_and_a_short_one_is_not_marked(capsys, tmp_path, tvm_cache, sqlite_url):
+    """Each sample of a long call (builtin:mlp at batch 128: tens of ms) keeps its own CPU time,
+    marked by the time evaluator in a forked child; a call of microseconds is not marked (a
+    mark between two samples would cool the next one's caches by more than its size allows)."""
+    wide = MLP + MLP.replace('"mlp"', '"wide"', 1).replace("[1, 64]", "[128, 256]").replace(
+        "options = {hidden = 64}", "samples = 3")
+    config = write(tmp_path, tvm_cache, wide, runner='kind = "cpu"\nthreads = 1\nprocesses = "forked"',
+                   run="repetitions = 3\nmax_repetitions = 3")
+    code, payload, err = compare(capsys, config, sqlite_url, NEW, NEW)
+    assert code == 0 and {r["workload"] for r in payload["results"]} == {"mlp", "wide"}, err
+    with db.session_scope(db.make_engine(sqlite_url)) as session:
+        rows = session.execute(select(Invocation.workload_id, Invocation.id, Invocation.cpu_s, Sample.runtime_ms,
+                                      Sample.cpu_ms).join(Sample, Sample.invocation_id == Invocation.id)
+                               .where(Invocation.warmup.is_(False))).all()
+    ids = {r["workload"]: r["workload_id"] for r in payload["results"]}
+    short = [r for r in rows if r.workload_id == ids["mlp"]]
+    assert short and all(r.cpu_ms is None for r in short)
+    long = [r for r in rows if r.workload_id == ids["wide"]]
+    assert len(long) == 2 * 3 * 3  # two sides, three processes, three samples
+    for invocation in {r.id for r in long}:
+        samples = [r for r in long if r.id == invocation]
+        # within its batch's CPU time, and never above its wall time by more than the clock's slack
+        assert all(r.cpu_ms is not None and 1.0 < r.cpu_ms < r.runtime_ms * 1.2 + 1.0 for r in samples), samples
+        assert sum(r.cpu_ms for r in samples) <= 1000 * samples[0].cpu_s + 1.0
+    assert no_workers_left(tvm_cache)
 
 
 def main_text(capsys, *argv) -> tuple[int, str, str]:
