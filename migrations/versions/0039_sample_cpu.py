@@ -1,7 +1,8 @@
 """Each raw sample keeps its own CPU time where the worker marked it (``samples.cpu_ms``:
-TVM workers on the host CPU): under heavy contention a verdict is judged on each process's
-fastest sample in CPU time, and a run's samples a process are learnt from them. NULL: not
-measured (a command workload, a GPU, a board, an older TVM, a sample stored before).
+TVM workers on the host CPU, samples of 5 ms or more): under heavy contention a verdict is
+judged on the mean of each process's samples in CPU time, and a run's samples a process are
+learnt from them. NULL: not measured (a short sample, a command workload, a GPU, a board, an
+older TVM, a sample stored before).
 
 Revision ID: 0039
 Revises: 0038

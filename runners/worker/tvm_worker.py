@@ -146,7 +146,7 @@ class Workload:
     def _clock(self, spec: dict):
         """Each sample's CPU time (usage.SampleClock) where the samples run on this host's CPU;
         None on a board, a GPU, or a TVM that cannot register the mark."""
-        if spec["device"] != "cpu" or spec.get("rpc") or spec.get("compile_only"):
+        if spec["device"] != "cpu" or spec.get("rpc"):
             return None
         try:
             return _sibling("usage").SampleClock(self.tvm)

@@ -27,42 +27,42 @@ from abwatch.service.config import Config
 SIDES = (CONTROL, TREATMENT)
 
 
+def _by_process(m: Measurement) -> dict[tuple[str, int], list[float]]:
+    """The wall-time samples of ``m`` by process: (side, position) -> its samples."""
+    taken: dict[tuple[str, int], list[float]] = {}
+    for side in SIDES:
+        for ms, group in zip(m.samples[side], m.groups[side], strict=True):
+            taken.setdefault((side, group), []).append(ms)
+    return taken
+
+
 def assessed(m: Measurement, config: Config) -> stats.Contention:
     """The contention of the measured processes of both sides of ``m``, with each process's
     fastest sample and number of samples (how likely its fastest was a clean one)."""
     figures = [f for side in SIDES for f in m.processes[side]]
-    fastest: dict[tuple[str, int], float] = {}
-    taken: dict[tuple[str, int], int] = {}
-    for side in SIDES:
-        for ms, group in zip(m.samples[side], m.groups[side], strict=True):
-            key = (side, group)
-            fastest[key] = min(fastest.get(key, ms), ms)
-            taken[key] = taken.get(key, 0) + 1
-    keys = [(side, f.position) for side in SIDES for f in m.processes[side]]
-    fastest_s = [fastest[k] / 1000.0 if k in fastest else None for k in keys]
+    taken = _by_process(m)
+    own = [taken.get((side, f.position), []) for side in SIDES for f in m.processes[side]]
     # a process on n threads can use n seconds of CPU a second: its share is per thread
     return stats.assess([f.wall_s * f.threads for f in figures], [f.cpu_s for f in figures],
                         [f.involuntary_switches for f in figures], max_share=config.stats.contention_share,
-                        fastest_s=fastest_s, samples=[taken.get(k, 0) for k in keys])
+                        fastest_s=[min(ms) / 1000.0 if ms else None for ms in own], samples=[len(ms) for ms in own])
 
 
 def has_cpu_samples(m: Measurement) -> bool:
     """Whether every measured process of ``m`` marked each of its samples' CPU time."""
-    counts: dict[tuple[str, int], int] = {}
-    for side in SIDES:
-        for group in m.groups[side]:
-            counts[side, group] = counts.get((side, group), 0) + 1
-    return all(len(f.cpu_samples) == counts.get((side, f.position), -1) for side in SIDES for f in m.processes[side])
+    taken = _by_process(m)
+    return all((side, f.position) in taken and len(f.cpu_samples) == len(taken[side, f.position])
+               for side in SIDES for f in m.processes[side])
 
 
-def on_cpu(m: Measurement) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+def on_cpu(m: Measurement, per_sample: bool) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The CPU time of each process of ``m``, one value a process, and their processes: the
-    mean of its samples' own where every process marked them (:func:`has_cpu_samples`; its
-    timed calls alone), else its timing batch's. Not the fastest sample, as in wall time:
+    mean of its samples' own where every process marked them (``per_sample``:
+    :func:`has_cpu_samples`; its timed calls alone), else its timing batch's. Not the fastest sample, as in wall time:
     a sample's CPU time is not stretched by waiting, only moved both ways by what the
     neighbours leave in the caches, and on builtin:mlp beside six busy loops the processes'
     fastest spread 2.3-2.9 % where their mean spread 2.1-2.2 % (docs/statistics.md)."""
-    if has_cpu_samples(m):
+    if per_sample:
         return ({side: [statistics.fmean(f.cpu_samples) for f in m.processes[side]] for side in SIDES},
                 {side: [f.position for f in m.processes[side]] for side in SIDES})
     return ({side: [1000.0 * (f.cpu_s or 0.0) for f in m.processes[side]] for side in SIDES},
@@ -124,12 +124,12 @@ def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget:
     # CPU time stands in for wall time only for one thread: the threads of a pool that wait for
     # a preempted sibling spin, and waiting would inflate CPU time as much as wall time
     if contention.heavy and all(f.cpu_s is not None and f.threads == 1 for f in processes):
-        cpu, groups = on_cpu(m)
+        per_sample = has_cpu_samples(m)
+        cpu, groups = on_cpu(m, per_sample)
         step = stats.sequential_look(cpu[CONTROL], cpu[TREATMENT], groups[CONTROL], groups[TREATMENT], **options,
                                      **server_labels(m, groups))
         # n and the plain medians stay the timing samples' (the report's n, the history's series),
         # whatever the verdict was judged by
-        per_sample = has_cpu_samples(m)
         verdict = replace(stats.on_cpu_time(step.verdict, contention, per_sample), control_n=len(m.samples[CONTROL]),
                           treatment_n=len(m.samples[TREATMENT]),
                           control_median_ms=statistics.median(m.samples[CONTROL]),
