@@ -8,7 +8,7 @@ Each run is one ``abwatch compare`` of one workload of one TVM release against i
 subprocess, its own SQLite database, one thread a measured process): ``aa`` the same workload
 on both sides, ``plus3`` the treatment's workload about 3 % larger through
 ``treatment_options`` (an outer dimension of each model below). The modes, run
-side by side (their order rotated every run): ``fresh`` (today's default: a fresh TVM worker a
+side by side (their order rotated every run): ``fresh`` (the default until 2026-11-30: a fresh TVM worker a
 process, the two sides one after the other), ``forked`` (``[runner] processes = "forked"``: children
 of a fork server, each server's successor started ahead), ``forked-waiting`` (the same, each server
 started when its first child is asked for: ``servers_ahead = false``), ``duet`` (``[run]
@@ -90,13 +90,13 @@ WORKLOADS = {
             {"options": {"decode_steps": 33}}),
 }
 MODES = {
-    "fresh": "",
+    "fresh": 'processes = "fresh"\n',
     "forked": 'processes = "forked"\n',
     "forked-waiting": 'processes = "forked"\nservers_ahead = false\n',
     "duet": "",
     "learnt": 'processes = "forked"\n',
 }
-TEACHING_RUNS = 3  # A/A runs a workload is given to teach its repetitions (only a `same` teaches)
+TEACHING_RUNS = 3  # A/A runs a workload is given to teach its repetitions (any trusted run's verdict teaches)
 TEACHING_SECONDS = 300.0  # at least, a teaching run's budget: at a busy host's load 120 s may end `unknown`
 CONFIG = """cache_dir = {cache}
 [build]
@@ -141,9 +141,10 @@ def config_text(args, workload: str, truth: str, mode: str, script: Path, learnt
 
 def learn(args, workload: str, work: Path) -> dict | None:
     """The samples a process and children a fork server the workload's forked A/A runs teach
-    abwatch's noise history on this host (at most :data:`TEACHING_RUNS` runs, until one ends
-    `same`, the only verdict that teaches), for every later run of the learnt mode; a count
-    none taught is the workload's own (None). The teaching runs are not rows of the table."""
+    abwatch's noise history on this host (at most :data:`TEACHING_RUNS` runs, until one teaches:
+    every run whatever its verdict, where its processes were enough to choose from), for every
+    later run of the learnt mode; a count none taught is the workload's own (None). The teaching
+    runs are not rows of the table."""
     database = work / f"{workload}-teaching.db"
     teaching = argparse.Namespace(**{**vars(args), "max_seconds": max(args.max_seconds, TEACHING_SECONDS)})
     for _ in range(TEACHING_RUNS):
@@ -152,7 +153,7 @@ def learn(args, workload: str, work: Path) -> dict | None:
             taught = db.execute("SELECT samples, children FROM noise_profiles").fetchone()
         print(json.dumps({"teaching": workload, "verdict": found["verdict"], "learnt": taught}),
               file=sys.stderr, flush=True)
-        if taught is not None:
+        if taught is not None and taught != (None, None):
             return {"samples": taught[0], "children_per_server": taught[1]}
     return None
 

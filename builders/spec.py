@@ -375,12 +375,11 @@ class RunnerConfig(StrictModel):
     # A forked child skips the interpreter's start and ``import tvm`` (~0.55 s of a ~0.9 s
     # invocation of builtin:mlp here: benchmarks/tvm_worker_phases.py) and is still a process
     # of its own with its own samples; runners/fork_servers.py, TimedServers, says how it stays
-    # independent (servers restarted, each child's layout randomised).
-    # Fresh by default though forked ones' A/A rate is measured (538 runs, none false:
-    # docs/statistics.md): a forked verdict needs three server pairs (17 pairs or more at 8
-    # children a server), which a run of a few fixed repetitions never reaches.
+    # independent (servers restarted, each child's layout randomised). The default since its A/A
+    # rate was measured on real TVM (761 forked runs, none false: docs/statistics.md); a run
+    # capped below three server pairs serves fewer children a server (driver._children_within_cap).
     processes: Literal["fresh", "forked"] = Field(
-        default="fresh", description="tvm, on this host's CPU: how each timed worker starts: forked (a "
+        default="forked", description="tvm, on this host's CPU: how each timed worker starts: forked (a "
         "child of a per-build, per-side fork server that has imported TVM) or fresh (a new interpreter "
         "that imports TVM); the compiling worker, GPU and RPC runners' workers always start fresh")
     children_per_server: int = Field(

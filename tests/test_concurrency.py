@@ -27,6 +27,7 @@ from abwatch.service.store.models import (
 )
 from abwatch.service.stats.verdict import RegressionState
 from abwatch.builders.repo import RepoMirror
+from abwatch.service import stats
 from abwatch.service.stats import Outcome
 from abwatch.service.store.rows import get_commit, get_repository, get_workload
 from tests.test_compare import compare
@@ -193,15 +194,16 @@ def test_noise_profiles_lose_no_update(fresh_pg_url):
     groups = {"control": [0, 0, 1, 1, 2, 2], "treatment": [0, 0, 1, 1, 2, 2]}
     barrier, errors = threading.Barrier(12), []
 
-    def one() -> None:
+    def one(same: bool) -> None:
         try:
             with db.session_scope(engine) as session:
                 barrier.wait()
-                noise.learn(session, workload_id, device_id, samples, groups)
+                # half of them runs that were not `same`: a lesson (a TVM workload's counts), no noise
+                noise.learn(session, workload_id, device_id, samples, groups, configured_samples=3, same=same)
         except Exception as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=one) for _ in range(12)]
+    threads = [threading.Thread(target=one, args=(i % 2 == 0,)) for i in range(12)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -209,7 +211,10 @@ def test_noise_profiles_lose_no_update(fresh_pg_url):
     assert errors == []
     with db.session_scope(engine) as session:
         [profile] = session.scalars(select(NoiseProfile)).all()
-        assert profile.observations == 12
+        assert (profile.observations, profile.lessons) == (6, 12)
+        # the noise of the six `same` ones alone, whichever came first
+        expected = sum(stats.process_cv(samples[side], groups[side]) for side in samples) / 2
+        assert profile.process_cv == pytest.approx(expected)
     engine.dispose()
 
 

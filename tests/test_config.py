@@ -295,13 +295,13 @@ def test_a_watch_that_leaves_how_workers_start_at_its_default_is_the_same_watch(
     from abwatch.service.watch.poll import config_hash
 
     default = load_config(write(tmp_path, VALID))
-    assert default.runner.processes == "fresh" and default.runner.children_per_server == 8
+    assert default.runner.processes == "forked" and default.runner.children_per_server == 8
     assert default.runner.servers_ahead is True
     assert config_hash(default) == "463a36fe14d8c344"  # what this config hashed to before the keys existed
     waiting = default.model_copy(update={"runner": default.runner.model_copy(update={"servers_ahead": False})})
     assert config_hash(waiting) != config_hash(default)
-    forked = default.model_copy(update={"runner": default.runner.model_copy(update={"processes": "forked"})})
-    assert config_hash(forked) != config_hash(default)
+    fresh = default.model_copy(update={"runner": default.runner.model_copy(update={"processes": "fresh"})})
+    assert config_hash(fresh) != config_hash(default)
     duet = default.model_copy(update={"run": default.run.model_copy(update={"schedule": "duet"})})
     assert config_hash(duet) != config_hash(default)
 

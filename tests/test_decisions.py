@@ -43,7 +43,7 @@ def test_a_slower_first_metric_opens_a_runtime_regression_by_it():
     assert d.workload == "w"
     assert d.runtime == decide.Opening(RegressionKind.RUNTIME, Metric.TIME, SLOWER, None)
     assert d.compile_time is None and d.correctness is None and not d.mismatch
-    assert not d.learn_noise  # a change is no noise
+    assert not d.learn_noise and d.learn_counts  # a change is no noise; its processes' costs still teach
 
 
 @pytest.mark.parametrize("first", [SAME, UNKNOWN, FASTER])
@@ -51,6 +51,7 @@ def test_same_unknown_or_faster_open_nothing(first):
     d = decide.decide(found(first))
     assert (d.runtime, d.compile_time, d.correctness) == (None, None, None)
     assert d.learn_noise == (first is SAME)  # only a `same` verdict's samples are the pair's noise
+    assert d.learn_counts  # whatever the verdict: an `unknown` on a busy host most needs cheaper processes
 
 
 def test_the_noise_of_unmerged_code_is_not_learnt():
@@ -58,7 +59,7 @@ def test_the_noise_of_unmerged_code_is_not_learnt():
     noise profile, which code nobody merged must not steer."""
     assert decide.decide(found(SAME)).learn_noise
     untrusted = replace(found(SAME), trusted=False)
-    assert not decide.decide(untrusted).learn_noise
+    assert not decide.decide(untrusted).learn_noise and not decide.decide(untrusted).learn_counts
 
 
 def test_another_metric_opens_where_the_first_did_not_regress():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from abwatch.service.stats import Outcome, compare
-from abwatch.service.stats.levels import MIN_BLOCKS, server_level
+from abwatch.service.stats.levels import MIN_BLOCKS, children_within, server_level
 
 CHILDREN = 8  # children a server: the runner's default
 
@@ -102,3 +102,16 @@ def test_the_level_stays_said_when_a_run_corrects_for_many_workloads():
     (corrected, _) = adjust_fdr([judged, compare(a, a, **paired, **servers)])
     assert corrected.correction == "benjamini-hochberg" and corrected.design_effect == judged.design_effect
     assert "BH-adjusted p=" in corrected.reason and corrected.reason.endswith(judged.reason.partition("; ")[2])
+
+
+@pytest.mark.parametrize("cap", range(6, 41))
+def test_a_capped_run_serves_the_most_children_that_still_give_three_server_pairs(cap):
+    """``children_within``: pairs served so, interleaved as the driver does, come from
+    MIN_BLOCKS server pairs of two or more; one child more a server would not."""
+    def shared(children: int) -> int:
+        labels = [(i // children, i // children) for i in range(cap)]  # (control server, treatment server)
+        return server_level(np.zeros(cap), labels).shared
+
+    children = children_within(cap)
+    assert children >= 2 and shared(children) >= MIN_BLOCKS
+    assert shared(children + 1) < MIN_BLOCKS

@@ -20,7 +20,7 @@ from abwatch.service.cli.main import main
 from abwatch.service.config import Config, TvmWheelBuildConfig, TvmWorkloadConfig
 from abwatch.service.store.models import Invocation, Record, Regression, Sample
 
-from tests.conftest import first_device, free_port, no_nvidia
+from tests.conftest import free_port, no_nvidia
 
 OLD, NEW = "0.26.0", "0.27.0.post1"
 
@@ -337,12 +337,11 @@ def test_a_learnt_samples_count_is_what_the_next_run_takes(capsys, tmp_path, tvm
         assert all(o.seconds > 0 and o.process_cv >= 0 for o in choice.options), choice
         assert "samples a process (" in choice.reason
         assert noise.choose_samples(session, first["run_id"], workload_id, samples, groups, 50) is None  # not 50 each
-        # a known history whatever the machine's load made of the first run's verdict
-        profile = session.scalars(select(NoiseProfile)).one_or_none()
-        if profile is None:
-            profile = NoiseProfile(workload_id=workload_id, device_id=first_device(session), process_cv=0.02)
-            session.add(profile)
-        profile.samples, profile.samples_reason, profile.observations = 10, "10 samples a process (chosen)", 1
+        # learnt whatever the machine's load made of the first run's verdict (`unknown` included)
+        profile = session.scalars(select(NoiseProfile)).one()
+        assert profile.lessons == 1 and profile.samples in {o.samples for o in choice.options}, profile
+        assert (profile.process_cv is not None) == (first["results"][0]["verdict"] == "same")  # noise: `same` only
+        profile.samples, profile.samples_reason, profile.lessons = 10, "10 samples a process (chosen)", 1
 
     code, second, err = compare(capsys, config(MATMUL), sqlite_url, NEW, NEW)
     assert per_process(second["run_id"]) == {10}
@@ -351,12 +350,12 @@ def test_a_learnt_samples_count_is_what_the_next_run_takes(capsys, tmp_path, tvm
     assert second["results"][0]["workload_id"] == workload_id  # the same series
 
     with db.session_scope(engine) as session:
-        session.scalars(select(NoiseProfile)).one().observations = noise.RECHECK
+        session.scalars(select(NoiseProfile)).one().lessons = noise.RECHECK
     code, third, err = compare(capsys, config(MATMUL), sqlite_url, NEW, NEW)
     assert per_process(third["run_id"]) == {100} and "re-learns the count; last learnt 10" in err
 
     with db.session_scope(engine) as session:
-        session.scalars(select(NoiseProfile)).one().observations = 1
+        session.scalars(select(NoiseProfile)).one().lessons = 1
     code, fourth, err = compare(capsys, config(MATMUL + "samples = 100\n"), sqlite_url, NEW, NEW)
     assert per_process(fourth["run_id"]) == {100} and "samples a process" not in err
 

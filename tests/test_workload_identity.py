@@ -124,6 +124,7 @@ def test_migration_splits_a_shared_workload_row_and_keeps_every_row(empty_db_url
         assert set(rows) == {("/one", h1), ("/two", h1), ("/one", h2)}
         assert rows[("/one", h2)].id == workload  # the newest run's identity keeps the row and its profile
         assert session.scalars(select(NoiseProfile.workload_id)).all() == [workload]
+        assert session.scalars(select(NoiseProfile.lessons)).all() == [3]  # 0040: each `same` run was a lesson
         for (run, _), key in zip(runs, [("/one", h1), ("/two", h1), ("/one", h2)], strict=False):
             for model in (Comparison, Invocation, Sample):
                 assert session.scalars(select(model.workload_id).where(model.run_id == run)).all() == [rows[key].id]

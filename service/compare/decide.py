@@ -56,6 +56,7 @@ class Decision:
     correctness: str | None  # why a correctness regression is opened (no verdict judges outputs); None: none
     mismatch: bool  # the outputs differ (said whether or not the run may open a regression)
     learn_noise: bool  # a `same` verdict of merged code: its samples show the pair's noise, no change
+    learn_counts: bool  # merged code, whatever its verdict: its processes show what their repetitions cost
 
 
 def decide(found: Found) -> Decision:
@@ -79,6 +80,7 @@ def decide(found: Found) -> Decision:
                      if found.output is not None and mismatch and found.benchmark else None),
         mismatch=mismatch,
         learn_noise=found.verdict.verdict == Outcome.SAME and found.trusted,
+        learn_counts=found.trusted,
     )
 
 

@@ -368,6 +368,7 @@ def _first_look(session: Session, config: Config, run: Run, workload_id: int, wo
     start, why = noise.starting_repetitions(session, config, workload_id, run.device_id, floor)
     samples, why_samples = noise.samples_per_process(session, config, workload, workload_id, run.device_id)
     children, why_children = noise.children_per_server(session, config, workload, workload_id, run.device_id)
+    children, why_children = _children_within_cap(config, workload, children, why_children)
     session.commit()  # nothing stays open while the workload's processes run
     progress.message(f"  {workload.name}: {why}")
     for said in (why_samples, why_children):
@@ -379,6 +380,23 @@ def _first_look(session: Session, config: Config, run: Run, workload_id: int, wo
     if children is not None:
         workload = workload.model_copy(update={"children_per_server": children})
     return start, workload, "; ".join(x for x in (why_samples, why_children) if x)
+
+
+def _children_within_cap(config: Config, workload: WorkloadSpec, children: int | None,
+                         why: str) -> tuple[int | None, str]:
+    """The children a fork server (None: the runner's) fitted to the run's cap on processes a
+    side (``run.max_repetitions``), so that the capped run still reaches the server pairs an
+    interval needs (:func:`stats.children_within`), and why; as they were where the workload sets
+    its own count, its workers are not forked, or nothing caps the run."""
+    cap = config.run.max_repetitions
+    if (cap is None or config.runner.processes != "forked" or config.run.schedule == "duet"
+            or getattr(workload, "children_per_server", 0) is not None):  # set, or not a TVM workload
+        return children, why
+    fitted = stats.children_within(cap)
+    if fitted >= (children or config.runner.children_per_server):
+        return children, why
+    return fitted, (f"{fitted} children a fork server (at most {cap} processes a side: {stats.MIN_BLOCKS} "
+                    "server pairs of two are needed for an interval)")
 
 
 def _series_of(session: Session, run: Run, workload: WorkloadSpec, progress: Progress) -> Workload:

@@ -1,7 +1,8 @@
 """Noise awareness: learn each (workload, device)'s process-to-process noise from its `same`
 verdicts, and start the next run with as many invocations as that noise needs, each taking
 the samples that reach an interval fastest, and each fork server serving the children that do
-(a TVM workload's; service/stats/repetitions.py)."""
+(a TVM workload's; service/stats/repetitions.py), learnt from every trusted run: a workload
+whose runs end `unknown` on a busy host is the one that most needs cheaper processes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass, replace
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Table, case, select
+from sqlalchemy import Table, case, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -36,7 +37,7 @@ def starting_repetitions(session: Session, config: Config, workload_id: int, dev
     profile = None
     if config.run.noise_aware and device_id is not None:
         profile = _profile(session, workload_id, device_id)
-    if profile is None:
+    if profile is None or profile.process_cv is None:  # none, or counts learnt from runs never `same`
         return default, f"{default} invocations a side (configured; no noise history)"
     # the interval decides a regression, so plan at its level; the sequence may look any
     # number of times, so a small start costs nothing but looks
@@ -66,7 +67,7 @@ def samples_per_process(session: Session, config: Config, workload: Any, workloa
     profile = _profile(session, workload_id, device_id)
     if profile is None or profile.samples is None or profile.samples == own:
         return None, ""
-    if profile.observations % RECHECK == 0:
+    if profile.lessons % RECHECK == 0:
         return None, (f"{own} samples a process (its own: every {RECHECK}th learnt run re-learns the count; "
                       f"last learnt {profile.samples})")
     return profile.samples, f"{profile.samples_reason}, learnt from {profile.observations} past run(s)"
@@ -200,7 +201,7 @@ def choose_samples(session: Session, run_id: int, workload_id: int, samples: Map
         return None
     try:
         return stats.choose_samples(list(processes.values()), fixed_s=costs[0], sample_s=costs[1], configured=own,
-                                    typical=typical)
+                                    typical=typical, sides=[side for side, _ in processes])
     except ValueError:  # too few processes, or no time a sample
         return None
 
@@ -208,39 +209,58 @@ def choose_samples(session: Session, run_id: int, workload_id: int, samples: Map
 def learn(session: Session, workload_id: int, device_id: int | None, samples: dict, groups: dict,
           run_id: int | None = None, configured_samples: int | None = None,
           servers: Mapping[str, Sequence[Hashable]] | None = None, configured_children: int | None = None,
-          servers_ahead: bool = True, typical: Callable[[Sequence[float]], float] = min) -> None:
-    """Fold the noise of an A/A-like (``same``) comparison into the profile, and, for a TVM
-    workload (``configured_samples``: its own samples a process) whose run ``run_id`` took
-    them, the samples a process that run shows to be fastest (:func:`choose_samples`); where
-    its processes were forked (``servers``, each sample's), the children a fork server
-    against ``configured_children``, the runner's (:func:`choose_children`; ``servers_ahead``: the
-    runner's, whether it starts servers ahead). ``typical``: what the verdict judged a process
-    by, of its samples (its fastest; the mean of its samples' CPU times under contention)."""
+          servers_ahead: bool = True, typical: Callable[[Sequence[float]], float] = min,
+          same: bool = True) -> None:
+    """Fold a trusted run's lesson into the profile: where its verdict was ``same`` (an A/A-like
+    comparison), its noise; whatever its verdict, for a TVM workload (``configured_samples``:
+    its own samples a process) whose run ``run_id`` took them, the samples a process that run
+    shows to be fastest (:func:`choose_samples`), and where its processes were forked
+    (``servers``, each sample's), the children a fork server against ``configured_children``,
+    the runner's (:func:`choose_children`; ``servers_ahead``: the runner's, whether it starts
+    servers ahead). ``typical``: what the verdict judged a process by, of its samples (its
+    fastest; the mean of its samples' CPU times under contention)."""
     if device_id is None:
         return
-    try:
-        cv = sum(stats.process_cv(samples[side], groups[side]) for side in samples) / len(samples)
-    except ValueError:
-        return
+    cv = None
+    if same:
+        try:
+            cv = sum(stats.process_cv(samples[side], groups[side]) for side in samples) / len(samples)
+        except ValueError:
+            cv = None
     choice = (None if run_id is None or configured_samples is None
               else choose_samples(session, run_id, workload_id, samples, groups, configured_samples, typical))
-    # One statement that reads and writes the row: two runs that finish at once both count
-    # (a read-then-write in Python would lose one of them).
-    table = cast(Table, NoiseProfile.__table__)
-    dialect = session.get_bind().dialect.name
     chosen = {} if choice is None else {"samples": choice.samples, "samples_reason": choice.reason}
     children = (None if run_id is None or not servers or configured_children is None
                 else choose_children(session, run_id, workload_id, samples, groups, servers, configured_children,
                                      servers_ahead, choice, typical))
     if children is not None:
         chosen.update(children=children.children, children_reason=children.reason)
+    if cv is None and not chosen and configured_samples is None and not servers:
+        return  # nothing to learn: no noise, and no counts of a TVM workload
+    _fold(session, workload_id, device_id, cv, chosen)
+
+
+def _fold(session: Session, workload_id: int, device_id: int, cv: float | None, chosen: dict) -> None:
+    """Fold one run into the (workload, device)'s profile in one statement that reads and
+    writes the row, so two runs that finish at once both count (a read-then-write in Python
+    would lose one of them): its noise ``cv`` where it was a `same` run (None: not), the counts
+    it ``chosen``, and one lesson."""
+    table = cast(Table, NoiseProfile.__table__)
+    dialect = session.get_bind().dialect.name
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
-        workload_id=workload_id, device_id=device_id, process_cv=cv, observations=1, updated_at=utcnow(), **chosen)
-    weight = case((table.c.observations < MEMORY, table.c.observations), else_=MEMORY)
+        workload_id=workload_id, device_id=device_id, process_cv=cv, observations=int(cv is not None), lessons=1,
+        updated_at=utcnow(), **chosen)
+    noise: dict[str, Any] = {}
+    if cv is not None:
+        weight = case((table.c.observations < MEMORY, table.c.observations), else_=MEMORY)
+        # no noise before (a profile of counts alone): weight 0 takes this run's
+        noise = {"process_cv": (func.coalesce(table.c.process_cv, 0.0) * weight + statement.excluded.process_cv)
+                 / (weight + 1),
+                 "observations": table.c.observations + 1}
     session.execute(statement.on_conflict_do_update(
         index_elements=["workload_id", "device_id"],
-        set_={"process_cv": (table.c.process_cv * weight + statement.excluded.process_cv) / (weight + 1),
-              "observations": table.c.observations + 1,
+        set_={**noise,
+              "lessons": table.c.lessons + 1,
               "updated_at": statement.excluded.updated_at,
               **{name: getattr(statement.excluded, name) for name in chosen}}))
     session.flush()

@@ -85,12 +85,12 @@ def store_result(session: Session, config: Config, run: Run, workload: WorkloadS
     if decision.correctness is not None:  # a wrong answer is its own regression, whatever the speed verdict says
         correctness_id = lifecycle.open_regression(session, run, comparison, kind=RegressionKind.CORRECTNESS,
                                                    reason=decision.correctness).id
-    if decision.learn_noise:
+    if decision.learn_counts and m.failure is None:  # its noise only where `same`: see noise.learn
         judged, groups, typical = contended.judged_samples(m, verdict)  # CPU time where judged so
         noise.learn(session, row.id, run.device_id, judged, groups, run_id=run.id,
                     configured_samples=getattr(workload, "samples", None),  # a TVM workload's own
                     servers=contended.server_labels(m, groups), configured_children=config.runner.children_per_server,
-                    servers_ahead=config.runner.servers_ahead, typical=typical)
+                    servers_ahead=config.runner.servers_ahead, typical=typical, same=decision.learn_noise)
     counts, compile_counts = shown.get("instructions"), shown.get("compile_instructions")
     # a metric of processes of its own shown with the others (none of today's: time and instructions have keys)
     others = tuple(r for r in metrics.own_results(own) if Metric(r.metric) not in SHOWN_APART)

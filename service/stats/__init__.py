@@ -28,7 +28,7 @@ _EXPORTS = {
     "changepoints": ("OTAVA_MISSING", "StepChange", "change_points"),
     "contention": ("CPU_UNIT", "Contention", "assess", "on_cpu_time", "refused"),
     "exact": ("compare_exact",),
-    "levels": ("MIN_BLOCKS", "ServerLevel", "server_level"),
+    "levels": ("MIN_BLOCKS", "ServerLevel", "children_within", "server_level"),
     "repetitions": ("ChildrenChoice", "SamplesChoice", "choose_children", "choose_samples"),
     "core": ("DEFAULT_ALPHA", "DEFAULT_CONFIDENCE", "DEFAULT_PLAN_PAIRS", "DEFAULT_RESAMPLES",
              "DEFAULT_THRESHOLD_PCT", "MIN_PAIRS", "MIN_SAMPLES", "TRIM", "_decide", "_small_sample", "adjust_fdr",
@@ -64,6 +64,7 @@ __all__ = [
     "adjust_fdr",
     "assess",
     "change_points",
+    "children_within",
     "choose_children",
     "choose_samples",
     "compare",
@@ -84,7 +85,7 @@ if TYPE_CHECKING:
     from abwatch.service.stats.changepoints import OTAVA_MISSING, StepChange, change_points
     from abwatch.service.stats.contention import CPU_UNIT, Contention, assess, on_cpu_time, refused
     from abwatch.service.stats.exact import compare_exact
-    from abwatch.service.stats.levels import MIN_BLOCKS, ServerLevel, server_level
+    from abwatch.service.stats.levels import MIN_BLOCKS, ServerLevel, children_within, server_level
     from abwatch.service.stats.repetitions import ChildrenChoice, SamplesChoice, choose_children, choose_samples
     from abwatch.service.stats.core import (
         DEFAULT_ALPHA, DEFAULT_CONFIDENCE, DEFAULT_PLAN_PAIRS, DEFAULT_RESAMPLES, DEFAULT_THRESHOLD_PCT, MIN_PAIRS,

@@ -80,6 +80,20 @@ def server_level(winsorized: np.ndarray, labels: Sequence) -> ServerLevel | None
     return ServerLevel(blocks=k, rho=rho, design_effect=1.0 + (weighted_size - 1.0) * rho, shared=shared)
 
 
+def shared_blocks(pairs: int, children: int) -> int:
+    """The server pairs of two pairs or more that ``pairs`` interleaved pairs make where each
+    side's fork server serves ``children`` of them (a last server pair of one pair counts none)."""
+    return pairs // children + (pairs % children >= 2)
+
+
+def children_within(pairs: int) -> int:
+    """The most children a fork server may serve so that ``pairs`` pairs a side come from
+    :data:`MIN_BLOCKS` server pairs of two pairs or more (a run capped at ``pairs`` then still
+    gives an interval); never fewer than two (below twice :data:`MIN_BLOCKS` pairs no count
+    reaches them, and a server of one child costs a fresh process's import)."""
+    return max([r for r in range(2, pairs + 1) if shared_blocks(pairs, r) >= MIN_BLOCKS], default=2)
+
+
 def intraclass(values: np.ndarray, group: np.ndarray, fitted: int = 1) -> float:
     """The intraclass correlation of ``values`` in groups ``group`` (0..k-1, each used, k > fitted,
     fewer groups than values): the share of their variance between groups, by the one-way

@@ -27,9 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from abwatch.service.stats.core import DEFAULT_ALPHA, MIN_PAIRS, cs_multiplier
-from abwatch.service.stats.levels import MIN_BLOCKS, intraclass
+from abwatch.service.stats.levels import MIN_BLOCKS, intraclass, shared_blocks
 
-CANDIDATES = (5, 10, 20, 50, 100, 200, 500)
+# From 2: where a process is judged by the mean of its samples' CPU times (a long sample under
+# heavy contention) more samples hardly steady it (the between-process level dominates), and a
+# process of long samples is mostly its samples (builtin:mlp at batch 128: 55 ms each).
+CANDIDATES = (2, 3, 5, 10, 20, 50, 100, 200, 500)
 MIN_PROCESSES = 6  # fewer processes than this give no usable spread
 MIN_GAIN = 0.2  # the configured count is kept unless another is at least this much cheaper
 
@@ -59,9 +62,23 @@ def _cv(values: Sequence[float]) -> float:
     return statistics.stdev(values) / mean if mean > 0 else math.inf
 
 
+def _per_side(figures: list[float], sides: Sequence[str] | None) -> list[float]:
+    """``figures`` each relative to its side's median (as they are where ``sides`` is None): a
+    real difference between the sides is no process's noise, and would add the same spread to
+    every count's (so the cheapest count would look best)."""
+    if sides is None:
+        return figures
+    if len(sides) != len(figures):
+        raise ValueError(f"choose_samples: {len(sides)} sides for {len(figures)} processes")
+    middle = {side: statistics.median(f for f, s in zip(figures, sides, strict=True) if s == side)
+              for side in set(sides)}
+    return [f / middle[s] if middle[s] > 0 else f for f, s in zip(figures, sides, strict=True)]
+
+
 def choose_samples(processes: Sequence[Sequence[float]], fixed_s: float, sample_s: float, configured: int,
                    candidates: Sequence[int] = CANDIDATES, min_gain: float = MIN_GAIN,
-                   typical: Callable[[Sequence[float]], float] = min) -> SamplesChoice:
+                   typical: Callable[[Sequence[float]], float] = min,
+                   sides: Sequence[str] | None = None) -> SamplesChoice:
     """The samples a process to take from now on, from earlier processes' samples.
 
     ``processes``: each process's samples in the order it took them (any unit), all taken
@@ -72,6 +89,9 @@ def choose_samples(processes: Sequence[Sequence[float]], fixed_s: float, sample_
     spread of a few processes is itself uncertain, and a changed count moves a process's
     fastest sample (so the series' level) a little. ``typical``: what a process is judged
     by, of its first ``n`` samples (its fastest; the mean where it is judged on CPU time).
+    ``sides``: each process's side, where the processes are of a comparison whose sides may
+    differ (a run that found a change still teaches its counts): each side's figures are then
+    taken relative to their own median.
     """
     if len(processes) < MIN_PROCESSES:
         raise ValueError(f"choose_samples needs at least {MIN_PROCESSES} processes, got {len(processes)}")
@@ -83,7 +103,7 @@ def choose_samples(processes: Sequence[Sequence[float]], fixed_s: float, sample_
         raise ValueError(f"every process needs the configured {configured} samples, the fewest took {most}")
     options = []
     for n in counts:
-        cv = _cv([typical(p[:n]) for p in processes])
+        cv = _cv(_per_side([typical(p[:n]) for p in processes], sides))
         options.append((n, cv, fixed_s + n * sample_s))
     base_cv, base_s = next((cv, seconds) for n, cv, seconds in options if n == configured)
 
@@ -159,7 +179,7 @@ def _times_to_width(counts: Sequence[int], rho: float, pairs: int, alpha: float,
     narrowest interval any count gives at ``pairs`` (inf: not within :data:`HORIZON` times
     ``pairs``); :func:`choose_children` says how."""
     def width(r: int, n: int) -> float:  # the interval's half-width at n pairs, in the processes' sd
-        if n // r + (n % r >= 2) < MIN_BLOCKS:  # a last block of one pair tells nothing
+        if shared_blocks(n, r) < MIN_BLOCKS:
             return math.inf
         return math.sqrt((1.0 + (r - 1) * rho) / n) * cs_multiplier(n, alpha, units=math.ceil(n / r))
 

@@ -458,14 +458,17 @@ class TriageEvent(Base):
 
 
 class NoiseProfile(Base):
-    """Observed run-to-run noise of one workload on one device, learnt from its `same` verdicts.
+    """Observed run-to-run noise of one workload on one device, and the repetitions that reach
+    an interval fastest there.
 
     ``process_cv`` is the coefficient of variation of per-process medians (the unit the
-    statistics use); it sets how many invocations the next run starts with. ``samples`` (a TVM
-    workload's): the samples a process that reach an interval fastest, learnt from a run that
-    took the workload's own count (service/stats/repetitions.py); NULL: none learnt.
-    ``children`` (a forked TVM workload's): the children a fork server that reach it fastest,
-    learnt from a forked run (:func:`service.stats.choose_children`); NULL: the runner's.
+    statistics use), learnt from `same` verdicts (``observations`` of them; NULL: none yet);
+    it sets how many invocations the next run starts with. The counts are learnt from every
+    trusted run whatever its verdict (``lessons`` of them): ``samples`` (a TVM workload's): the
+    samples a process that reach an interval fastest, learnt from a run that took the
+    workload's own count (service/stats/repetitions.py); NULL: none learnt. ``children`` (a
+    forked TVM workload's): the children a fork server that reach it fastest, learnt from a
+    forked run (:func:`service.stats.choose_children`); NULL: the runner's.
     """
 
     __tablename__ = "noise_profiles"
@@ -473,8 +476,9 @@ class NoiseProfile(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
-    process_cv: Mapped[float] = mapped_column(Float)
+    process_cv: Mapped[float | None] = mapped_column(Float)
     observations: Mapped[int] = mapped_column(Integer)
+    lessons: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     samples: Mapped[int | None] = mapped_column(Integer)
     samples_reason: Mapped[str | None] = mapped_column(Text)
