@@ -376,8 +376,10 @@ def test_a_forked_comparison_stores_each_server_and_the_next_takes_the_children_
             assert (profile.children, profile.children_reason) == (choice.children, choice.reason)
         profile.children, profile.children_reason = 4, "4 children a fork server (chosen)"
 
-    # the runner now at 8 a server: the 4 learnt (fewer) is what the next run takes
-    config.write_text(config.read_text().replace("children_per_server = 2", "children_per_server = 8"))
+    # the runner now at 8 a server: the 4 learnt (fewer) is what the next run takes (12 pairs: at 8
+    # pairs a run would serve 3 a server, the most that still make three server pairs)
+    config.write_text(config.read_text().replace("children_per_server = 2", "children_per_server = 8")
+                      .replace("repetitions = 8", "repetitions = 12"))
     second, err = compare()
     (again,) = second["results"]
     assert "4 children a fork server (chosen), learnt from 1 past run(s)" in err
@@ -386,7 +388,7 @@ def test_a_forked_comparison_stores_each_server_and_the_next_takes_the_children_
     with db.session_scope(engine) as session:
         measured = session.scalars(select(Invocation).where(Invocation.run_id == second["run_id"],
                                                             Invocation.warmup.is_(False))).all()
-        assert children_a_server(measured) == [4, 4, 4, 4]  # 8 a side, 4 a server
+        assert children_a_server(measured) == [4] * 6  # 12 a side, 4 a server
     engine.dispose()
 
 

@@ -70,7 +70,7 @@ def samples_per_process(session: Session, config: Config, workload: Any, workloa
     if profile.lessons % RECHECK == 0:
         return None, (f"{own} samples a process (its own: every {RECHECK}th learnt run re-learns the count; "
                       f"last learnt {profile.samples})")
-    return profile.samples, f"{profile.samples_reason}, learnt from {profile.observations} past run(s)"
+    return profile.samples, f"{profile.samples_reason}, learnt from {profile.lessons} past run(s)"
 
 
 def children_per_server(session: Session, config: Config, workload: Any, workload_id: int,
@@ -85,7 +85,7 @@ def children_per_server(session: Session, config: Config, workload: Any, workloa
     # a count is learnt below the runner's (never above it): a runner since set lower wins
     if profile is None or profile.children is None or profile.children >= config.runner.children_per_server:
         return None, ""
-    return profile.children, f"{profile.children_reason}, learnt from {profile.observations} past run(s)"
+    return profile.children, f"{profile.children_reason}, learnt from {profile.lessons} past run(s)"
 
 
 @dataclass(frozen=True)
