@@ -248,3 +248,21 @@ def test_the_children_are_weighed_at_the_samples_chosen_with_them():
         as_measured = choose_children(*figures, server_s=0.63, child_s=0.2, configured=8, pairs=168, ahead=True)
         as_it_will_be = choose_children(*figures, server_s=0.63, child_s=child, configured=8, pairs=168, ahead=True)
         assert as_measured.children == 2 and as_it_will_be.children == 8, (as_measured.reason, as_it_will_be.reason)
+
+
+def test_the_children_are_weighed_at_the_pairs_the_learnt_samples_buy():
+    """A teaching run of builtin:mlp at batch 128 beside six busy loops (measured: 100 samples a
+    process, a child 13.0 s, 12 pairs in 300 s; 2 samples learnt, a child then 0.43 s; a server's
+    start 1.03 s, no layout effect): weighed at its own 12 pairs only 2 children a server make
+    three server pairs, and a next run of 0.43 s children would start a server every two; at
+    the pairs the same time buys with those children, the runner's 8 are kept."""
+    from abwatch.service.compare.noise import MAX_PAIRS_AHEAD, pairs_ahead
+
+    ahead = pairs_ahead(12, 13.0, 0.43)
+    assert ahead == 363 and pairs_ahead(12, 0.43, 0.43) == 12 and pairs_ahead(12, 13.0, 0.001) == MAX_PAIRS_AHEAD
+    assert pairs_ahead(12, 0.2, 0.43) == 12  # never fewer than the run made
+    for seed in range(3):
+        figures = _forked(np.random.default_rng(30 + seed), 4, 3, layout_sd=0.0, process_sd=0.026)
+        at_its_pairs = choose_children(*figures, server_s=1.03, child_s=0.43, configured=8, pairs=12, ahead=True)
+        at_its_time = choose_children(*figures, server_s=1.03, child_s=0.43, configured=8, pairs=ahead, ahead=True)
+        assert at_its_pairs.children < 8 and at_its_time.children == 8, (at_its_pairs.reason, at_its_time.reason)

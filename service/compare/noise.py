@@ -28,6 +28,7 @@ MEMORY = 20  # observations a profile averages over before it starts to follow d
 # when the host or the workload changes.
 RECHECK = 10
 MIN_CHILD_S = 0.001  # a forked child's least cost (seconds): its fork, load and reply are never free
+MAX_PAIRS_AHEAD = 500  # the most pairs a children choice looks ahead to (a run's budget rarely buys more)
 
 
 def starting_repetitions(session: Session, config: Config, workload_id: int, device_id: int | None,
@@ -135,6 +136,16 @@ def child_at(child_s: float, samples: stats.SamplesChoice | None) -> float:
     return max(MIN_CHILD_S, child_s + seconds[samples.samples] - seconds[samples.configured])
 
 
+def pairs_ahead(pairs: int, measured_child_s: float, child_s: float) -> int:
+    """The pairs a children choice is weighed at: the ``pairs`` a run made with children of
+    ``measured_child_s``, in the same time, once its children cost ``child_s`` (those of the
+    samples learnt with them, :func:`child_at`), at most :data:`MAX_PAIRS_AHEAD`. A teaching run
+    of 100 samples a process (builtin:mlp beside six busy loops: 12 pairs in 300 s) would
+    otherwise choose for a horizon where only two children a server make three server pairs,
+    and the next run, of cheap children, would pay a fork server's start every two of them."""
+    return max(pairs, min(MAX_PAIRS_AHEAD, round(pairs * measured_child_s / child_s)))
+
+
 def choose_children(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],
                     groups: Mapping[str, Sequence[int]], servers: Mapping[str, Sequence[Hashable]],
                     configured: int, ahead: bool = True, chosen: stats.SamplesChoice | None = None,
@@ -159,10 +170,12 @@ def choose_children(session: Session, run_id: int, workload_id: int, samples: Ma
         return None
     keys = list(fastest)
     pairs = min(sum(1 for side, _ in keys if side == name) for name in samples)
+    child_s = child_at(costs.child_s, chosen)
+    pairs = pairs_ahead(pairs, costs.child_s, child_s)
     try:
         choice = stats.choose_children([fastest[k] for k in keys], [server_of[k] for k in keys],
                                        [k[0] for k in keys], server_s=costs.start_s,
-                                       child_s=child_at(costs.child_s, chosen), configured=configured, pairs=pairs,
+                                       child_s=child_s, configured=configured, pairs=pairs,
                                        ahead=costs.ahead)
     except ValueError:  # too few servers of two children, too few pairs, no time a child
         return None
