@@ -29,10 +29,10 @@ import numpy as np
 from abwatch.service.stats.core import DEFAULT_ALPHA, MIN_PAIRS, cs_multiplier
 from abwatch.service.stats.levels import MIN_BLOCKS, intraclass, shared_blocks
 
-# From 2: where a process is judged by the mean of its samples' CPU times (a long sample under
-# heavy contention) more samples hardly steady it (the between-process level dominates), and a
-# process of long samples is mostly its samples (builtin:mlp at batch 128: 55 ms each).
-CANDIDATES = (2, 3, 5, 10, 20, 50, 100, 200, 500)
+# From 5: 2 samples a process were tried (builtin:mlp at batch 128 beside six busy loops, judged
+# on the mean of its samples' CPU times) and made A/A intervals of ±2.3-3.4 % at 67-70 pairs in
+# 120 s, where 5 had made ±1.3-2.0 % at 57-85 (docs/statistics.md).
+CANDIDATES = (5, 10, 20, 50, 100, 200, 500)
 MIN_PROCESSES = 6  # fewer processes than this give no usable spread
 MIN_GAIN = 0.2  # the configured count is kept unless another is at least this much cheaper
 
