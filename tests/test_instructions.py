@@ -359,7 +359,9 @@ def test_a_counted_compile_is_for_this_hosts_cpu_even_when_nothing_ran_before(tm
         assert died.status == "error" and "counted worker ended with status -9" in died.message, died.message
         assert runner.tvm.forks.idle == [] and server.worker.proc.poll() is not None
         after = runner.count_instructions(artifact, workload, 600, COUNTERS["valgrind"], "control", "compile")
-        assert after.status == "ok" and abs(after.samples[0] - first.samples[0]) / first.samples[0] < 1e-3
+        # a new server's child: the same target's compile (another CPU model's counts 5.5-6.6 %
+        # apart here), though on one CI host 0.11 % from the first server's (equal on this one)
+        assert after.status == "ok" and abs(after.samples[0] - first.samples[0]) / first.samples[0] < 1e-2
         (newest,) = runner.tvm.forks.idle
     finally:
         runner.teardown()
