@@ -1,7 +1,7 @@
 """How decisive abwatch is on TVM run time, per workload and mode, quiet and beside busy loops.
 
     python -m benchmarks.tvm_decisive --cache .abwatch/cache [--runs 20] [--busy 0,6]
-        [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,forked-waiting,duet,learnt]
+        [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,forked-waiting,duet,duet-forked,learnt]
         [--max-seconds 300] [--out rows.jsonl]
 
 Each run is one ``abwatch compare`` of one workload of one TVM release against itself (a
@@ -12,8 +12,8 @@ side by side (their order rotated every run): ``fresh`` (the default until 2026-
 process, the two sides one after the other), ``forked`` (``[runner] processes = "forked"``: children
 of a fork server, each server's successor started ahead), ``forked-waiting`` (the same, each server
 started when its first child is asked for: ``servers_ahead = false``), ``duet`` (``[run]
-schedule = "duet"``: the two sides at once, each pinned to its own CPU; a duet's TVM workers
-start fresh, so "forked and duet" is the duet) and ``learnt`` (forked, with
+schedule = "duet"``: the two sides at once, each pinned to its own CPU, fresh workers),
+``duet-forked`` (the combination: a duet of forked children, each pinning itself) and ``learnt`` (forked, with
 the samples a process and children a fork server that the workload's own A/A runs on this
 host taught abwatch's noise history: what a watch's later runs of a workload take; see
 :func:`learn`). Every look's interval is read
@@ -93,7 +93,8 @@ MODES = {
     "fresh": 'processes = "fresh"\n',
     "forked": 'processes = "forked"\n',
     "forked-waiting": 'processes = "forked"\nservers_ahead = false\n',
-    "duet": "",
+    "duet": 'processes = "fresh"\n',
+    "duet-forked": 'processes = "forked"\n',
     "learnt": 'processes = "forked"\n',
 }
 TEACHING_RUNS = 3  # A/A runs a workload is given to teach its repetitions (any trusted run's verdict teaches)
@@ -135,7 +136,7 @@ def config_text(args, workload: str, truth: str, mode: str, script: Path, learnt
     if truth == "plus3":
         treatment += f"treatment_options = {_toml(plus3)}\n"
     return CONFIG.format(cache=json.dumps(str(args.cache.resolve())), runner=MODES[mode],
-                         run='schedule = "duet"\n' if mode == "duet" else "", max_seconds=args.max_seconds,
+                         run='schedule = "duet"\n' if mode.startswith("duet") else "", max_seconds=args.max_seconds,
                          model=model.replace("{script}", str(script)), treatment=treatment)
 
 

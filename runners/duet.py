@@ -10,6 +10,7 @@ order (ABBA/BAAB) decides which side gets which core, so each side has each core
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -124,9 +125,12 @@ def measure_duet(runner, artifacts: Mapping[str, Path], workload, schedule: list
                     barrier.wait()
 
             def one(slot: Slot, cpu: int, barrier: threading.Barrier = barrier) -> InvocationResult:
+                # once a side: a forked child run again on the compiler's library after the barrier
+                # (runners/tvm_sessions.py) would otherwise wait for a side that has gone on
+                once = functools.cache(together)
                 try:
                     return runner.run(artifacts[slot.side], workload, timeout_s, slot.side,
-                                      placement=Placement(frozenset({cpu}), together))
+                                      placement=Placement(frozenset({cpu}), once))
                 finally:
                     # past the barrier this changes nothing; before it (a side that failed to
                     # start) it lets the other side go on instead of waiting for ever

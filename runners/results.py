@@ -91,6 +91,11 @@ class InvocationResult:
     # each sample's own CPU time (ms), where the worker marked them (TVM workers on the host
     # CPU: runners/worker/usage.py); empty where not measured
     cpu_samples: tuple[float, ...] = ()
+    # a TVM worker's timing batch on the host CPU: when it began (``time.monotonic()``, a clock
+    # every process of the host shares) and the CPUs it could run on (a duet's side: its own);
+    # None where not measured
+    began: float | None = None
+    cpus: tuple[int, ...] | None = None
 
     @property
     def usage_span_s(self) -> float:

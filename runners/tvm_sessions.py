@@ -79,7 +79,8 @@ def _timed(reply: dict, metrics: TvmMetrics, series: dict[str, tuple[float, ...]
     return InvocationResult("ok", tuple(reply["samples"]), wall_s, "", (), metrics,
                             cpu_s=usage.get("cpu_s"), involuntary_switches=usage.get("involuntary_switches"),
                             usage_wall_s=usage.get("wall_s"), threads=threads, max_rss_kb=usage.get("max_rss_kb"),
-                            series=series, cpu_samples=_cpu_samples(usage, len(reply["samples"])))
+                            series=series, cpu_samples=_cpu_samples(usage, len(reply["samples"])),
+                            began=usage.get("began"), cpus=tuple(usage["cpus"]) if "cpus" in usage else None)
 
 
 class TvmSessions:
@@ -153,8 +154,9 @@ class TvmSessions:
         timing batch, and exits. The compiling invocation also reports compile time and outputs.
         With ``processes = "forked"`` every later one is a child of the side's fork server
         (:meth:`forked`). With ``placement`` (a duet's side) the worker runs pinned, on as many
-        threads as it has CPUs, and starts its timing batch when the other side's worker does;
-        a duet's workers start fresh, pinned before their first instruction.
+        threads as it has CPUs, and starts its timing batch when the other side's worker does:
+        a fresh one pinned before its first instruction, a forked child as soon as it reads its
+        spec.
 
         On this host's CPU the compiling worker saves the workload's inputs beside the library,
         and a later worker (a duet's excepted) loads them on TVM's runtime library alone
@@ -164,8 +166,8 @@ class TvmSessions:
         key = (side, artifact, workload.name)
         lib = self._lib(artifact, workload, side)
         first = key not in self.compiled
-        if not first and self.forks_timed() and placement is None:
-            return self.forked(artifact, workload, timeout_s, side, side_options)
+        if not first and self.forks_timed():
+            return self.forked(artifact, workload, timeout_s, side, side_options, placement)
         threads = self.threads(workload)
         if placement is not None:  # more threads than its CPUs would wait for each other there
             threads = len(placement.cpus)
@@ -218,11 +220,14 @@ class TvmSessions:
         return spec, env, saved
 
     def forked(self, artifact: Path, workload: TvmWorkloadConfig, timeout_s: float,
-               side: str, side_options: dict) -> InvocationResult:
+               side: str, side_options: dict, placement: Placement | None = None) -> InvocationResult:
         """One invocation as a child of the (side, build)'s fork server: it loads the library
         the compiling worker exported, answers one timing batch and exits, as a fresh worker
         would; its result names its server (``server``). A child that fails takes its server
-        down with it (the next child gets a new one).
+        down with it (the next child gets a new one). With ``placement`` (a duet's side) the
+        child pins itself to its CPUs before it loads anything, runs as many threads as it has
+        CPUs (the server's environment says so: a server per thread count) and starts its
+        timing batch when the other side's does.
 
         Where the compiling worker saved the workload's inputs (``runners/worker/saved.py``),
         the server imports TVM's runtime library alone (``TVM_USE_RUNTIME_LIB=1``: about half
@@ -231,7 +236,11 @@ class TvmSessions:
         registers), the invocation is run again by a server with the compiler, which serves the
         workload from then on (:attr:`runtime_refused`): only that one's failure is the build's."""
         spec = dict(self.spec(workload, side_options), load=str(self._lib(artifact, workload, side)))
-        env = {"TVM_NUM_THREADS": str(threads := self.threads(workload))}
+        threads = self.threads(workload)
+        if placement is not None:  # a side's CPU each: more threads there would wait for each other
+            threads = len(placement.cpus)
+            spec["cpus"] = sorted(placement.cpus)
+        env = {"TVM_NUM_THREADS": str(threads)}
         saved = self._on_runtime(spec, env, artifact, workload, side)
         start = time.monotonic()
         server = None
@@ -242,6 +251,8 @@ class TvmSessions:
                 child = from_child(server.worker, timeout_s, "forked")
                 server.worker.send(spec)
                 from_child(server.worker, timeout_s, "forked")  # loaded: the limits are a fresh worker's
+                if placement is not None and placement.together is not None:
+                    placement.together()  # both sides' timing batches begin at once
                 server.worker.send({"cmd": "run"})
                 reply = from_child(server.worker, timeout_s, "forked")
                 series = _series(reply)
@@ -254,7 +265,7 @@ class TvmSessions:
             if saved is not None and "timeout" not in str(exc):  # a hung child is the workload's, on any library
                 self._refuse(workload, "a fork server failed to start" if server is None else "a child failed", exc)
                 self.timed.discard(side, artifact, env)  # its successor, started ahead, serves no one
-                return self.forked(artifact, workload, timeout_s, side, side_options)
+                return self.forked(artifact, workload, timeout_s, side, side_options, placement)
             status = "timeout" if "timeout" in str(exc) else "error"
             return InvocationResult(status, (), time.monotonic() - start, str(exc))
         return replace(_timed(reply, TvmMetrics(), series, wall_s, threads), server=server.index,

@@ -8,6 +8,7 @@ process) with one CPU is refused by the name of the key, before anything is buil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -30,7 +31,7 @@ from abwatch.runners.duet import Cores, choose_cores, host_cores, measure_duet, 
 from abwatch.runners.harness import interleaved_schedule
 from abwatch.service.cli.main import main
 from abwatch.service.compare.schedule import MEMORY_BOUND, schedule_for
-from abwatch.service.config import CommandWorkloadConfig, TvmWorkloadConfig, load_config
+from abwatch.service.config import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig, load_config
 from abwatch.service.store import db
 from abwatch.service.store.models import Comparison, Invocation, Run
 from abwatch.service.store.rows import workload_spec_hash
@@ -221,41 +222,54 @@ def test_a_duet_compare_says_its_schedule(capsys, write_config, sqlite_url):
 
 @needs_two
 @pytest.mark.slow  # a real TVM wheel's venv (once a session) and two compiles
-def test_a_tvm_duets_workers_run_pinned_on_one_thread_at_once(tmp_path, tvm_python):
-    """TVM workloads too: each side's worker starts pinned to its own CPU (seen from outside, by
-    its affinity while it runs) and times on one thread, the two workers alive at once."""
+@pytest.mark.parametrize("processes", ["fresh", "forked"])
+def test_a_tvm_duets_workers_run_pinned_on_one_thread_at_once(tvm_python, processes):
+    """TVM workloads too: each side's measured process times on one thread pinned to its own
+    CPU, the pair's two timing batches at once (each says, from inside, when it began and the
+    CPUs it could run on). A fresh worker is pinned from its start (seen from outside, by its
+    affinity while it runs); a forked one is a child of its side's fork server, which is not
+    pinned: it serves its side's children on either CPU, each pinning itself."""
     artifact = Path(tvm_python).parent.parent
-    cores, runner = host_cores(), CpuRunner()
-    workload = TvmWorkloadConfig(name="mlp", model="builtin:mlp", input_shape=[1, 64], options={"hidden": 64})
-    seen: dict[int, tuple[frozenset[int], float, float]] = {}  # pid: CPUs, first and last seen
+    cores, runner = host_cores(), CpuRunner(RunnerConfig(threads=1, processes=processes))
+    workload = TvmWorkloadConfig(name="mlp", model="builtin:mlp", input_shape=[1, 64], options={"hidden": 64},
+                                 samples=100, number=100)  # a batch of ~0.1 s: longer than a barrier's latency
+    results: list = []  # (slot, result), the warm-up pair's (the compiling workers, fresh in either mode) too
+    affinities: set[frozenset[int]] = set()  # of the fresh workers, seen from outside while they run
     done = threading.Event()
 
     def watch() -> None:
         while not done.is_set():
             for proc in psutil.process_iter(["cmdline"]):
-                try:
-                    if any(str(part).endswith("tvm_worker.py") for part in proc.info["cmdline"] or ()) and \
-                            str(artifact) in " ".join(proc.info["cmdline"]):
-                        now = time.monotonic()
-                        cpus, first = frozenset(proc.cpu_affinity()), seen.get(proc.pid, (None, now))[1]
-                        seen[proc.pid] = (cpus, first, now)
-                except psutil.Error:
-                    continue
+                with contextlib.suppress(psutil.Error):
+                    if str(artifact) in " ".join(proc.info["cmdline"] or ()) and \
+                            any(str(part).endswith("tvm_worker.py") for part in proc.info["cmdline"] or ()):
+                        affinities.add(frozenset(proc.cpu_affinity()))
             time.sleep(0.02)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    try:
+    try:  # a warm-up pair and two measured pairs: an ABBA block puts each side once on each CPU
         m = measure_duet(runner, {CONTROL: artifact, TREATMENT: artifact}, workload,
-                         interleaved_schedule(1, 1, random.Random(2)), 600, lambda *_: None, cores)
+                         interleaved_schedule(2, 1, random.Random(2)), 600,
+                         lambda slot, result: results.append((slot, result)), cores)
     finally:
         done.set()
         watcher.join()
         runner.teardown()
     assert m.failure is None and all(f.threads == 1 for side in (CONTROL, TREATMENT) for f in m.processes[side])
-    assert len(m.samples[CONTROL]) == len(m.samples[TREATMENT]) == workload.samples
-    workers = list(seen.values())
-    assert len(workers) >= 2 and all(len(cpus) == 1 for cpus, *_ in workers), workers
-    assert {cpu for cpus, *_ in workers for cpu in cpus} == set(cores.cpus)
-    # some two workers on different CPUs were alive at the same time
-    assert any(a[0] != b[0] and a[1] < b[2] and b[1] < a[2] for a in workers for b in workers), workers
+    assert len(m.samples[CONTROL]) == len(m.samples[TREATMENT]) == 2 * workload.samples
+    # seen from outside: every fresh worker pinned; in the forked mode the servers on every CPU
+    assert {len(cpus) for cpus in affinities} == ({1} if processes == "fresh" else {1, len(os.sched_getaffinity(0))})
+    for (_, first), (_, second) in zip(results[::2], results[1::2], strict=True):  # each pair, the warm-up too
+        assert {first.cpus, second.cpus} == {(cpu,) for cpu in cores.cpus}, (first.cpus, second.cpus)
+        # the two batches overlapped: each began before the other ended
+        assert first.began < second.began + second.usage_wall_s and second.began < first.began + first.usage_wall_s
+    measured = [(slot, r) for slot, r in results if not slot.warmup]
+    servers = {side: {r.server for slot, r in measured if slot.side == side} for side in (CONTROL, TREATMENT)}
+    ran_on = {side: {r.cpus for slot, r in measured if slot.side == side} for side in (CONTROL, TREATMENT)}
+    assert all(len(cpus) == 2 for cpus in ran_on.values()), ran_on  # each side on each CPU once
+    if processes == "fresh":
+        assert servers == {CONTROL: {None}, TREATMENT: {None}}
+    else:  # each side's two children from one server of its own, so that server served both CPUs
+        assert all(len(s) == 1 and None not in s for s in servers.values()), servers
+        assert servers[CONTROL] != servers[TREATMENT]

@@ -11,7 +11,7 @@ model's own imports): never abwatch, which lives in another environment. Protoco
         instructions of the compile call, or with "count_run" of the timed calls; "export":
         where to write the compiled library, "load": the library to load instead; "save": where
         to write the inputs and weights too, "saved": take them from there, building nothing:
-        saved.py)
+        saved.py; "cpus": the CPUs a forked child of a duet pins itself to before anything else)
     <- {"ready": true, "compile_ms": ..., "tvm_version": ..., "inputs": {...},
         "instructions": {...} (compile_only with count), "max_rss_kb": (compile_only)} | {"error": ...}
     -> {"cmd": "run"}      <- {"samples": [ms, ...], "ops": {name: us},
@@ -302,6 +302,8 @@ class Workload:
 def serve(spec: dict, send) -> int:
     """Compile ``spec``'s workload, say so, and serve its commands until told to exit or stdin
     closes; the exit status."""
+    if spec.get("cpus"):  # a duet's forked child: on its side's CPU before it loads or touches anything
+        os.sched_setaffinity(0, spec["cpus"])
     try:
         workload = Workload(spec)
     except _sibling("script").ScriptError as exc:  # the user's file and line, not this worker's traceback

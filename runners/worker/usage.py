@@ -12,6 +12,7 @@ sample of a process may be a clean one; its CPU time does not.
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 
@@ -37,10 +38,11 @@ def start() -> tuple[resource.struct_rusage, float, bool]:
 
 def figures(before: resource.struct_rusage, started: float, reset: bool) -> dict:
     """After the batch begun by :func:`start`: its wall time, this process's CPU time over it
-    (user + system, every thread), its involuntary context switches and, where the peak was
-    reset, its peak resident memory in KiB."""
+    (user + system, every thread), its involuntary context switches, where the peak was reset
+    its peak resident memory in KiB, when it began (``began``: ``time.monotonic()``, a clock every
+    process of the host shares) and the CPUs it could run on."""
     after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - started
-    return {"wall_s": wall,
+    return {"wall_s": wall, "began": time.monotonic() - wall, "cpus": sorted(os.sched_getaffinity(0)),
             "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
             "involuntary_switches": after.ru_nivcsw - before.ru_nivcsw,
             "max_rss_kb": peak_kb() if reset else None}

@@ -389,8 +389,8 @@ def _children_within_cap(config: Config, workload: WorkloadSpec, children: int |
     interval needs (:func:`stats.children_within`), and why; as they were where the workload sets
     its own count, its workers are not forked, or nothing caps the run."""
     cap = config.run.max_repetitions
-    if (cap is None or config.runner.processes != "forked" or config.runner.kind != "cpu"
-            or config.run.schedule == "duet"  # a duet's workers, a GPU's and a board's start fresh
+    if (cap is None or config.runner.processes != "forked"
+            or config.runner.kind != "cpu"  # a GPU's and a board's workers start fresh
             or getattr(workload, "children_per_server", 0) is not None):  # set, or not a TVM workload
         return children, why
     fitted = stats.children_within(cap)
