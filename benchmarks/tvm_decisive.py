@@ -1,7 +1,7 @@
 """How decisive abwatch is on TVM run time, per workload and mode, quiet and beside busy loops.
 
     python -m benchmarks.tvm_decisive --cache .abwatch/cache [--runs 20] [--busy 0,6]
-        [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,forked-waiting,duet,duet-forked,learnt]
+        [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,forked-waiting,duet,duet-forked,learnt,duet-learnt]
         [--max-seconds 300] [--out rows.jsonl]
 
 Each run is one ``abwatch compare`` of one workload of one TVM release against itself (a
@@ -13,10 +13,10 @@ process, the two sides one after the other), ``forked`` (``[runner] processes = 
 of a fork server, each server's successor started ahead), ``forked-waiting`` (the same, each server
 started when its first child is asked for: ``servers_ahead = false``), ``duet`` (``[run]
 schedule = "duet"``: the two sides at once, each pinned to its own CPU, fresh workers),
-``duet-forked`` (the combination: a duet of forked children, each pinning itself) and ``learnt`` (forked, with
+``duet-forked`` (the combination: a duet of forked children, each pinning itself), ``learnt`` (forked, with
 the samples a process and children a fork server that the workload's own A/A runs on this
 host taught abwatch's noise history: what a watch's later runs of a workload take; see
-:func:`learn`). Every look's interval is read
+:func:`learn`) and ``duet-learnt`` (a duet of forked children at those counts). Every look's interval is read
 from the report as it is printed, timed from the start of the command, so one run with a
 ``--max-seconds`` budget gives the interval's width at 60, 120 and 300 s (a run decided sooner
 keeps its final width). Busy loops (``python3 -c "while 1: pass"``) are started for a load
@@ -95,6 +95,7 @@ MODES = {
     "forked-waiting": 'processes = "forked"\nservers_ahead = false\n',
     "duet": 'processes = "fresh"\n',
     "duet-forked": 'processes = "forked"\n',
+    "duet-learnt": 'processes = "forked"\n',
     "learnt": 'processes = "forked"\n',
 }
 TEACHING_RUNS = 3  # A/A runs a workload is given to teach its repetitions (any trusted run's verdict teaches)
@@ -240,12 +241,12 @@ def main() -> None:
         for busy in (int(b) for b in args.busy.split(",")):
             with busy_loops(busy):
                 # what each workload's learnt runs take, taught at this load
-                taught = {w: learn(args, w, work) for w in workloads} if "learnt" in modes else {}
+                taught = {w: learn(args, w, work) for w in workloads} if any(m.endswith("learnt") for m in modes) else {}
                 # the modes side by side, their order rotated every run
                 for run, workload, truth, k in itertools.product(range(args.runs), workloads, truths,
                                                                   range(len(modes))):
                     mode = modes[(run + k) % len(modes)]
-                    learnt = taught[workload] if mode == "learnt" else None
+                    learnt = taught[workload] if mode.endswith("learnt") else None
                     found = {**one(args, workload, truth, mode, work, learnt), "busy": busy, "run": run}
                     rows[(busy, workload, truth, mode)].append(found)
                     print(json.dumps(found), file=sys.stderr, flush=True)
