@@ -377,7 +377,8 @@ class RunnerConfig(StrictModel):
     # of its own with its own samples; runners/fork_servers.py, TimedServers, says how it stays
     # independent (servers restarted, each child's layout randomised). The default since its A/A
     # rate was measured on real TVM (761 forked runs, none false: docs/statistics.md); a run
-    # capped below three server pairs serves fewer children a server (driver._children_within_cap).
+    # capped below three server pairs, or a first look of fewer pairs than three servers' children,
+    # serves fewer children a server (driver._children_within).
     processes: Literal["fresh", "forked"] = Field(
         default="forked", description="tvm, on this host's CPU: how each timed worker starts: forked (a "
         "child of a per-build, per-side fork server that has imported TVM) or fresh (a new interpreter "

@@ -410,3 +410,24 @@ def test_the_default_forks_and_a_capped_run_serves_fewer_children_a_server(tmp_p
         assert children_a_server(measured) == [2, 2, 5, 5, 5, 5]
     assert "5 children a fork server (at most 12 processes a side" in result["stop_reason"], result
     assert "fork servers as a level: 3 server pairs" in result["method"] and result["ci_pct"] is not None, result
+
+
+def test_a_first_look_serves_the_children_that_leave_it_an_interval(tmp_path, tvm_cache, sqlite_url, capsys):
+    """A run that may go on past its first look (24 processes a side at most) serves the first
+    look's 12 pairs from five children a server (5 + 5 + 2: three server pairs, an interval at
+    that look, where eight would make two and none), and the runner's eight after it."""
+    config = mlp_config(tmp_path / "first.toml", tvm_cache, "", 12, 4)
+    config.write_text(config.read_text().replace("max_repetitions = 12", "max_repetitions = 24"))
+    payload, err = compare_releases(config, sqlite_url, capsys)
+    (result,) = payload["results"]
+    with db.session_scope(db.make_engine(sqlite_url)) as session:
+        measured = session.scalars(select(Invocation).where(Invocation.run_id == payload["run_id"],
+                                                            Invocation.warmup.is_(False))
+                                   .order_by(Invocation.position)).all()
+        first = [row for side in ("control", "treatment") for row in [r for r in measured if r.side.value == side][:12]]
+        assert children_a_server(first) == [2, 2, 5, 5, 5, 5]
+        assert max(children_a_server(measured)) <= 8
+    assert "5 children a fork server (for the first look's 12 pairs" in result["stop_reason"], result
+    look_1 = [line for line in err.splitlines() if "look 1:" in line]
+    # decided at the first look with its interval, or went on after one
+    assert (result["looks"] == 1 and result["ci_pct"] is not None) or "(CI " in look_1[0], (result, look_1)

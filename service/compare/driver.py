@@ -321,7 +321,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
     store = _invocation_writer(session, run, row.id, workload.name, progress, planned)
     paths = {side.value: path for side, path in artifacts.items()}
     started = time.monotonic()
-    start, workload, why_samples = _first_look(session, config, run, row.id, workload, progress)
+    start, workload, first, why_samples = _first_look(session, config, run, row.id, workload, progress)
     how = schedule_for(config.run.schedule, cores, memory_bound=workload.memory_bound,
                        pinnable=runner.kind_of(workload).runs_pinned, kind=workload.kind)
     threads = contended.threads_note(config, workload, duet=how.cores is not None)
@@ -337,10 +337,11 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
     measurement, look = None, 0
     while True:
         planned[0] += len(schedule)
+        measured = first if look == 0 else workload  # the first look's servers may serve fewer children
         if how.cores is not None:  # the pairs' two sides at once (runners.duet)
-            measurement = measure_duet(runner, paths, workload, schedule, timeout, store, how.cores, into=measurement)
+            measurement = measure_duet(runner, paths, measured, schedule, timeout, store, how.cores, into=measurement)
         else:
-            measurement = measure(runner, paths, workload, schedule, timeout, store, into=measurement)
+            measurement = measure(runner, paths, measured, schedule, timeout, store, into=measurement)
         session.commit()
         look += 1
         if measurement.failure is not None:
@@ -360,18 +361,24 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
 
 
 def _first_look(session: Session, config: Config, run: Run, workload_id: int, workload: WorkloadSpec,
-                progress: Progress) -> tuple[int, WorkloadSpec, str]:
-    """The first look's processes a side and the workload as it is measured (a TVM workload's
-    samples a process and children a fork server, where its noise history chose them), each
-    said; and why those (for the verdict's ``stop_reason``; empty: the workload's own)."""
+                progress: Progress) -> tuple[int, WorkloadSpec, WorkloadSpec, str]:
+    """The first look's processes a side, the workload as it is measured (a TVM workload's
+    samples a process and children a fork server, where its noise history chose them) and as
+    its first look measures it (its fork servers serving no more children than leave that look
+    an interval), each said; and why those (for the verdict's ``stop_reason``; empty: the
+    workload's own)."""
     floor = config.run.repetitions if run.run_type == RunType.VERIFY else None
     start, why = noise.starting_repetitions(session, config, workload_id, run.device_id, floor)
     samples, why_samples = noise.samples_per_process(session, config, workload, workload_id, run.device_id)
     children, why_children = noise.children_per_server(session, config, workload, workload_id, run.device_id)
-    children, why_children = _children_within_cap(config, workload, children, why_children)
+    cap = config.run.max_repetitions
+    children, why_children = _children_within(config, workload, children, why_children, cap, (
+        f"at most {cap} processes a side: {stats.MIN_BLOCKS} server pairs of two are needed for an interval"))
+    at_first, why_first = _children_within(config, workload, children, "", start, (
+        f"for the first look's {start} pairs, {stats.MIN_BLOCKS} server pairs of two for an interval there"))
     session.commit()  # nothing stays open while the workload's processes run
     progress.message(f"  {workload.name}: {why}")
-    for said in (why_samples, why_children):
+    for said in (why_samples, why_children, why_first):
         if said:
             progress.message(f"  {workload.name}: {said}")
     # measured so; stored under the workload's own series (neither is part of its spec's identity)
@@ -379,25 +386,25 @@ def _first_look(session: Session, config: Config, run: Run, workload_id: int, wo
         workload = workload.model_copy(update={"samples": samples})
     if children is not None:
         workload = workload.model_copy(update={"children_per_server": children})
-    return start, workload, "; ".join(x for x in (why_samples, why_children) if x)
+    first = workload.model_copy(update={"children_per_server": at_first}) if why_first else workload
+    return start, workload, first, "; ".join(x for x in (why_samples, why_children, why_first) if x)
 
 
-def _children_within_cap(config: Config, workload: WorkloadSpec, children: int | None,
-                         why: str) -> tuple[int | None, str]:
-    """The children a fork server (None: the runner's) fitted to the run's cap on processes a
-    side (``run.max_repetitions``), so that the capped run still reaches the server pairs an
-    interval needs (:func:`stats.children_within`), and why; as they were where the workload sets
-    its own count, its workers are not forked, or nothing caps the run."""
-    cap = config.run.max_repetitions
-    if (cap is None or config.runner.processes != "forked"
+def _children_within(config: Config, workload: WorkloadSpec, children: int | None, why: str,
+                     pairs: int | None, because: str) -> tuple[int | None, str]:
+    """The children a fork server (None: the runner's) fitted to ``pairs`` processes a side (the
+    run's cap, ``run.max_repetitions``, or its first look's), so that those pairs still reach the
+    server pairs an interval needs (:func:`stats.children_within`), and why (``because``); as
+    they were where the workload sets its own count, its workers are not forked, or no
+    ``pairs`` limit them, or too few for any count to reach those server pairs."""
+    if (pairs is None or pairs < 2 * stats.MIN_BLOCKS or config.runner.processes != "forked"
             or config.runner.kind != "cpu"  # a GPU's and a board's workers start fresh
             or getattr(workload, "children_per_server", 0) is not None):  # set, or not a TVM workload
         return children, why
-    fitted = stats.children_within(cap)
+    fitted = stats.children_within(pairs)
     if fitted >= (children or config.runner.children_per_server):
         return children, why
-    return fitted, (f"{fitted} children a fork server (at most {cap} processes a side: {stats.MIN_BLOCKS} "
-                    "server pairs of two are needed for an interval)")
+    return fitted, f"{fitted} children a fork server ({because})"
 
 
 def _series_of(session: Session, run: Run, workload: WorkloadSpec, progress: Progress) -> Workload:
