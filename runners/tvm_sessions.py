@@ -138,9 +138,12 @@ class TvmSessions:
             "rpc": self.rpc,
         }
 
-    def threads(self, workload: TvmWorkloadConfig) -> int:
+    def threads(self, workload: TvmWorkloadConfig, placement: Placement | None = None) -> int:
         """The threads ``workload``'s processes run on (``RunnerConfig.measured_threads``): one
-        by default on this host's CPU, every core for a GPU's or a board's host-side worker."""
+        by default on this host's CPU, every core for a GPU's or a board's host-side worker; a
+        duet's side (``placement``) as many as its CPUs (more there would wait for each other)."""
+        if placement is not None:
+            return len(placement.cpus)
         return self.config.measured_threads(workload.threads, self.device == "cpu" and not self.rpc)
 
     def forks_timed(self) -> bool:
@@ -168,9 +171,7 @@ class TvmSessions:
         first = key not in self.compiled
         if not first and self.forks_timed():
             return self.forked(artifact, workload, timeout_s, side, side_options, placement)
-        threads = self.threads(workload)
-        if placement is not None:  # more threads than its CPUs would wait for each other there
-            threads = len(placement.cpus)
+        threads = self.threads(workload, placement)
         spec, env, saved = self._fresh(artifact, workload, side, side_options, first, threads, placement)
         start = time.monotonic()
         metrics = TvmMetrics()
@@ -236,11 +237,9 @@ class TvmSessions:
         registers), the invocation is run again by a server with the compiler, which serves the
         workload from then on (:attr:`runtime_refused`): only that one's failure is the build's."""
         spec = dict(self.spec(workload, side_options), load=str(self._lib(artifact, workload, side)))
-        threads = self.threads(workload)
-        if placement is not None:  # a side's CPU each: more threads there would wait for each other
-            threads = len(placement.cpus)
+        if placement is not None:  # the child pins itself from its spec: its server serves both CPUs
             spec["cpus"] = sorted(placement.cpus)
-        env = {"TVM_NUM_THREADS": str(threads)}
+        env = {"TVM_NUM_THREADS": str(threads := self.threads(workload, placement))}
         saved = self._on_runtime(spec, env, artifact, workload, side)
         start = time.monotonic()
         server = None
