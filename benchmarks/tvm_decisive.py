@@ -2,7 +2,8 @@
 
     python -m benchmarks.tvm_decisive --cache .abwatch/cache [--runs 20] [--busy 0,6]
         [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,forked-waiting,duet,duet-forked,learnt,duet-learnt]
-        [--max-seconds 300] [--out rows.jsonl]
+        [--max-seconds 300] [--out rows.jsonl] [--taught mlp=5/2,...] [--loops-in shared|own]
+        [--threshold-pct 0.1]
 
 Each run is one ``abwatch compare`` of one workload of one TVM release against itself (a
 subprocess, its own SQLite database, one thread a measured process): ``aa`` the same workload
@@ -22,7 +23,12 @@ from the report as it is printed, timed from the start of the command, so one ru
 keeps its final width). Busy loops (``python3 -c "while 1: pass"``) are started for a load
 level and stopped after it. Prints one Markdown row per (load, workload, truth, mode): the
 verdicts, the median seconds to the verdict, the median width at each mark, the median pairs a
-minute. Nothing here runs in CI.
+minute (over the whole run, its compiling pair and first servers too: a run decided at its first
+look shows few; ``--threshold-pct 0.1`` keeps every run to its budget, a throughput figure).
+``--taught WORKLOAD=SAMPLES/CHILDREN`` gives a workload's learnt counts (those an
+earlier teaching run printed) instead of teaching them again. ``--loops-in own`` starts each busy
+loop in a session of its own (``shared``, the default: the benchmark's session; see
+:func:`benchmarks.load.busy_loops` for why the two load a host differently). Nothing here runs in CI.
 """
 
 from __future__ import annotations
@@ -109,7 +115,7 @@ threads = 1
 {runner}[run]
 max_seconds = {max_seconds}
 compile_repetitions = 0
-{run}[[workloads]]
+{run}{stats}[[workloads]]
 name = "w"
 kind = "tvm"
 {model}{treatment}"""
@@ -138,6 +144,7 @@ def config_text(args, workload: str, truth: str, mode: str, script: Path, learnt
         treatment += f"treatment_options = {_toml(plus3)}\n"
     return CONFIG.format(cache=json.dumps(str(args.cache.resolve())), runner=MODES[mode],
                          run='schedule = "duet"\n' if mode.startswith("duet") else "", max_seconds=args.max_seconds,
+                         stats=f"[stats]\nthreshold_pct = {args.threshold_pct:g}\n" if args.threshold_pct else "",
                          model=model.replace("{script}", str(script)), treatment=treatment)
 
 
@@ -206,6 +213,21 @@ def one(args, workload: str, truth: str, mode: str, work: Path, learnt: dict | N
             "load": os.getloadavg()[0], "learnt": learnt}
 
 
+def _taught(text: str) -> dict[str, dict]:
+    """``--taught``'s counts by workload (``mlp=5/2``: 5 samples a process, 2 children a server)."""
+    given = {}
+    for item in filter(None, text.split(",")):
+        try:
+            name, counts = item.split("=")
+            samples, children = (int(x) for x in counts.split("/"))
+        except ValueError:
+            raise SystemExit(f"--taught: {item!r} is not WORKLOAD=SAMPLES/CHILDREN") from None
+        if name not in WORKLOADS:
+            raise SystemExit(f"--taught: unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+        given[name] = {"samples": samples, "children_per_server": children}
+    return given
+
+
 def row(found: list[dict]) -> str:
     """A table row's figures."""
     def median(values):
@@ -228,7 +250,14 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--max-seconds", type=float, default=300.0)
     parser.add_argument("--out", type=Path, help="JSON lines, one a comparison")
+    parser.add_argument("--taught", default="", help="learnt counts given, not taught: WORKLOAD=SAMPLES/CHILDREN,...")
+    parser.add_argument("--threshold-pct", type=float,
+                        help="stats.threshold_pct (default abwatch's): a small one (0.1) keeps every run to its "
+                             "budget, so its pairs a minute are its whole budget's (a throughput figure)")
+    parser.add_argument("--loops-in", choices=("shared", "own"), default="shared",
+                        help="the busy loops' sessions: the benchmark's (shared) or one each (own)")
     args = parser.parse_args()
+    given = _taught(args.taught)
     workloads, truths, modes = (args.workloads.split(","), args.truths.split(","), args.modes.split(","))
     for name, known in ((workloads, WORKLOADS), (modes, MODES), (truths, ("aa", "plus3"))):
         if unknown := set(name) - set(known):
@@ -239,22 +268,24 @@ def main() -> None:
         work.chmod(0o755)  # measured processes run sandboxed as an unprivileged user, who reads the config here
         (work / "attention.py").write_text(ATTENTION)
         for busy in (int(b) for b in args.busy.split(",")):
-            with busy_loops(busy):
-                # what each workload's learnt runs take, taught at this load
-                taught = {w: learn(args, w, work) for w in workloads} if any(m.endswith("learnt") for m in modes) else {}
+            with busy_loops(busy, own_sessions=args.loops_in == "own"):
+                # what each workload's learnt runs take, taught at this load (where not given)
+                taught = ({w: given[w] if w in given else learn(args, w, work) for w in workloads}
+                          if any(m.endswith("learnt") for m in modes) else {})
                 # the modes side by side, their order rotated every run
                 for run, workload, truth, k in itertools.product(range(args.runs), workloads, truths,
                                                                   range(len(modes))):
                     mode = modes[(run + k) % len(modes)]
                     learnt = taught[workload] if mode.endswith("learnt") else None
-                    found = {**one(args, workload, truth, mode, work, learnt), "busy": busy, "run": run}
+                    found = {**one(args, workload, truth, mode, work, learnt), "busy": busy, "run": run,
+                             "loops_in": args.loops_in, "threshold_pct": args.threshold_pct}
                     rows[(busy, workload, truth, mode)].append(found)
                     print(json.dumps(found), file=sys.stderr, flush=True)
                     if args.out:
                         with args.out.open("a") as out:
                             out.write(json.dumps(found) + "\n")
     print(f"\nTVM {VERSION} against itself, one thread a process, run.max_seconds = {args.max_seconds:g}, "
-          f"{args.runs} runs a row")
+          f"{args.runs} runs a row, busy loops in {'a session each' if args.loops_in == 'own' else 'one session'}")
     print("| busy loops | workload | truth | mode | verdicts | median s to verdict | "
           + " | ".join(f"width at {m} s (pp)" for m in MARKS) + " | pairs/min |")
     print("|---:|---|---|---|---|---:|" + "---:|" * len(MARKS) + "---:|")
