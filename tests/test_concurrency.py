@@ -218,6 +218,46 @@ def test_noise_profiles_lose_no_update(fresh_pg_url):
     engine.dispose()
 
 
+def test_a_forked_workloads_servers_share_is_a_mean_over_its_runs_that_loses_none(fresh_pg_url):
+    """Twelve runs' fork-server shares folded at once, each in its one statement: the profile
+    holds their mean over all twelve (fewer than noise.MEMORY, so weighed alike, whatever the
+    order) and the next children choice is given it with its weight; a run with no share
+    measured (not forked) leaves it as it was."""
+    db.upgrade(fresh_pg_url)
+    engine = db.make_engine(fresh_pg_url)
+    with db.session_scope(engine) as session:
+        workload_id = get_workload(session, get_repository(session, "/share").id, "w", "tvm", {}).id
+        session.add(Device(name="d", kind="cpu", hardware_config={}))
+        session.flush()
+        device_id = session.scalar(select(Device.id))
+    shares = [i / 20 for i in range(12)]
+    barrier, errors = threading.Barrier(len(shares)), []
+
+    def one(share: float) -> None:
+        try:
+            with db.session_scope(engine) as session:
+                barrier.wait()
+                noise._fold(session, workload_id, device_id, None, {"children": 2}, share)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(share,)) for share in shares]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with db.session_scope(engine) as session:
+        share, runs = noise.earlier_share(session, workload_id, device_id)
+        assert runs == 12 and share == pytest.approx(sum(shares) / 12)
+        noise._fold(session, workload_id, device_id, None, {})  # a lesson that measured no share
+    with db.session_scope(engine) as session:
+        assert noise.earlier_share(session, workload_id, device_id) == (pytest.approx(sum(shares) / 12), 12)
+        [profile] = session.scalars(select(NoiseProfile)).all()
+        assert (profile.lessons, profile.process_cv) == (13, None)
+    engine.dispose()
+
+
 def test_mirror_is_cloned_once_by_processes_that_start_together(bench_repo, tmp_path):
     """Three clones of an empty cache at once: each waits for the first instead of racing on its
     temporary directory (``destination path ... .tmp already exists``)."""

@@ -198,6 +198,22 @@ def test_a_count_without_an_interval_at_the_runs_pairs_is_timed_at_the_pairs_it_
     assert layouts.children == 2 and f"32 do not reach that width within {HORIZON}x the pairs" in layouts.reason
 
 
+def test_one_runs_high_servers_share_is_pooled_with_the_histories_before_the_count_is_chosen():
+    """A run whose layouts seem to matter (its own rho above 0.5) alone takes fewer children;
+    pooled with nine earlier runs that found none (rho 0), the share weighed is a tenth of its
+    own and the runner's count stays. The choice keeps the run's own estimate apart (what the
+    history folds in next) and says what it weighed."""
+    figures = _forked(np.random.default_rng(3), 8, 8, layout_sd=0.03)
+    alone = choose_children(*figures, server_s=2.0, child_s=0.1, configured=8, pairs=60)
+    pooled = choose_children(*figures, server_s=2.0, child_s=0.1, configured=8, pairs=60, earlier=(0.0, 9))
+    assert alone.rho == alone.run_rho > 0.5 and alone.children < 8, alone.reason
+    assert pooled.run_rho == alone.run_rho and pooled.rho == pytest.approx(alone.run_rho / 10)
+    assert pooled.children == 8, pooled.reason
+    assert f"{pooled.rho:.2f} over 10 runs, this run's {alone.run_rho:.2f} from 16 servers" in pooled.reason
+    # a history of no runs is none: the run's own estimate alone
+    assert choose_children(*figures, server_s=2.0, child_s=0.1, configured=8, pairs=60, earlier=(0.7, 0)) == alone
+
+
 def test_a_real_difference_between_the_sides_is_not_a_servers_variance():
     """An A/B run's treatment 10 % slower throughout: each side's level is taken out before the
     servers' share is estimated, so it reads as no layout effect, not as a large one."""

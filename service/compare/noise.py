@@ -149,13 +149,15 @@ def pairs_ahead(pairs: int, measured_child_s: float, child_s: float) -> int:
 def choose_children(session: Session, run_id: int, workload_id: int, samples: Mapping[str, Sequence[float]],
                     groups: Mapping[str, Sequence[int]], servers: Mapping[str, Sequence[Hashable]],
                     configured: int, ahead: bool = True, chosen: stats.SamplesChoice | None = None,
-                    typical: Callable[[Sequence[float]], float] = min) -> stats.ChildrenChoice | None:
+                    typical: Callable[[Sequence[float]], float] = min,
+                    earlier: tuple[float, int] | None = None) -> stats.ChildrenChoice | None:
     """The children a fork server to learn from a forked run (``servers``: each sample's fork
     server by side, :func:`contended.server_labels`' ``<side>_servers``; ``ahead``: whether the
     runner may start servers ahead, :func:`server_costs`; ``chosen``: the samples a process
     learnt from the same run, which the children will take, :func:`child_at`; None where the
     run was not forked or too few servers served two children; ``typical``: what the verdict
-    judged a process by, of its samples)."""
+    judged a process by, of its samples; ``earlier``: the servers' share its history holds and
+    of how many runs, pooled with this run's, :func:`earlier_share`)."""
     taken: dict[tuple[str, int], list[float]] = {}
     server_of: dict[tuple[str, int], Hashable] = {}
     for side in samples:
@@ -176,12 +178,22 @@ def choose_children(session: Session, run_id: int, workload_id: int, samples: Ma
         choice = stats.choose_children([fastest[k] for k in keys], [server_of[k] for k in keys],
                                        [k[0] for k in keys], server_s=costs.start_s,
                                        child_s=child_s, configured=configured, pairs=pairs,
-                                       ahead=costs.ahead)
+                                       ahead=costs.ahead, earlier=earlier)
     except ValueError:  # too few servers of two children, too few pairs, no time a child
         return None
     if chosen is not None and chosen.samples != chosen.configured:
         return replace(choice, reason=f"{choice.reason[:-1]}, a child costed at its {chosen.samples} samples)")
     return choice
+
+
+def earlier_share(session: Session, workload_id: int, device_id: int) -> tuple[float, int] | None:
+    """The servers' share of a forked workload's variance its earlier runs taught (their mean,
+    each weighed alike up to :data:`MEMORY` runs, so it follows drift) and how many runs that
+    mean weighs as (None: none taught one)."""
+    profile = _profile(session, workload_id, device_id)
+    if profile is None or profile.server_share is None:
+        return None
+    return profile.server_share, min(profile.server_share_runs, MEMORY)
 
 
 def process_costs(session: Session, run_id: int, workload_id: int, samples_each: int) -> tuple[float, float] | None:
@@ -245,24 +257,28 @@ def learn(session: Session, workload_id: int, device_id: int | None, samples: di
     chosen = {} if choice is None else {"samples": choice.samples, "samples_reason": choice.reason}
     children = (None if run_id is None or not servers or configured_children is None
                 else choose_children(session, run_id, workload_id, samples, groups, servers, configured_children,
-                                     servers_ahead, choice, typical))
+                                     servers_ahead, choice, typical, earlier_share(session, workload_id, device_id)))
+    share = None
     if children is not None:
         chosen.update(children=children.children, children_reason=children.reason)
+        share = children.run_rho
     if cv is None and not chosen and configured_samples is None and not servers:
         return  # nothing to learn: no noise, and no counts of a TVM workload
-    _fold(session, workload_id, device_id, cv, chosen)
+    _fold(session, workload_id, device_id, cv, chosen, share)
 
 
-def _fold(session: Session, workload_id: int, device_id: int, cv: float | None, chosen: dict) -> None:
+def _fold(session: Session, workload_id: int, device_id: int, cv: float | None, chosen: dict,
+          share: float | None = None) -> None:
     """Fold one run into the (workload, device)'s profile in one statement that reads and
     writes the row, so two runs that finish at once both count (a read-then-write in Python
     would lose one of them): its noise ``cv`` where it was a `same` run (None: not), the counts
-    it ``chosen``, and one lesson."""
+    it ``chosen``, its fork servers' ``share`` of its variance where a children choice measured
+    it, and one lesson."""
     table = cast(Table, NoiseProfile.__table__)
     dialect = session.get_bind().dialect.name
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
         workload_id=workload_id, device_id=device_id, process_cv=cv, observations=int(cv is not None), lessons=1,
-        updated_at=utcnow(), **chosen)
+        updated_at=utcnow(), server_share=share, server_share_runs=int(share is not None), **chosen)
     noise: dict[str, Any] = {}
     if cv is not None:
         weight = case((table.c.observations < MEMORY, table.c.observations), else_=MEMORY)
@@ -270,6 +286,11 @@ def _fold(session: Session, workload_id: int, device_id: int, cv: float | None, 
         noise = {"process_cv": (func.coalesce(table.c.process_cv, 0.0) * weight + statement.excluded.process_cv)
                  / (weight + 1),
                  "observations": table.c.observations + 1}
+    if share is not None:  # the same running mean, of the servers' share
+        runs = case((table.c.server_share_runs < MEMORY, table.c.server_share_runs), else_=MEMORY)
+        noise |= {"server_share": (func.coalesce(table.c.server_share, 0.0) * runs + statement.excluded.server_share)
+                  / (runs + 1),
+                  "server_share_runs": table.c.server_share_runs + 1}
     session.execute(statement.on_conflict_do_update(
         index_elements=["workload_id", "device_id"],
         set_={**noise,

@@ -143,9 +143,10 @@ class ChildrenChoice:
 
     children: int
     configured: int
-    rho: float  # the share of the processes' variance between servers
+    rho: float  # the share of the processes' variance between servers the choice weighed (pooled)
     options: tuple[ChildrenOption, ...]
     reason: str
+    run_rho: float  # this run's own estimate of it (what a history folds in)
 
 
 def servers_share(figures: Sequence[float], servers: Sequence[Hashable], sides: Sequence[str]) -> tuple[float, int]:
@@ -203,7 +204,7 @@ def _times_to_width(counts: Sequence[int], rho: float, pairs: int, alpha: float,
 def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides: Sequence[str], server_s: float,
                     child_s: float, configured: int, pairs: int, alpha: float = DEFAULT_ALPHA,
                     candidates: Sequence[int] = CHILDREN_CANDIDATES, min_gain: float = MIN_GAIN,
-                    ahead: bool = False) -> ChildrenChoice:
+                    ahead: bool = False, earlier: tuple[float, int] | None = None) -> ChildrenChoice:
     """The children a fork server to take from now on, from one forked run's processes.
 
     ``figures``: each forked process's figure (its fastest sample), ``servers`` its server (a
@@ -224,12 +225,19 @@ def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides
     unless another is at least ``min_gain`` faster, and none above it is taken: the server
     level's A/A rate was simulated up to 8 children a server (docs/statistics.md), and a
     count chosen from one run's low estimate of rho would lean on it.
+
+    ``earlier``: the mean of earlier runs' rho and how many runs (weights) it stands for; the
+    choice weighs the mean of those and this run's. One run's rho from a few dozen servers
+    ranges widely (te:matmul beside six busy loops: 0.00-0.33 in six runs; quiet, 0.34-0.59),
+    and a count chosen from one high estimate costs a watch its pairs until the next lesson.
     """
     if server_s < 0 or child_s <= 0 or pairs < 1 or configured < 1:
         raise ValueError("server_s must be >= 0, child_s > 0, pairs and configured >= 1")
     if pairs < MIN_PAIRS:
         raise ValueError(f"choose_children: {pairs} pairs give no interval at any count ({MIN_PAIRS} are needed)")
-    rho, count = servers_share(figures, servers, sides)
+    own, count = servers_share(figures, servers, sides)
+    before, weight = earlier if earlier is not None and earlier[1] > 0 else (0.0, 0)
+    rho = (before * weight + own) / (weight + 1)
     counts = sorted({r for r in (*candidates, configured) if r <= configured})
     timed = _times_to_width(counts, rho, pairs, alpha, server_s, child_s, ahead)
     best = min(counts, key=lambda r: (timed[r][1], r))
@@ -241,7 +249,8 @@ def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides
     why = (f"configured; no count reaches the same width in {1 - min_gain:.0%} of the time" if keep
            else f"{configured} do not reach that width within {HORIZON}x the pairs" if math.isinf(timed[configured][1])
            else f"{gain:.0%} less time to the same width than {configured}")
-    reason = (f"{chosen} children a fork server ({why}; the servers' share of the variance {rho:.2f} from "
-              f"{count} servers, a server's start {server_s:.2f} s{' (started ahead)' if ahead else ''}, "
+    share = (f"{rho:.2f} from {count} servers" if not weight else
+             f"{rho:.2f} over {weight + 1} runs, this run's {own:.2f} from {count} servers")
+    reason = (f"{chosen} children a fork server ({why}; the servers' share of the variance {share}, a server's start {server_s:.2f} s{' (started ahead)' if ahead else ''}, "
               f"a child {child_s:.2f} s, at {pairs} pairs)")
-    return ChildrenChoice(children=chosen, configured=configured, rho=rho, options=table, reason=reason)
+    return ChildrenChoice(children=chosen, configured=configured, rho=rho, options=table, reason=reason, run_rho=own)

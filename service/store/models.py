@@ -468,7 +468,10 @@ class NoiseProfile(Base):
     samples a process that reach an interval fastest, learnt from a run that took the
     workload's own count (service/stats/repetitions.py); NULL: none learnt. ``children`` (a
     forked TVM workload's): the children a fork server that reach it fastest, learnt from a
-    forked run (:func:`service.stats.choose_children`); NULL: the runner's.
+    forked run (:func:`service.stats.choose_children`); NULL: the runner's. ``server_share``:
+    the mean share of a forked workload's process variance between its fork servers over
+    ``server_share_runs`` runs (a plain mean up to MEMORY runs, then following drift), which each children choice
+    pools with its own run's; NULL: none measured.
     """
 
     __tablename__ = "noise_profiles"
@@ -484,6 +487,8 @@ class NoiseProfile(Base):
     samples_reason: Mapped[str | None] = mapped_column(Text)
     children: Mapped[int | None] = mapped_column(Integer)
     children_reason: Mapped[str | None] = mapped_column(Text)
+    server_share: Mapped[float | None] = mapped_column(Float)
+    server_share_runs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Record(Base):
