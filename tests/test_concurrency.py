@@ -87,6 +87,16 @@ threshold_pct = 5.0
     return path
 
 
+def _in_threads(target, arguments: list[tuple]) -> None:
+    """``target`` called once with each of ``arguments``, each call in a thread of its own, all
+    started before any is waited for."""
+    threads = [threading.Thread(target=target, args=args) for args in arguments]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def test_three_compares_at_once_on_one_database_and_one_empty_cache(empty_pg_url, bench_repo, tmp_path):
     """The operator's report: UniqueViolation on the first migration and on workloads/repositories,
     and a clone race on an empty cache. Three at once, with the pair in both orders."""
@@ -171,11 +181,7 @@ def test_get_or_create_from_many_threads_makes_one_row_each(fresh_pg_url):
         except Exception as exc:  # collected: an assertion in a thread would go unseen
             errors.append(exc)
 
-    threads = [threading.Thread(target=one) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _in_threads(one, [()] * 16)
     assert errors == [] and len(ids) == 1
     assert (_count(fresh_pg_url, Repository), _count(fresh_pg_url, Commit), _count(fresh_pg_url, Workload)) == (1, 1, 1)
     engine.dispose()
@@ -203,11 +209,7 @@ def test_noise_profiles_lose_no_update(fresh_pg_url):
         except Exception as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=one, args=(i % 2 == 0,)) for i in range(12)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _in_threads(one, [(i % 2 == 0,) for i in range(12)])
     assert errors == []
     with db.session_scope(engine) as session:
         [profile] = session.scalars(select(NoiseProfile)).all()
@@ -241,11 +243,7 @@ def test_a_forked_workloads_servers_share_is_a_mean_over_its_runs_that_loses_non
         except Exception as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=one, args=(share,)) for share in shares]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _in_threads(one, [(share,) for share in shares])
     assert errors == []
     with db.session_scope(engine) as session:
         share, runs = noise.earlier_share(session, workload_id, device_id)
