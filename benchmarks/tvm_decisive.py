@@ -144,18 +144,21 @@ def config_text(args, workload: str, truth: str, mode: str, script: Path, learnt
         treatment += f"treatment_options = {_toml(plus3)}\n"
     return CONFIG.format(cache=json.dumps(str(args.cache.resolve())), runner=MODES[mode],
                          run='schedule = "duet"\n' if mode.startswith("duet") else "", max_seconds=args.max_seconds,
-                         stats=f"[stats]\nthreshold_pct = {args.threshold_pct:g}\n" if args.threshold_pct else "",
+                         stats=f"[stats]\nthreshold_pct = {args.threshold_pct:g}\n" if args.threshold_pct is not None else "",
                          model=model.replace("{script}", str(script)), treatment=treatment)
 
 
-def learn(args, workload: str, work: Path) -> dict | None:
+def learn(args, workload: str, work: Path, busy: int) -> dict | None:
     """The samples a process and children a fork server the workload's forked A/A runs teach
     abwatch's noise history on this host (at most :data:`TEACHING_RUNS` runs, until one teaches:
     every run whatever its verdict, where its processes were enough to choose from), for every
     later run of the learnt mode; a count none taught is the workload's own (None). The teaching
     runs are not rows of the table."""
-    database = work / f"{workload}-teaching.db"
-    teaching = argparse.Namespace(**{**vars(args), "max_seconds": max(args.max_seconds, TEACHING_SECONDS)})
+    # a history of its own a load level: a profile pools its runs (the servers' share)
+    database = work / f"{workload}-teaching-{busy}.db"
+    # abwatch's own threshold: a teaching run ends when its verdict does, as a watch's would
+    teaching = argparse.Namespace(**{**vars(args), "max_seconds": max(args.max_seconds, TEACHING_SECONDS),
+                                     "threshold_pct": None})
     for _ in range(TEACHING_RUNS):
         found = one(teaching, workload, "aa", "learnt", work, learnt={}, database=database)
         with sqlite3.connect(database) as db:
@@ -270,7 +273,7 @@ def main() -> None:
         for busy in (int(b) for b in args.busy.split(",")):
             with busy_loops(busy, own_sessions=args.loops_in == "own"):
                 # what each workload's learnt runs take, taught at this load (where not given)
-                taught = ({w: given[w] if w in given else learn(args, w, work) for w in workloads}
+                taught = ({w: given[w] if w in given else learn(args, w, work, busy) for w in workloads}
                           if any(m.endswith("learnt") for m in modes) else {})
                 # the modes side by side, their order rotated every run
                 for run, workload, truth, k in itertools.product(range(args.runs), workloads, truths,

@@ -223,8 +223,9 @@ def test_noise_profiles_lose_no_update(fresh_pg_url):
 def test_a_forked_workloads_servers_share_is_a_mean_over_its_runs_that_loses_none(fresh_pg_url):
     """Twelve runs' fork-server shares folded at once, each in its one statement: the profile
     holds their mean over all twelve (fewer than noise.MEMORY, so weighed alike, whatever the
-    order) and the next children choice is given it with its weight; a run with no share
-    measured (not forked) leaves it as it was."""
+    order), which ``earlier_share`` gives with its weight; a run with no share measured (not
+    forked) leaves it as it was; past MEMORY runs the history weighs as MEMORY, and a new run
+    moves the mean by its 1 / (MEMORY + 1)."""
     db.upgrade(fresh_pg_url)
     engine = db.make_engine(fresh_pg_url)
     with db.session_scope(engine) as session:
@@ -253,6 +254,12 @@ def test_a_forked_workloads_servers_share_is_a_mean_over_its_runs_that_loses_non
         assert noise.earlier_share(session, workload_id, device_id) == (pytest.approx(sum(shares) / 12), 12)
         [profile] = session.scalars(select(NoiseProfile)).all()
         assert (profile.lessons, profile.process_cv) == (13, None)
+        for _ in range(noise.MEMORY - 12):  # the history at MEMORY runs, the mean unchanged
+            noise._fold(session, workload_id, device_id, None, {}, sum(shares) / 12)
+        noise._fold(session, workload_id, device_id, None, {}, 1.0)
+        share, runs = noise.earlier_share(session, workload_id, device_id)
+        assert runs == noise.MEMORY and profile.server_share_runs == noise.MEMORY + 1
+        assert share == pytest.approx((sum(shares) / 12 * noise.MEMORY + 1.0) / (noise.MEMORY + 1))
     engine.dispose()
 
 

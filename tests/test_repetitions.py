@@ -209,7 +209,7 @@ def test_one_runs_high_servers_share_is_pooled_with_the_histories_before_the_cou
     assert alone.rho == alone.run_rho > 0.5 and alone.children < 8, alone.reason
     assert pooled.run_rho == alone.run_rho and pooled.rho == pytest.approx(alone.run_rho / 10)
     assert pooled.children == 8, pooled.reason
-    assert f"{pooled.rho:.2f} over 10 runs, this run's {alone.run_rho:.2f} from 16 servers" in pooled.reason
+    assert f"{pooled.rho:.2f} weighed as 10 runs, this run's {alone.run_rho:.2f} from 16 servers" in pooled.reason
     # a history of no runs is none: the run's own estimate alone
     assert choose_children(*figures, server_s=2.0, child_s=0.1, configured=8, pairs=60, earlier=(0.7, 0)) == alone
 

@@ -250,7 +250,7 @@ def choose_children(figures: Sequence[float], servers: Sequence[Hashable], sides
            else f"{configured} do not reach that width within {HORIZON}x the pairs" if math.isinf(timed[configured][1])
            else f"{gain:.0%} less time to the same width than {configured}")
     share = (f"{rho:.2f} from {count} servers" if not weight else
-             f"{rho:.2f} over {weight + 1} runs, this run's {own:.2f} from {count} servers")
+             f"{rho:.2f} weighed as {weight + 1} runs, this run's {own:.2f} from {count} servers")
     reason = (f"{chosen} children a fork server ({why}; the servers' share of the variance {share}, a server's start {server_s:.2f} s{' (started ahead)' if ahead else ''}, "
               f"a child {child_s:.2f} s, at {pairs} pairs)")
     return ChildrenChoice(children=chosen, configured=configured, rho=rho, options=table, reason=reason, run_rho=own)
