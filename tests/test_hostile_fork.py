@@ -150,18 +150,9 @@ def test_a_fork_bomb_is_capped_and_the_host_keeps_its_processes(tmp_path, host):
     # its sleeping children went with it (counted by their command line: other tests beside this
     # one start and end processes of their own meanwhile)
     deadline = time.monotonic() + 10
-    while (left := _processes_with(marker)) and time.monotonic() < deadline:
+    while (left := _marked(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, left
-
-
-def _processes_with(marker: str) -> list[int]:
-    """The processes whose command line holds ``marker``."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if any(marker in str(part) for part in proc.info["cmdline"] or ()):
-            found.append(proc.pid)
-    return found
 
 
 def test_kill_9_is_stored_as_sigkill_and_a_memory_bomb_as_out_of_memory(tmp_path, host):

@@ -279,18 +279,19 @@ def _fold(session: Session, workload_id: int, device_id: int, cv: float | None, 
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
         workload_id=workload_id, device_id=device_id, process_cv=cv, observations=int(cv is not None), lessons=1,
         updated_at=utcnow(), server_share=share, server_share_runs=int(share is not None), **chosen)
+
+    def running_mean(value: str, count: str) -> dict[str, Any]:
+        # the row's mean over its ``count`` runs (at most MEMORY weighed: then it follows drift)
+        # and this run's; none before (a profile of counts alone): weight 0 takes this run's
+        weight = case((table.c[count] < MEMORY, table.c[count]), else_=MEMORY)
+        return {value: (func.coalesce(table.c[value], 0.0) * weight + statement.excluded[value]) / (weight + 1),
+                count: table.c[count] + 1}
+
     noise: dict[str, Any] = {}
     if cv is not None:
-        weight = case((table.c.observations < MEMORY, table.c.observations), else_=MEMORY)
-        # no noise before (a profile of counts alone): weight 0 takes this run's
-        noise = {"process_cv": (func.coalesce(table.c.process_cv, 0.0) * weight + statement.excluded.process_cv)
-                 / (weight + 1),
-                 "observations": table.c.observations + 1}
-    if share is not None:  # the same running mean, of the servers' share
-        runs = case((table.c.server_share_runs < MEMORY, table.c.server_share_runs), else_=MEMORY)
-        noise |= {"server_share": (func.coalesce(table.c.server_share, 0.0) * runs + statement.excluded.server_share)
-                  / (runs + 1),
-                  "server_share_runs": table.c.server_share_runs + 1}
+        noise |= running_mean("process_cv", "observations")
+    if share is not None:
+        noise |= running_mean("server_share", "server_share_runs")
     session.execute(statement.on_conflict_do_update(
         index_elements=["workload_id", "device_id"],
         set_={**noise,
