@@ -57,13 +57,11 @@ def has_cpu_samples(m: Measurement) -> bool:
 
 def on_cpu(m: Measurement, per_sample: bool) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The CPU time of each process of ``m``, one value a process, and their processes: the
-    mean of its samples' own where every process marked them (``per_sample``:
-    :func:`has_cpu_samples`; its timed calls alone), else its timing batch's. Not the fastest sample, as in wall time:
-    a sample's CPU time is not stretched by waiting, only moved both ways by what the
-    neighbours leave in the caches, and on builtin:mlp beside six busy loops the processes'
-    fastest spread 2.3-2.9 % where their mean spread 2.1-2.2 % (docs/statistics.md)."""
+    mean of the faster half of its samples' own where every process marked them
+    (``per_sample``: :func:`has_cpu_samples`; its timed calls alone; :func:`stats.cpu_figure`
+    says why that half), else its timing batch's."""
     if per_sample:
-        return ({side: [statistics.fmean(f.cpu_samples) for f in m.processes[side]] for side in SIDES},
+        return ({side: [stats.cpu_figure(f.cpu_samples) for f in m.processes[side]] for side in SIDES},
                 {side: [f.position for f in m.processes[side]] for side in SIDES})
     return ({side: [1000.0 * (f.cpu_s or 0.0) for f in m.processes[side]] for side in SIDES},
             {side: [f.position for f in m.processes[side]] for side in SIDES})
@@ -73,12 +71,12 @@ def judged_samples(m: Measurement, verdict: stats.Verdict) -> tuple[dict[str, li
                                                                     Callable[[Sequence[float]], float]]:
     """What ``verdict`` judged: the samples, their processes, and what a process was judged by
     of its samples, for what the run teaches the noise history (service.compare.noise.learn):
-    each sample's CPU time and their mean where it was judged on them, else the wall-time
+    each sample's CPU time and :func:`stats.cpu_figure` where it was judged on them, else the wall-time
     samples and their fastest."""
     if verdict.unit == stats.CPU_UNIT and has_cpu_samples(m):
         return ({side: [ms for f in m.processes[side] for ms in f.cpu_samples] for side in SIDES},
                 {side: [f.position for f in m.processes[side] for _ in f.cpu_samples] for side in SIDES},
-                statistics.fmean)
+                stats.cpu_figure)
     return m.samples, m.groups, min
 
 

@@ -243,7 +243,7 @@ def learn(session: Session, workload_id: int, device_id: int | None, samples: di
     (``servers``, each sample's), the children a fork server against ``configured_children``,
     the runner's (:func:`choose_children`; ``servers_ahead``: the runner's, whether it starts
     servers ahead). ``typical``: what the verdict judged a process by, of its samples (its
-    fastest; the mean of its samples' CPU times under contention)."""
+    fastest; the faster half of its samples' CPU times under contention)."""
     if device_id is None:
         return
     cv = None

@@ -7,7 +7,7 @@ The package's public API is re-exported here, so callers write ``stats.compare(.
 - :mod:`.sequential`: the stopping rule (:func:`sequential_look`, :class:`Budget`);
 - :mod:`.changepoints`: step changes in a series (:func:`change_points`);
 - :mod:`.contention`: how contended the measured processes were (:func:`assess`), and a verdict
-  taken under heavy contention judged on CPU time (:func:`on_cpu_time`) or refused (:func:`refused`);
+  taken under heavy contention judged on CPU time (:func:`on_cpu_time`, a process by :func:`cpu_figure`) or refused (:func:`refused`);
 - :mod:`.levels`: the fork server as a level above the process (:func:`server_level`);
 - :mod:`.pooled`: estimators for samples without process groups;
 - :mod:`.exact`: a deterministic quantity (a size) judged from one value a side (:func:`compare_exact`);
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "changepoints": ("OTAVA_MISSING", "StepChange", "change_points"),
-    "contention": ("CPU_UNIT", "Contention", "assess", "on_cpu_time", "refused"),
+    "contention": ("CPU_UNIT", "Contention", "assess", "cpu_figure", "on_cpu_time", "refused"),
     "exact": ("compare_exact",),
     "levels": ("MIN_BLOCKS", "ServerLevel", "children_within", "server_level"),
     "repetitions": ("ChildrenChoice", "SamplesChoice", "choose_children", "choose_samples"),
@@ -69,6 +69,7 @@ __all__ = [
     "choose_samples",
     "compare",
     "compare_exact",
+    "cpu_figure",
     "fastest_median",
     "cs_multiplier",
     "cs_p_value",
@@ -83,7 +84,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from abwatch.service.stats.changepoints import OTAVA_MISSING, StepChange, change_points
-    from abwatch.service.stats.contention import CPU_UNIT, Contention, assess, on_cpu_time, refused
+    from abwatch.service.stats.contention import CPU_UNIT, Contention, assess, cpu_figure, on_cpu_time, refused
     from abwatch.service.stats.exact import compare_exact
     from abwatch.service.stats.levels import MIN_BLOCKS, ServerLevel, children_within, server_level
     from abwatch.service.stats.repetitions import ChildrenChoice, SamplesChoice, choose_children, choose_samples
