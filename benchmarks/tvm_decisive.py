@@ -38,6 +38,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -259,6 +260,8 @@ def main() -> None:
                              "budget, so its pairs a minute are its whole budget's (a throughput figure)")
     parser.add_argument("--loops-in", choices=("shared", "own"), default="shared",
                         help="the busy loops' sessions: the benchmark's (shared) or one each (own)")
+    parser.add_argument("--keep", type=Path, help="a folder to keep each run's database in (a row's stored "
+                                                  "processes and samples, for replays such as cpu_figures)")
     args = parser.parse_args()
     given = _taught(args.taught)
     workloads, truths, modes = (args.workloads.split(","), args.truths.split(","), args.modes.split(","))
@@ -283,6 +286,10 @@ def main() -> None:
                     found = {**one(args, workload, truth, mode, work, learnt), "busy": busy, "run": run,
                              "loops_in": args.loops_in, "threshold_pct": args.threshold_pct}
                     rows[(busy, workload, truth, mode)].append(found)
+                    if args.keep:
+                        args.keep.mkdir(parents=True, exist_ok=True)
+                        shutil.copyfile(work / f"{workload}-{truth}-{mode}.db",
+                                        args.keep / f"{workload}-{truth}-{mode}-{busy}-{run}.db")
                     print(json.dumps(found), file=sys.stderr, flush=True)
                     if args.out:
                         with args.out.open("a") as out:

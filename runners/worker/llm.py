@@ -156,15 +156,17 @@ class Generation:
             logits, cache = self.decode(token, cache, *weights)
         return logits
 
-    def time(self, args: list, repeat: int) -> tuple[list[float], dict[str, list[float]]]:
+    def time(self, args: list, repeat: int) -> tuple[list[float], dict[str, list[float]], list[float]]:
         """``repeat`` timed generations (after one untimed, as a time evaluator warms up): each
-        one's whole time (ms), and its figures by metric name; each figure also on this process's
-        CPU time (``<name>_cpu``), which the service judges instead under heavy contention, as it
-        does the run time."""
+        one's whole time (ms), its figures by metric name, and its CPU time (ms, this process's:
+        a sample's own, as ``usage.SampleClock`` marks a timed call's); each figure also on this
+        process's CPU time (``<name>_cpu``), which the service judges instead under heavy
+        contention, as it does the run time."""
         prompt, upcoming, weights = args[0], args[1], args[2:]
         steps = self.steps(upcoming)
         self(*args)
         samples: list[float] = []
+        cpu_ms: list[float] = []
         series: dict[str, list[float]] = {f"{name}{clock}": [] for name in ("ttft", "decode_latency", "tokens_per_s")
                                           for clock in ("", "_cpu")}
         for _ in range(repeat):
@@ -177,10 +179,11 @@ class Generation:
                 self.dev.sync()  # the token's logits are there before the next step, as a sampler needs
             marks.append((time.perf_counter(), time.process_time()))
             samples.append((marks[2][0] - marks[0][0]) * 1000.0)
+            cpu_ms.append((marks[2][1] - marks[0][1]) * 1000.0)
             for clock, i in (("", 0), ("_cpu", 1)):
                 # a CPU clock's tick can be coarser than a tiny model's step: never a zero
                 prefill_s, decode_s = (max(marks[j + 1][i] - marks[j][i], 1e-9) for j in (0, 1))
                 series["ttft" + clock].append(prefill_s * 1000.0)
                 series["decode_latency" + clock].append(decode_s * 1000.0 / len(steps))
                 series["tokens_per_s" + clock].append(len(steps) / decode_s)
-        return samples, series
+        return samples, series, cpu_ms

@@ -134,8 +134,9 @@ class Workload:
     def _batch_timer(self):
         """The timer of this batch: the one whose repeats the clock marks where a sample is long
         enough (:data:`usage.MARK_MIN_S` of CPU, by one call timed here, untimed by the batch),
-        else the plain one. A mark calls into Python between two samples, which leaves the next
-        one's caches a little colder: ~1 % of a 0.8 ms sample, nothing of a 5 ms one."""
+        else the plain one. A mark calls into Python between two samples: its own CPU time is
+        in each sample, and it leaves the next one's caches a little colder (~1 % of a 0.8 ms
+        sample's wall time, both sides alike), too much for a call of microseconds."""
         if self.marked is None:
             return self.timer
         started = time.process_time()
@@ -245,15 +246,18 @@ class Workload:
         usage_of = _sibling("usage")
         timer = self._batch_timer()
         before = usage_of.start()
+        cpu_samples = None
         if timer is None:  # a model that generates: one generation a sample, and its figures (ttft, ...)
-            samples, series = self.call.time(self.args, self.spec["repeat"])
+            samples, series, cpu_samples = self.call.time(self.args, self.spec["repeat"])
         else:
             if self.clock is not None:
                 self.clock.begin()
             samples, series = [t * 1000.0 for t in timer(*self.args).results], None
         usage = usage_of.figures(*before) if self.spec["device"] == "cpu" and not self.spec.get("rpc") else None
         if usage is not None and self.clock is not None and timer is not None and timer is self.marked:
-            usage["cpu_samples"] = self.clock.samples_ms(len(samples))
+            cpu_samples = self.clock.samples_ms(len(samples))
+        if usage is not None and cpu_samples is not None:
+            usage["cpu_samples"] = cpu_samples
         if not self.is_vm:  # a single operator: the whole call is the operator
             name = self.operator
             return {"samples": samples, "ops": {name: float(np.median(samples)) * 1000},
