@@ -134,9 +134,8 @@ class Workload:
     def _batch_timer(self):
         """The timer of this batch: the one whose repeats the clock marks where a sample is long
         enough (:data:`usage.MARK_MIN_S` of CPU, by one call timed here, untimed by the batch),
-        else the plain one. A mark calls into Python between two samples: its own CPU time is
-        in each sample, and it leaves the next one's caches a little colder (~1 % of a 0.8 ms
-        sample's wall time, both sides alike), too much for a call of microseconds."""
+        else the plain one. A mark calls into Python between two samples, which leaves the next
+        one's caches a little colder: ~1 % of a 0.8 ms sample, nothing of a 5 ms one."""
         if self.marked is None:
             return self.timer
         started = time.process_time()

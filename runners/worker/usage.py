@@ -18,11 +18,9 @@ import time
 
 CLEAR_REFS = "/proc/self/clear_refs"
 MARK = "abwatch.usage.mark_sample"  # the time evaluator's f_preproc: called before each timed repeat
-# samples are marked from this long (CPU seconds) on: a mark's own CPU time (~7 us, in every
-# sample alike, which dilutes a change by its share) is then at most ~1.5 % of a sample. Under
-# heavy contention a short sample's CPU time tells a clean run of the kernel from one whose caches
-# a neighbour took, which the batch's CPU time mixes (docs/statistics.md, "Short samples marked")
-MARK_MIN_S = 0.0005
+# samples are marked from this long (CPU seconds) on: where a contended sample is likely to be
+# preempted and a mark's colder caches are a small part of it (measured: ~8 us of a 0.8 ms one)
+MARK_MIN_S = 0.005
 STATUS = "/proc/self/status"
 
 
