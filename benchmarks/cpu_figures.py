@@ -3,10 +3,10 @@
     python -m benchmarks.cpu_figures DB [DB ...]
 
 Each ``DB`` is one comparison's SQLite database kept by ``python -m benchmarks.tvm_decisive
---keep DIR`` (a workload whose samples were marked: each sample's CPU time stored in
-``samples.cpu_ms``). For each run, its stored timed processes are judged again by
-:func:`abwatch.service.stats.compare` (paired by position, the fork server as a level, abwatch's
-defaults), once per figure a process could be judged by: its batch's CPU time (what a process
+--keep DIR`` (a workload whose samples' own CPU times were stored, ``samples.cpu_ms``: a
+timed call of 5 ms or more, or an LLM's generation). For each run, its stored timed processes
+are judged again by :func:`abwatch.service.stats.compare` (paired by position, the fork server
+as a level, abwatch's defaults), once per figure a process could be judged by: its batch's CPU time (what a process
 whose samples are not marked is judged by), the mean, median, fastest and faster half
 (:func:`abwatch.service.stats.cpu_figure`) of its samples' CPU times, and its fastest wall-time
 sample. Printed per figure: the median interval width over the runs, in how many runs it was
