@@ -1,5 +1,5 @@
-"""Interleaved against duet runs on this host, in the same run: a made +3 %, quiet and busy, and a
-memory-bound pair whose difference a duet shrinks.
+"""Interleaved against duet runs (on two CPUs and on one) on this host, in the same run: a made
++3 %, quiet and busy, and a memory-bound pair whose difference a duet shrinks.
 
     python -m benchmarks.duet --trials 6 --busy 2
     python -m benchmarks.duet --made 0 --busy 0 --memory-pairs 0   # A/A: false positives
@@ -8,16 +8,17 @@ A C program does a fixed amount of integer work (5 samples of ~20 ms a process);
 does 3 % more. Each trial judges it the way ``abwatch compare`` does (the first look's pairs,
 then the stopping rule, on wall time or under heavy contention on CPU time:
 :func:`service.compare.contended.look`, at the service's defaults: threshold 1 %, 12 pairs
-first, ``--max-seconds`` a trial), once interleaved and once as a duet (``[run] schedule =
-"duet"``), alternating which goes first; then the same with ``--busy`` busy loops (``python3 -c
-"while 1: pass"``) beside it. Printed: verdict counts, median seconds to the verdict, the median
+first, ``--max-seconds`` a trial), once interleaved, once as a duet (``[run] schedule =
+"duet"``) and once as a duet on one CPU (``"duet-one-cpu"``, judged on CPU time), rotating which
+goes first; then the same with ``--busy`` busy loops (``python3 -c "while 1: pass"``) beside it. Printed: verdict counts, median seconds to the verdict, the median
 width of the final interval, the median change and pairs a minute.
 
 Then the memory-bound pairs: a C program that streams an array (one load a cache line; the
 treatment reads 10 % more of it), out of memory (256 MiB a pass) and out of the L3 cache (20
 MiB, which fits this host's 32 MiB L3 alone but not beside the other side), measured in a fixed
 number of pairs in each mode without busy loops. The change each mode measures against the
-known +10 % is what a duet costs a memory-bound workload (docs/statistics.md, "Duet runs").
+known +10 % is what a duet costs a memory-bound workload (docs/statistics.md, "Duet runs"); on
+one CPU it is measured on each process's CPU time, as that schedule is judged.
 Nothing here runs in CI.
 """
 
@@ -110,9 +111,19 @@ def service_config(where: Path, max_seconds: float, contention_share: float) -> 
     return load_config(path)
 
 
+def modes(cores: Cores) -> dict[str, Cores | None]:
+    """The schedules compared, by name: each one's cores (None: interleaved)."""
+    return {"interleaved": None, "duet": cores, "duet-one-cpu": host_cores("duet-one-cpu")}
+
+
+def rotated(names: list[str], t: int) -> list[str]:
+    """``names`` in trial ``t``'s order: each goes first as often."""
+    return names[t % len(names):] + names[:t % len(names)]
+
+
 def trial(runner, workload, dirs, config: Config, cores: Cores | None, seed: int) -> dict:
     """One comparison as the driver takes it (:func:`service.compare.driver._measure_workload`
-    without the database): interleaved, or a duet on ``cores``."""
+    without the database): interleaved, or a duet on ``cores`` (on one CPU: judged on CPU time)."""
     rng = random.Random(seed)
     paths = {CONTROL: dirs[CONTROL], TREATMENT: dirs[TREATMENT]}
     budget = stats.Budget(max_seconds=config.run.max_seconds, max_pairs=None, batch=config.run.step)
@@ -128,7 +139,8 @@ def trial(runner, workload, dirs, config: Config, cores: Cores | None, seed: int
             raise RuntimeError(m.failure)
         look += 1
         step = contended.look(m, config, look=look, elapsed_s=time.monotonic() - started, budget=budget,
-                              seed=seed, plan_pairs=max(first, stats.DEFAULT_PLAN_PAIRS))
+                              seed=seed, plan_pairs=max(first, stats.DEFAULT_PLAN_PAIRS),
+                              one_cpu=cores is not None and cores.one_cpu)
         if step.stop:
             v = step.verdict
             pairs = len(m.processes[CONTROL])
@@ -139,7 +151,8 @@ def trial(runner, workload, dirs, config: Config, cores: Cores | None, seed: int
 
 
 def fixed(runner, workload, dirs, cores: Cores | None, pairs: int, seed: int) -> float | None:
-    """The change ``pairs`` pairs measure (paired process minima, as the service estimates it)."""
+    """The change ``pairs`` pairs measure (paired process minima, as the service estimates it; on
+    one CPU, paired processes' CPU times)."""
     rng = random.Random(seed)
     paths = {CONTROL: dirs[CONTROL], TREATMENT: dirs[TREATMENT]}
     schedule = interleaved_schedule(pairs, 1, rng)
@@ -147,8 +160,9 @@ def fixed(runner, workload, dirs, cores: Cores | None, pairs: int, seed: int) ->
          else measure(runner, paths, workload, schedule, 120, lambda *_: None))
     if m.failure:
         raise RuntimeError(m.failure)
-    v = stats.compare(m.samples[CONTROL], m.samples[TREATMENT], threshold_pct=1.0, control_groups=m.groups[CONTROL],
-                      treatment_groups=m.groups[TREATMENT], paired=True)
+    values, groups = contended.on_cpu(m, False) if cores is not None and cores.one_cpu else (m.samples, m.groups)
+    v = stats.compare(values[CONTROL], values[TREATMENT], threshold_pct=1.0, control_groups=groups[CONTROL],
+                      treatment_groups=groups[TREATMENT], paired=True)
     return v.change_pct
 
 
@@ -163,7 +177,7 @@ def summary(rows: list[dict]) -> str:
 
 
 def tvm_trials(runner, cores: Cores, args) -> None:
-    """A made +3 % on a TVM workload (the treatment's matmul 3 % larger), interleaved against duet:
+    """A made +3 % on a TVM workload (the treatment's matmul 3 % larger), interleaved against duets:
     each pair's processes are fresh TVM workers, most of whose time is starting and importing TVM."""
     workload = TvmWorkloadConfig(name="matmul", model="te:matmul", options={"m": 96, "k": 96, "n": 96},
                                  treatment_options={"options": {"n": 99}})
@@ -172,14 +186,15 @@ def tvm_trials(runner, cores: Cores, args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = service_config(Path(tmp), args.max_seconds, 0.0 if args.wall_only else 0.5)
         dirs = {CONTROL: artifact, TREATMENT: artifact}
-        rows: dict[str, list[dict]] = {"interleaved": [], "duet": []}
+        schedules = modes(cores)
+        rows: dict[str, list[dict]] = {mode: [] for mode in schedules}
         # the first compile of each side, outside the trials' times
         runner.run(artifact, workload, COMPILE_S, CONTROL)
         runner.run(artifact, workload, COMPILE_S, TREATMENT)
         with busy_loops(args.busy):
             for t in range(args.trials):
-                for mode in (("interleaved", "duet") if t % 2 == 0 else ("duet", "interleaved")):
-                    rows[mode].append(trial(runner, workload, dirs, config, cores if mode == "duet" else None, t))
+                for mode in rotated(list(schedules), t):
+                    rows[mode].append(trial(runner, workload, dirs, config, schedules[mode], t))
                     print(f"  tvm {mode} {t}: {rows[mode][-1]}", file=sys.stderr, flush=True)
     print(f"\nte:matmul 96x96x96, treatment n = 99 (+3.1 %), one thread, TVM 0.27.0.post1, {args.busy} busy loops, "
           f"{args.trials} trials a mode")
@@ -225,11 +240,11 @@ def main() -> None:
             print("|---|---|---|---:|---:|---:|---:|---:|")
         for busy in ((0, args.busy) if args.busy else (0,)) if args.trials else ():
             with busy_loops(busy):
-                rows: dict[str, list[dict]] = {"interleaved": [], "duet": []}
+                schedules = modes(cores)
+                rows: dict[str, list[dict]] = {mode: [] for mode in schedules}
                 for t in range(args.trials):
-                    order = ("interleaved", "duet") if t % 2 == 0 else ("duet", "interleaved")
-                    for mode in order:
-                        rows[mode].append(trial(runner, spin, dirs, config, cores if mode == "duet" else None, t))
+                    for mode in rotated(list(schedules), t):
+                        rows[mode].append(trial(runner, spin, dirs, config, schedules[mode], t))
                         print(f"  {busy} busy {mode} {t}: {rows[mode][-1]}", file=sys.stderr,
                               flush=True)
                 for mode, found in rows.items():
@@ -244,10 +259,11 @@ def main() -> None:
             for name, sizes in MEMORY.items():
                 mdirs = {CONTROL: build(where, f"{name}-c", STREAM, **sizes),
                          TREATMENT: build(where, f"{name}-t", STREAM, **dict(sizes, READ=int(sizes["READ"] * 1.1)))}
-                changes: dict[str, list[float]] = {"interleaved": [], "duet": []}
+                schedules = modes(cores)
+                changes: dict[str, list[float]] = {mode: [] for mode in schedules}
                 for t in range(args.memory_trials):
-                    for mode in (("interleaved", "duet") if t % 2 == 0 else ("duet", "interleaved")):
-                        change = fixed(runner, stream, mdirs, cores if mode == "duet" else None, args.memory_pairs, t)
+                    for mode in rotated(list(schedules), t):
+                        change = fixed(runner, stream, mdirs, schedules[mode], args.memory_pairs, t)
                         if change is not None:
                             changes[mode].append(change)
                         print(f"  memory {name} {mode} {t}: {change}", file=sys.stderr, flush=True)

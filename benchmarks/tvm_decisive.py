@@ -1,7 +1,8 @@
 """How decisive abwatch is on TVM run time, per workload and mode, quiet and beside busy loops.
 
     python -m benchmarks.tvm_decisive --cache .abwatch/cache [--runs 20] [--busy 0,6]
-        [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,forked-waiting,duet,duet-forked,learnt,duet-learnt]
+        [--workloads mlp,cnn,matmul,attention,llm] [--truths aa,plus3] [--modes fresh,forked,forked-waiting,duet,duet-forked,learnt,duet-learnt,
+        duet1-forked,duet1-learnt]
         [--max-seconds 300] [--out rows.jsonl] [--taught mlp=5/2,...] [--loops-in shared|own]
         [--threshold-pct 0.1]
 
@@ -17,7 +18,8 @@ schedule = "duet"``: the two sides at once, each pinned to its own CPU, fresh wo
 ``duet-forked`` (the combination: a duet of forked children, each pinning itself), ``learnt`` (forked, with
 the samples a process and children a fork server that the workload's own A/A runs on this
 host taught abwatch's noise history: what a watch's later runs of a workload take; see
-:func:`learn`) and ``duet-learnt`` (a duet of forked children at those counts). Every look's interval is read
+:func:`learn`) and ``duet-learnt`` (a duet of forked children at those counts); ``duet1-forked`` and
+``duet1-learnt``: the same on one CPU (``schedule = "duet-one-cpu"``). Every look's interval is read
 from the report as it is printed, timed from the start of the command, so one run with a
 ``--max-seconds`` budget gives the interval's width at 60, 120 and 300 s (a run decided sooner
 keeps its final width). Busy loops (``python3 -c "while 1: pass"``) are started for a load
@@ -104,7 +106,10 @@ MODES = {
     "duet-forked": 'processes = "forked"\n',
     "duet-learnt": 'processes = "forked"\n',
     "learnt": 'processes = "forked"\n',
+    "duet1-forked": 'processes = "forked"\n',
+    "duet1-learnt": 'processes = "forked"\n',
 }
+SCHEDULES = {"duet": "duet", "duet1": "duet-one-cpu"}  # a mode's first word: its run.schedule
 TEACHING_RUNS = 3  # A/A runs a workload is given to teach its repetitions (any trusted run's verdict teaches)
 TEACHING_SECONDS = 300.0  # at least, a teaching run's budget: at a busy host's load 120 s may end `unknown`
 CONFIG = """cache_dir = {cache}
@@ -144,7 +149,7 @@ def config_text(args, workload: str, truth: str, mode: str, script: Path, learnt
     if truth == "plus3":
         treatment += f"treatment_options = {_toml(plus3)}\n"
     return CONFIG.format(cache=json.dumps(str(args.cache.resolve())), runner=MODES[mode],
-                         run='schedule = "duet"\n' if mode.startswith("duet") else "", max_seconds=args.max_seconds,
+                         run=(f'schedule = "{SCHEDULES[first]}"\n' if (first := mode.split("-")[0]) in SCHEDULES else ""), max_seconds=args.max_seconds,
                          stats=f"[stats]\nthreshold_pct = {args.threshold_pct:g}\n" if args.threshold_pct is not None else "",
                          model=model.replace("{script}", str(script)), treatment=treatment)
 

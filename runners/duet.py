@@ -1,10 +1,15 @@
-"""Duet runs (``[run] schedule = "duet"``): a pair's two sides measured at once, each on a core
-of its own, so that both see the same interference (Bulej et al., ICPE 2020).
+"""Duet runs: a pair's two sides measured at once, so that both see the same interference
+(Bulej et al., ICPE 2020). ``[run] schedule = "duet"`` pins each side to a core of its own;
+``"duet-one-cpu"`` pins both to one CPU, where they take turns in the scheduler's time slices
+and are judged on CPU time (service/compare/contended.py): on a virtual machine each virtual
+CPU has a speed of its own that changes by the second, which two CPUs at once do not share
+and one CPU does (docs/statistics.md, "A duet on one CPU").
 
-Which two CPUs (:func:`choose_cores`, pure: from the CPUs this process may use and their SMT
-siblings, read by :func:`host_cores`), and the pairs run (:func:`measure_duet`): the slots of an
-interleaved schedule two at a time, one side of each pair on each core, started together. The
-order (ABBA/BAAB) decides which side gets which core, so each side has each core as often.
+Which CPUs (:func:`choose_cores`, :func:`choose_cpu`, pure: from the CPUs this process may use
+and their SMT siblings, read by :func:`host_cores`), and the pairs run (:func:`measure_duet`):
+the slots of an interleaved schedule two at a time, one side of each pair on each of the two
+CPUs (the same one, on one CPU), started together. The order (ABBA/BAAB) decides which side
+gets which core, so each side has each core as often.
 """
 
 from __future__ import annotations
@@ -25,15 +30,22 @@ from abwatch.runners.harness import Measurement, Slot, take
 from abwatch.runners.results import InvocationResult
 
 KEY = 'run.schedule = "duet"'  # how an error names the setting at fault
+ONE_CPU = "duet-one-cpu"  # run.schedule's value for a duet on one CPU
 SYS_CPU = Path("/sys/devices/system/cpu")
 
 
 @dataclass(frozen=True)
 class Cores:
-    """The two CPUs a duet runs on, and what the user must be told of them."""
+    """The two CPUs a duet runs on (one CPU twice: a duet on one CPU), and what the user must
+    be told of them."""
 
     cpus: tuple[int, int]
     siblings: bool  # SMT siblings of one physical core: they share its execution units
+
+    @property
+    def one_cpu(self) -> bool:
+        """Whether both sides run on one CPU, taking turns (judged on CPU time)."""
+        return self.cpus[0] == self.cpus[1]
 
     @property
     def warning(self) -> str | None:
@@ -46,6 +58,9 @@ class Cores:
 
     def describe(self) -> str:
         """The schedule as the report says it."""
+        if self.one_cpu:
+            return (f"duet on one CPU: each pair's two sides at once, both pinned to CPU {self.cpus[0]}, "
+                    "judged on CPU time")
         return (f"duet: each pair's two sides at once, pinned to CPUs {self.cpus[0]} and {self.cpus[1]}"
                 + (" (SMT siblings of one core)" if self.siblings else ""))
 
@@ -80,10 +95,21 @@ def choose_cores(allowed: frozenset[int], siblings: Mapping[int, frozenset[int]]
     return Cores(tuple(ordered[:2]), siblings=True)  # type: ignore[arg-type]
 
 
-def host_cores() -> Cores:
+def choose_cpu(allowed: frozenset[int]) -> Cores:
+    """The one CPU of ``allowed`` a duet on one CPU runs on, as :class:`Cores` of that CPU
+    twice: CPU 0 only where it is the only one (the kernel serves most interrupts there)."""
+    if not allowed:
+        raise ValueError("no CPU to choose from")
+    return Cores((cpu := min(allowed, key=lambda c: (c == 0, c)), cpu), siblings=False)
+
+
+def host_cores(schedule: str = "duet") -> Cores:
     """:func:`choose_cores` of this process's CPUs (``os.sched_getaffinity(0)``) and the SMT
-    siblings the kernel lists (``/sys/devices/system/cpu/cpuN/topology/thread_siblings_list``)."""
+    siblings the kernel lists (``/sys/devices/system/cpu/cpuN/topology/thread_siblings_list``);
+    for ``schedule`` ``"duet-one-cpu"``, :func:`choose_cpu` of those CPUs."""
     allowed = frozenset(os.sched_getaffinity(0))
+    if schedule == ONE_CPU:
+        return choose_cpu(allowed)
     siblings = {}
     for cpu in allowed:
         try:
@@ -108,7 +134,7 @@ def measure_duet(runner, artifacts: Mapping[str, Path], workload, schedule: list
                  on_invocation: Callable[[Slot, InvocationResult], None], cores: Cores,
                  into: Measurement | None = None) -> Measurement:
     """:func:`~abwatch.runners.harness.measure` with each pair's two invocations at once: the
-    pair's first slot on ``cores.cpus[0]``, its second on ``cpus[1]``, started together (a
+    pair's first slot on ``cores.cpus[0]``, its second on ``cpus[1]`` (on one CPU, the same), started together (a
     barrier both pass just before their timed work). ``on_invocation`` is called in this thread,
     both of a pair in slot order, once both have ended; the first pair with a failure ends it.
     An interrupt (Ctrl-C) ends it once the running pair has (each process at its time limit at

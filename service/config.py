@@ -63,10 +63,12 @@ class RunConfig(StrictModel):
     noise_aware: bool = Field(
         default=True, description="start with as many invocations as the workload's past noise needs")
     warmup: int = Field(default=1, ge=0, description="invocations per side discarded first")
-    schedule: Literal["interleaved", "duet"] = Field(
+    schedule: Literal["interleaved", "duet", "duet-one-cpu"] = Field(
         default="interleaved", description="how a pair's two timed processes run: one after the other in "
         "ABBA/BAAB order (interleaved), or both at once, each pinned to a core of its own (duet: both see the same "
-        "interference; needs 2 CPUs and the cpu runner; a workload marked memory_bound stays interleaved)")
+        "interference; needs 2 CPUs) or both pinned to one CPU, taking turns and judged on CPU time (duet-one-cpu: "
+        "on a virtual machine, whose CPUs each change speed by the second, the most alike pairs); the duets need "
+        "the cpu runner, and a workload marked memory_bound stays interleaved")
     timeout_s: float = Field(default=60.0, gt=0, description="per invocation")
     seed: int | None = None
     verify_factor: float = Field(default=2.0, ge=1.0, description="repetition multiplier for verify")
@@ -391,10 +393,10 @@ class Config(StrictModel):
             seen.add(workload.name)
         if self.build.needs_repo and self.repo is None:
             raise ValueError(f"a {self.build.kind} build needs [repo]")
-        if self.run.schedule == "duet" and self.runner.kind != "cpu":
+        if self.run.schedule != "interleaved" and self.runner.kind != "cpu":
             # a GPU or a board is one device: its two sides at once would share it, not run apart
-            raise ValueError(f'run.schedule = "duet" runs both sides at once on this host\'s CPUs: the cpu runner '
-                             f'only (runner.kind is {self.runner.kind!r})')
+            raise ValueError(f'run.schedule = "{self.run.schedule}" runs both sides at once on this host\'s CPUs: '
+                             f'the cpu runner only (runner.kind is {self.runner.kind!r})')
         for workload in self.workloads:  # what its kind needs of the runner and the build
             kind = WORKLOAD_KINDS[workload.kind]
             refusal = kind.check_runner(workload, self.runner.kind) or kind.check_build(workload, self.build)

@@ -131,6 +131,21 @@ def test_without_heavy_contention_wall_time_decides_as_before():
     assert step.verdict.unit == "ms" and not step.verdict.caveat and step.verdict.control_n == 100
 
 
+def test_a_duet_on_one_cpu_is_judged_on_cpu_time_at_any_load():
+    # its two sides take turns on one CPU: each one's wall time holds the other's slices, so CPU
+    # time decides even where the load is not heavy (here: never heavy), or nothing does
+    m = measurement(random.Random(4), 10, 0.20)
+    calm = config(contention_share=0.0)
+    v = contended.look(m, calm, look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12, one_cpu=True).verdict
+    assert v.unit == CPU_UNIT and v.verdict == Outcome.REGRESSION and 17 < v.change_pct < 21
+    assert v.reason.startswith(contended.ONE_CPU) and "judged on CPU time per process" in v.caveat
+    first = m.processes[CONTROL][0]  # one process without a CPU time: refused, not sized on wall time
+    m.processes[CONTROL][0] = ProcessFigures(first.position, first.wall_s, None, None)
+    step = contended.look(m, calm, look=1, elapsed_s=5, budget=BUDGET, seed=1, plan_pairs=12, one_cpu=True)
+    assert step.stop and step.verdict.verdict == Outcome.UNKNOWN and step.verdict.change_pct is None
+    assert step.verdict.reason.startswith(f"not judged: {contended.ONE_CPU}")
+
+
 def test_long_preempted_samples_are_judged_on_cpu_time_at_a_high_share():
     # the measured shape: 55 ms samples kept 92 % of their wall time, each preempted ~5 times
     # (~1 ms each), so a fastest sample carries 2-8 of them: wall time spreads, CPU time does not

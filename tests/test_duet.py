@@ -1,4 +1,5 @@
-"""Duet runs (``[run] schedule = "duet"``): a pair's two sides at once, each pinned to a core of its own.
+"""Duet runs (``[run] schedule = "duet"``): a pair's two sides at once, each pinned to a core of its own;
+``"duet-one-cpu"``: both pinned to one CPU, judged on CPU time.
 
 Real processes: each measured process reports the CPUs it may run on (``os.sched_getaffinity``)
 and when it ran, and the tests check that a pair's two sides ran on different single CPUs at the
@@ -24,16 +25,17 @@ import pytest
 from sqlalchemy import func, select
 
 from abwatch.core.errors import UsageError
+from abwatch.core.metric_names import Metric
 from abwatch.core.sides import CONTROL, TREATMENT
 from abwatch.builders.procs import pinned
 from abwatch.runners import CpuRunner
-from abwatch.runners.duet import Cores, choose_cores, host_cores, measure_duet, pairs, parse_cpu_list
+from abwatch.runners.duet import Cores, choose_cores, choose_cpu, host_cores, measure_duet, pairs, parse_cpu_list
 from abwatch.runners.harness import interleaved_schedule
 from abwatch.service.cli.main import main
 from abwatch.service.compare.schedule import MEMORY_BOUND, schedule_for
 from abwatch.service.config import CommandWorkloadConfig, RunnerConfig, TvmWorkloadConfig, load_config
 from abwatch.service.store import db
-from abwatch.service.store.models import Comparison, Invocation, Run
+from abwatch.service.store.models import Comparison, Invocation, MetricMeasurement, RegressionKind, Run
 from abwatch.service.store.rows import workload_spec_hash
 
 
@@ -99,6 +101,34 @@ def test_a_pinned_start_leaves_this_threads_cpus_as_they_were():
     with pytest.raises(RuntimeError), pinned(frozenset({other})):
         raise RuntimeError("a start that failed")
     assert os.sched_getaffinity(0) == mine
+
+
+def test_a_duet_on_one_cpu_takes_one_cpu_and_cpu_0_last():
+    assert choose_cpu(frozenset({0, 2, 3})) == Cores((2, 2), siblings=False)
+    only = choose_cpu(frozenset({0}))  # one CPU is all it needs
+    assert only.cpus == (0, 0) and only.one_cpu and only.warning is None
+    assert "both pinned to CPU 0" in only.describe() and "judged on CPU time" in only.describe()
+    assert not Cores((0, 1), siblings=False).one_cpu
+    with pytest.raises(ValueError):
+        choose_cpu(frozenset())
+
+
+def test_a_duet_on_one_cpu_runs_both_sides_on_that_cpu_at_once(tmp_path):
+    runner = CpuRunner()
+    workload = CommandWorkloadConfig(name="where", command=[sys.executable, "-c", REPORTER])
+    schedule = interleaved_schedule(2, 0, random.Random(5))
+    stored = []
+    with one_cpu():  # not refused where this process may use one CPU alone
+        cores = host_cores("duet-one-cpu")
+        m = measure_duet(runner, {CONTROL: tmp_path, TREATMENT: tmp_path}, workload, schedule, 30,
+                         lambda slot, result: stored.append((slot, result)), cores)
+    assert cores.one_cpu and m.failure is None and [slot for slot, _ in stored] == schedule
+    for (_, ra), (_, rb) in zip(stored[::2], stored[1::2], strict=True):
+        ca, cb = ra.records[0], rb.records[0]
+        assert ca["cpus"] == cb["cpus"] == [cores.cpus[0]]  # both sides on the one CPU
+        assert ca["t0"] < cb["t1"] and cb["t0"] < ca["t1"]  # at the same time
+        assert ra.cpu_s is not None and rb.cpu_s is not None  # what the pair is judged on
+    runner.teardown()
 
 
 def test_pairs_of_a_schedule():
@@ -179,7 +209,8 @@ def test_refused_on_one_cpu_before_anything_is_built(capsys, write_config, sqlit
         assert connection.scalar(select(func.count()).select_from(Run)) == 0
 
 
-def test_duet_is_the_cpu_runners_only(tmp_path):
+@pytest.mark.parametrize("schedule", ["duet", "duet-one-cpu"])
+def test_duet_is_the_cpu_runners_only(tmp_path, schedule):
     path = tmp_path / "c.toml"
     path.write_text(f"""
 [repo]
@@ -192,11 +223,11 @@ name = "w"
 kind = "tvm"
 model = "builtin:mlp"
 [run]
-schedule = "duet"
+schedule = "{schedule}"
 [runner]
 kind = "gpu"
 """)
-    with pytest.raises(Exception, match=r'run.schedule = "duet" runs both sides at once.*cpu runner'):
+    with pytest.raises(Exception, match=rf'run.schedule = "{schedule}" runs both sides at once.*cpu runner'):
         load_config(path)
 
 
@@ -218,6 +249,26 @@ def test_a_duet_compare_says_its_schedule(capsys, write_config, sqlite_url):
         assert len(details) == 2  # what `abwatch show` prints again: the schedule is kept with the verdict
         assert any("duet: each pair" in d for d in details) and any("marked memory_bound" in d for d in details)
         assert connection.scalar(select(func.count()).select_from(Invocation)) == 2 * 2 * (1 + 4)
+
+
+def test_a_duet_on_one_cpu_compare_is_judged_on_cpu_time(capsys, write_config, sqlite_url):
+    """End to end: a run of duets on one CPU says so, and its verdict was judged on CPU time
+    on a host that is not busy (every process shared its CPU with the other side)."""
+    config = write_config(run_extra='schedule = "duet-one-cpu"\nmax_repetitions = 4', repetitions=4)
+    code = main(["compare", "--config", str(config), "--control", "base", "--treatment", "noop",
+                 "--db", sqlite_url])
+    out = capsys.readouterr().out
+    assert code in (0, 1, 3, 4), out
+    assert "loop:" in out and "duet on one CPU: each pair's two sides at once, both pinned to CPU" in out
+    engine = db.make_engine(sqlite_url)
+    with engine.connect() as connection:
+        (details,) = connection.scalars(select(Comparison.details)).all()
+        assert "duet on one CPU" in json.dumps(details)
+        (judged,) = connection.scalars(select(MetricMeasurement.judged)
+                                       .where(MetricMeasurement.phase == RegressionKind.RUNTIME,
+                                              MetricMeasurement.metric == Metric.TIME)).all()
+        assert judged["unit"] == "cpu ms" and judged["caveat"].startswith("a duet on one CPU")
+        assert connection.scalar(select(func.count()).select_from(Invocation)) == 2 * (1 + 4)
 
 
 @needs_two

@@ -5,7 +5,9 @@ Each look assesses the contention of every measured process so far
 samples, as it always did; under heavy contention it judges each process's CPU time instead
 (one value per process, paired by the interleaved order), and where the processes have no
 CPU time (a kind that does not measure it) the verdict is refused as ``unknown`` with the
-reason once the rule stops. See docs/statistics.md ("Sizes under heavy contention"). Where
+reason once the rule stops. See docs/statistics.md ("Sizes under heavy contention"). A duet on
+one CPU (``run.schedule = "duet-one-cpu"``) is judged so at any load: each side shares its CPU
+with the other. Where
 processes were forked from fork servers, each look passes their servers along, so the pairs
 are judged with the server as a level (:mod:`service.stats.levels`).
 """
@@ -108,10 +110,15 @@ def threads_note(config: Config, workload: WorkloadSpec, duet: bool = False) -> 
             "threads = 1 decides on a busy host")
 
 
+# why a duet on one CPU is judged on CPU time, whatever the load (runners/duet.py)
+ONE_CPU = "a duet on one CPU (each side waits out the other's time slices)"
+
+
 def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget: stats.Budget, seed: int,
-         plan_pairs: int) -> stats.Look:
+         plan_pairs: int, one_cpu: bool = False) -> stats.Look:
     """One look of :func:`service.stats.sequential_look` at ``m``: on wall time, or under heavy
-    contention on CPU time per process (or refused where there is none)."""
+    contention on CPU time per process (or refused where there is none); ``one_cpu``: its pairs
+    ran as duets on one CPU, judged on CPU time at any load."""
     options: dict[str, Any] = dict(
                    look=look, elapsed_s=elapsed_s, budget=budget, threshold_pct=config.stats.threshold_pct,
                    alpha=config.stats.alpha, confidence=config.stats.confidence,
@@ -121,22 +128,24 @@ def look(m: Measurement, config: Config, *, look: int, elapsed_s: float, budget:
     processes = [f for side in SIDES for f in m.processes[side]]
     # CPU time stands in for wall time only for one thread: the threads of a pool that wait for
     # a preempted sibling spin, and waiting would inflate CPU time as much as wall time
-    if contention.heavy and all(f.cpu_s is not None and f.threads == 1 for f in processes):
+    shared = one_cpu or contention.heavy  # whatever waits for a CPU: the other side, or the load
+    because = ONE_CPU if one_cpu else None
+    if shared and all(f.cpu_s is not None and f.threads == 1 for f in processes):
         per_sample = has_cpu_samples(m)
         cpu, groups = on_cpu(m, per_sample)
         step = stats.sequential_look(cpu[CONTROL], cpu[TREATMENT], groups[CONTROL], groups[TREATMENT], **options,
                                      **server_labels(m, groups))
         # n and the plain medians stay the timing samples' (the report's n, the history's series),
         # whatever the verdict was judged by
-        verdict = replace(stats.on_cpu_time(step.verdict, contention, per_sample), control_n=len(m.samples[CONTROL]),
-                          treatment_n=len(m.samples[TREATMENT]),
+        verdict = replace(stats.on_cpu_time(step.verdict, contention, per_sample, because),
+                          control_n=len(m.samples[CONTROL]), treatment_n=len(m.samples[TREATMENT]),
                           control_median_ms=statistics.median(m.samples[CONTROL]),
                           treatment_median_ms=statistics.median(m.samples[TREATMENT]))
         return replace(step, verdict=verdict)
     step = stats.sequential_look(m.samples[CONTROL], m.samples[TREATMENT], m.groups[CONTROL], m.groups[TREATMENT],
                                  **options, **server_labels(m, m.groups))
-    if contention.heavy and step.stop:
+    if shared and step.stop:
         why = ("processes ran on several threads, whose CPU time waiting inflates too"
                if all(f.cpu_s is not None for f in processes) else "processes have no CPU time to judge on")
-        return replace(step, verdict=stats.refused(step.verdict, contention, why))
+        return replace(step, verdict=stats.refused(step.verdict, contention, why, because))
     return step

@@ -194,7 +194,7 @@ def measure_pair(session: Session, config: Config, runner: Runner, run: Run, dev
         runner.check_build(path)
     judge_builds(session, config, run, progress)
     rng = random.Random(run.seed)
-    cores = host_cores() if config.run.schedule == "duet" else None
+    cores = host_cores(config.run.schedule) if config.run.schedule != "interleaved" else None
     if cores is not None and cores.warning:
         progress.message(f"warning: {cores.warning}")
     device = device_info.name
@@ -309,7 +309,7 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
     rule (:func:`stats.sequential_look`, an anytime-valid confidence sequence) judges the
     pairs so far and says whether to stop and how many pairs the next batch may have within
     ``run.max_seconds`` and the optional ``run.max_repetitions``. Under ``run.schedule =
-    "duet"`` (on ``cores``) each pair's two processes run at once
+    "duet"`` or ``"duet-one-cpu"`` (on ``cores``) each pair's two processes run at once
     (:mod:`service.compare.schedule` says which workloads stay interleaved); the verdict's
     ``stop_reason`` then says the schedule it ran on.
     """
@@ -352,7 +352,8 @@ def _measure_workload(session: Session, config: Config, run: Run, runner: Runner
                                               elapsed_s=time.monotonic() - started))
         # on wall time, or on CPU time per process under heavy contention (service.compare.contended)
         step = contended.look(measurement, config, look=look, elapsed_s=time.monotonic() - started, budget=budget,
-                              seed=run.seed, plan_pairs=max(start, stats.DEFAULT_PLAN_PAIRS))  # fixed before any data
+                              seed=run.seed, plan_pairs=max(start, stats.DEFAULT_PLAN_PAIRS),  # fixed before any data
+                              one_cpu=how.cores is not None and how.cores.one_cpu)
         if step.stop:
             progress.invocation(workload.name, planned[0], planned[0])
             return measurement, noted(step.verdict)

@@ -2,7 +2,7 @@
 
 ``interleaved`` (the default): a pair's two processes one after the other, in ABBA/BAAB order.
 ``duet``: both at once, each pinned to a core of its own (:mod:`abwatch.runners.duet`), so both
-see the same interference. A workload marked ``memory_bound`` stays interleaved under duet: its
+see the same interference; ``duet-one-cpu``: both at once on one CPU, judged on CPU time. A workload marked ``memory_bound`` stays interleaved under duet: its
 two sides at once share the memory bandwidth and the caches beyond a core, which slows both
 while they overlap and shrinks a difference (docs/statistics.md, "Duet runs"); a kind whose
 processes cannot be pinned stays interleaved too. Either way the report says which it was.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from abwatch.runners.duet import Cores
+from abwatch.runners.duet import ONE_CPU, Cores
 
 MEMORY_BOUND = ("interleaved, not duet: marked memory_bound (two sides at once share the memory bandwidth, "
                 "which shrinks a difference; docs/statistics.md)")
@@ -29,9 +29,9 @@ class Schedule:
 
 def schedule_for(asked: str, cores: Cores | None, *, memory_bound: bool, pinnable: bool, kind: str) -> Schedule:
     """The schedule of one workload: ``asked`` (``run.schedule``) on ``cores`` (the host's, chosen
-    once a run; None unless asked for a duet), unless the workload is ``memory_bound`` or of a
+    once a run; None unless asked for a duet, on one CPU or two), unless the workload is ``memory_bound`` or of a
     ``kind`` that cannot be ``pinnable``."""
-    if asked != "duet":
+    if asked not in ("duet", ONE_CPU):
         return Schedule(None, "")
     if cores is None:
         raise ValueError("a duet needs its cores")

@@ -136,21 +136,24 @@ def cpu_figure(samples: Sequence[float]) -> float:
     return statistics.fmean(sorted(samples)[:max(1, len(samples) // 2)])
 
 
-def on_cpu_time(verdict: Verdict, contention: Contention, per_sample: bool = False) -> Verdict:
+def on_cpu_time(verdict: Verdict, contention: Contention, per_sample: bool = False,
+                because: str | None = None) -> Verdict:
     """A verdict judged on CPU time, saying why (its unit is :data:`CPU_UNIT`): per process, or
-    with ``per_sample`` on each process's samples in CPU time (:func:`cpu_figure`)."""
+    with ``per_sample`` on each process's samples in CPU time (:func:`cpu_figure`); ``because``:
+    why CPU time, where not the contention (a duet on one CPU)."""
     what = "each process's faster half of samples in CPU time" if per_sample else "CPU time per process"
-    caveat = f"{contention.describe()}: judged on {what}, which waiting for a CPU does not inflate"
+    caveat = f"{because or contention.describe()}: judged on {what}, which waiting for a CPU does not inflate"
     return replace(verdict, unit=CPU_UNIT, estimator=CPU_SAMPLE_ESTIMATOR if per_sample else CPU_ESTIMATOR,
                    caveat=caveat, reason=f"{caveat}; {verdict.reason}")
 
 
 def refused(verdict: Verdict, contention: Contention,
-            why: str = "processes have no CPU time to judge on") -> Verdict:
-    """``unknown`` in place of a wall-time verdict taken under heavy contention with no CPU
-    time to judge on (``why``: what this workload's processes lack): a size the scheduler's
-    time slices can inflate is not reported."""
-    caveat = (f"{contention.describe()}, and this workload's {why}: "
+            why: str = "processes have no CPU time to judge on", because: str | None = None) -> Verdict:
+    """``unknown`` in place of a wall-time verdict taken under heavy contention (or ``because``
+    of something else that shares the CPU: a duet on one CPU) with no CPU time to judge on
+    (``why``: what this workload's processes lack): a size the scheduler's time slices can
+    inflate is not reported."""
+    caveat = (f"{because or contention.describe()}, and this workload's {why}: "
               "a wall-time change measured so cannot be stood behind")
     said = verdict.verdict.value + (f" {verdict.change_pct:+.1f}%" if verdict.change_pct is not None else "")
     return replace(verdict, verdict=Outcome.UNKNOWN, change_pct=None, ci_pct=None, p_value=None,
